@@ -1,0 +1,65 @@
+from django import forms
+from django.conf import settings
+from django.contrib.auth.forms import UserCreationForm
+
+from accounts.models import Team, User
+from runs.models import Run
+
+
+class SignUpForm(UserCreationForm):
+    class Meta(UserCreationForm.Meta):
+        model = User
+        fields = ("username", "email")
+
+    def clean_email(self) -> str:
+        email = self.cleaned_data["email"]
+        if User.objects.filter(email__iexact=email).exists():
+            raise forms.ValidationError("An account with this e-mail address already exists.")
+        return email
+
+
+class ProfileForm(forms.ModelForm):
+    class Meta:
+        model = User
+        fields = ("display_name", "email", "visibility")
+        widgets = {"visibility": forms.RadioSelect}
+
+    def clean_email(self) -> str:
+        email = self.cleaned_data["email"]
+        if User.objects.filter(email__iexact=email).exclude(pk=self.instance.pk).exists():
+            raise forms.ValidationError("An account with this e-mail address already exists.")
+        return email
+
+
+class TeamForm(forms.ModelForm):
+    class Meta:
+        model = Team
+        fields = ("name", "description")
+        widgets = {"description": forms.Textarea(attrs={"rows": 4})}
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if Team.objects.filter(name__iexact=name).exists():
+            raise forms.ValidationError("A team with this name already exists.")
+        return name
+
+
+class HandOverForm(forms.Form):
+    successor = forms.ModelChoiceField(queryset=User.objects.none(), help_text="The member who becomes the founder.")
+
+    def __init__(self, *args, team: Team, founder: User, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["successor"].queryset = team.members.exclude(pk=founder.pk).order_by("username")
+
+
+class AgentTokenForm(forms.Form):
+    name = forms.CharField(max_length=64, help_text="Which machine this token is for, e.g. “home desktop”.")
+    run = forms.ModelChoiceField(
+        queryset=Run.objects.filter(status__in=[Run.Status.ACTIVE, Run.Status.PAUSED], visibility=Run.Visibility.PUBLIC),
+        required=False,
+        empty_label="Any run",
+        help_text="Limit the token to one run (recommended for shared machines).",
+    )
+    lifetime_days = forms.IntegerField(
+        min_value=1, max_value=365, initial=settings.AGENT_TOKEN_DEFAULT_DAYS, help_text="The token stops working after this many days."
+    )

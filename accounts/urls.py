@@ -1,0 +1,18 @@
+from django.urls import include, path
+
+from accounts import views
+
+urlpatterns = [
+    path("accounts/signup/", views.signup, name="signup"),
+    path("accounts/profile/", views.profile, name="profile"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("tokens/", views.token_list, name="tokens"),
+    path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    path("teams/", views.team_list, name="teams"),
+    path("teams/new/", views.team_create, name="team-create"),
+    path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("teams/<slug:slug>/join/", views.team_join, name="team-join"),
+    path("teams/<slug:slug>/leave/", views.team_leave, name="team-leave"),
+    path("teams/<slug:slug>/hand-over/", views.team_hand_over, name="team-hand-over"),
+    path("teams/<slug:slug>/disband/", views.team_disband, name="team-disband"),
+]

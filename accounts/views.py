@@ -1,0 +1,145 @@
+import datetime
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from accounts import selectors, services
+from accounts.forms import AgentTokenForm, HandOverForm, ProfileForm, SignUpForm, TeamForm
+from accounts.models import AgentToken, Team
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("home")
+    form = SignUpForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, f"Welcome, {user.username}! Create an agent token to start contributing.")
+        return redirect("tokens")
+    return render(request, "accounts/signup.html", {"form": form})
+
+
+@login_required
+def profile(request: HttpRequest) -> HttpResponse:
+    form = ProfileForm(request.POST or None, instance=request.user)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, "Your profile was saved.")
+        return redirect("profile")
+    return render(request, "accounts/profile.html", {"form": form})
+
+
+def team_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "accounts/team_list.html", {"teams": selectors.team_list()})
+
+
+@login_required
+def team_create(request: HttpRequest) -> HttpResponse:
+    form = TeamForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            team = services.team_create(founder=request.user, **form.cleaned_data)
+        except services.TeamError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"You founded “{team.name}”.")
+            return redirect(team)
+    return render(request, "accounts/team_form.html", {"form": form})
+
+
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    team = get_object_or_404(Team, slug=slug)
+    is_founder = request.user.is_authenticated and team.founder_id == request.user.pk
+    context = {
+        "team": team,
+        "members": selectors.team_members(team=team),
+        "history": selectors.team_history(team=team)[:50],
+        "is_founder": is_founder,
+        "is_member": request.user.is_authenticated and request.user.team_id == team.pk,
+        "hand_over_form": HandOverForm(team=team, founder=request.user) if is_founder else None,
+    }
+    return render(request, "accounts/team_detail.html", context)
+
+
+def _team_action(request: HttpRequest, slug: str, action, success: str) -> HttpResponse:
+    team = get_object_or_404(Team, slug=slug)
+    try:
+        action(team)
+    except services.TeamError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, success.format(team=team.name))
+    return redirect(team)
+
+
+@login_required
+@require_POST
+def team_join(request: HttpRequest, slug: str) -> HttpResponse:
+    return _team_action(request, slug, lambda team: services.team_join(user=request.user, team=team), "You joined “{team}”.")
+
+
+@login_required
+@require_POST
+def team_leave(request: HttpRequest, slug: str) -> HttpResponse:
+    return _team_action(request, slug, lambda team: services.team_leave(user=request.user), "You left “{team}”.")
+
+
+@login_required
+@require_POST
+def team_disband(request: HttpRequest, slug: str) -> HttpResponse:
+    return _team_action(
+        request, slug, lambda team: services.team_disband(team=team, founder=request.user), "“{team}” was disbanded."
+    )
+
+
+@login_required
+@require_POST
+def team_hand_over(request: HttpRequest, slug: str) -> HttpResponse:
+    team = get_object_or_404(Team, slug=slug)
+    if team.founder_id != request.user.pk:
+        messages.error(request, "Only the founder can hand the team over.")
+        return redirect(team)
+    form = HandOverForm(request.POST, team=team, founder=request.user)
+    if not form.is_valid():
+        messages.error(request, "Choose another member of the team.")
+        return redirect(team)
+    successor = form.cleaned_data["successor"]
+    return _team_action(
+        request,
+        slug,
+        lambda team: services.team_hand_over(team=team, founder=request.user, successor=successor),
+        f"{successor.username} now leads “{{team}}”.",
+    )
+
+
+@login_required
+def token_list(request: HttpRequest) -> HttpResponse:
+    form = AgentTokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        token, secret = services.token_create(
+            user=request.user,
+            name=form.cleaned_data["name"],
+            run=form.cleaned_data["run"],
+            lifetime=datetime.timedelta(days=form.cleaned_data["lifetime_days"]),
+        )
+        # Rendered, not redirected: the secret must never reach a URL, a session or a log.
+        response = render(
+            request, "accounts/token_list.html", {"form": AgentTokenForm(), "tokens": selectors.token_list(user=request.user), "new_token": token, "secret": secret}
+        )
+        response["Cache-Control"] = "no-store"
+        return response
+    return render(request, "accounts/token_list.html", {"form": form, "tokens": selectors.token_list(user=request.user)})
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(AgentToken, pk=pk, user=request.user)
+    services.token_revoke(token=token)
+    messages.success(request, f"Token “{token.name}” was revoked; agents using it are refused from now on.")
+    return redirect("tokens")

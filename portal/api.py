@@ -1,0 +1,58 @@
+"""The JSON API under /api/v1/, documented by the OpenAPI schema at /api/v1/openapi.json."""
+
+import logging
+
+from django.http import Http404, HttpRequest
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from accounts.api import router as accounts_router
+from accounts.services import AgentTokenRefused
+from portal.errors import ApiError, error_response
+
+logger = logging.getLogger(__name__)
+
+api = NinjaAPI(
+    title="DeDLOC Portal API",
+    version="1",
+    description="Runs, agent credentials, contribution reports and leaderboards. "
+    "Errors are `{\"error\": {\"code\", \"detail\"}}` with a 4xx status.",
+    urls_namespace="api",
+)
+
+
+@api.exception_handler(ApiError)
+def _api_error(request: HttpRequest, exc: ApiError):
+    return error_response(exc.status, exc.code, exc.detail)
+
+
+@api.exception_handler(AgentTokenRefused)
+def _token_refused(request: HttpRequest, exc: AgentTokenRefused):
+    logger.info("agent token refused (%s) from %s", exc.code, request.META.get("REMOTE_ADDR"))
+    return error_response(exc.status, exc.code, exc.detail)
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request: HttpRequest, exc: AuthenticationError):
+    return error_response(401, "token_missing", "send your agent token as 'Authorization: Bearer dlp_…'")
+
+
+@api.exception_handler(ValidationError)
+def _invalid(request: HttpRequest, exc: ValidationError):
+    fields = [{"loc": [str(part) for part in error.get("loc", ())], "msg": error.get("msg", "")} for error in exc.errors]
+    first = fields[0] if fields else {"loc": [], "msg": "invalid request"}
+    detail = f"{'.'.join(first['loc'][1:]) or 'request'}: {first['msg']}"
+    return error_response(400, "invalid_request", detail, fields=fields)
+
+
+@api.exception_handler(HttpError)
+def _http_error(request: HttpRequest, exc: HttpError):
+    return error_response(exc.status_code, "bad_request" if exc.status_code == 400 else "http_error", str(exc))
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Http404):
+    return error_response(404, "not_found", str(exc) or "no such object")
+
+
+api.add_router("/", accounts_router)

@@ -1,0 +1,20 @@
+"""The Celery application: tasks live in each app's `tasks.py`, settings under `CELERY_`."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+app = Celery("portal")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@app.on_after_configure.connect
+def _create_broker_folders(sender: Celery, **kwargs) -> None:
+    # The file broker needs its folders before the first message is sent or read.
+    options = sender.conf.broker_transport_options or {}
+    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+        if options.get(key):
+            os.makedirs(options[key], exist_ok=True)

@@ -1,0 +1,39 @@
+"""The named people every permission test speaks of, and clients logged in as them."""
+
+import pytest
+from django.test import Client
+
+from tests.factories import UserFactory
+
+
+@pytest.fixture
+def organizer(db):
+    return UserFactory(username="olga", organizer=True)
+
+
+@pytest.fixture
+def volunteer(db):
+    return UserFactory(username="vik")
+
+
+@pytest.fixture
+def outsider(db):
+    return UserFactory(username="oscar")
+
+
+@pytest.fixture
+def staff(db):
+    return UserFactory(username="stella", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def client_for(db):
+    """`client_for(user)` is a test client logged in as that user (None: anonymous)."""
+
+    def make(user) -> Client:
+        client = Client()
+        if user is not None:
+            client.force_login(user)
+        return client
+
+    return make

@@ -1,0 +1,50 @@
+"""Factories for the test suite: build what a test needs, named for what it is."""
+
+import factory
+from django.contrib.auth.models import Permission
+
+from accounts.models import Team, User
+from runs.models import Run
+
+PASSWORD = "correct horse battery staple"
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = User
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"volunteer{n}")
+    email = factory.LazyAttribute(lambda user: f"{user.username}@example.org")
+    password = factory.PostGenerationMethodCall("set_password", PASSWORD)
+
+    @factory.post_generation
+    def organizer(self, create: bool, extracted: bool, **kwargs) -> None:
+        if extracted:
+            self.user_permissions.add(Permission.objects.get(codename="organize_runs"))
+        if create:
+            self.save()
+
+
+class TeamFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Team
+
+    name = factory.Sequence(lambda n: f"Team {n}")
+    slug = factory.Sequence(lambda n: f"team-{n}")
+    founder = factory.SubFactory(UserFactory)
+
+
+class RunFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Run
+        skip_postgeneration_save = True
+
+    name = factory.Sequence(lambda n: f"Run {n}")
+    slug = factory.Sequence(lambda n: f"run-{n}")
+    status = Run.Status.ACTIVE
+
+    @factory.post_generation
+    def organizers(self, create: bool, extracted: list | None, **kwargs) -> None:
+        if create and extracted:
+            self.organizers.add(*extracted)
