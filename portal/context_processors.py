@@ -1,6 +1,6 @@
-from django.conf import settings
 from django.http import HttpRequest
 
 
 def site(request: HttpRequest) -> dict:
-    return {"SITE_URL": settings.SITE_URL}
+    # The address the visitor reached us at is the one their agent should use too.
+    return {"PORTAL_URL": request.build_absolute_uri("/").rstrip("/")}

@@ -1,0 +1,58 @@
+"""A newcomer in a real browser: signs up, creates an agent token, sees it once, revokes it."""
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from accounts.models import AgentToken
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_newcomer_signs_up_and_manages_an_agent_token(page, screenshot):
+    page.goto("/")
+    screenshot("home")
+    page.get_by_role("link", name="Sign up").click()
+    page.fill("#id_username", "amina")
+    page.fill("#id_email", "amina@example.org")
+    page.fill("#id_password1", "short")
+    page.fill("#id_password2", "short")
+    page.get_by_role("button", name="Create account").click()
+    expect(page.locator("#password2-errors")).to_contain_text("too short")
+    screenshot("signup-errors")
+
+    page.fill("#id_password1", "plum-orbit-kettle-93")
+    page.fill("#id_password2", "plum-orbit-kettle-93")
+    page.get_by_role("button", name="Create account").click()
+    expect(page.get_by_role("heading", name="Agent tokens")).to_be_visible()
+
+    page.fill("#id_name", "home desktop")
+    page.get_by_role("button", name="Create token").click()
+    secret = page.locator("#new-token-secret").inner_text()
+    assert re.fullmatch(r"dlp_[A-Za-z0-9_-]{43}", secret)
+    screenshot("token-created")
+
+    page.goto("/tokens/")
+    expect(page.locator("#new-token-secret")).to_have_count(0)
+    page.get_by_role("button", name="Revoke").click()
+    expect(page.get_by_role("status")).to_contain_text("was revoked")
+    expect(page.locator("#token-table")).to_contain_text("revoked")
+    assert AgentToken.objects.get(name="home desktop").revoked_at is not None
+
+
+def test_a_team_is_founded_and_shows_its_history(page, volunteer, screenshot):
+    from tests.factories import PASSWORD
+
+    page.goto("/accounts/login/")
+    page.fill("#id_username", volunteer.username)
+    page.fill("#id_password", PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.goto("/teams/new/")
+    page.fill("#id_name", "Dhaka Compute")
+    page.fill("#id_description", "<script>alert('x')</script> We train Bengali models.")
+    page.get_by_role("button", name="Found team").click()
+    expect(page.get_by_role("heading", name="Dhaka Compute")).to_be_visible()
+    expect(page.locator(".lead")).to_contain_text("<script>alert('x')</script>")
+    expect(page.locator("table")).to_contain_text("Founded")
+    screenshot("team")
