@@ -2,6 +2,7 @@
 
 import asyncio
 
+from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 
@@ -34,4 +35,4 @@ def test_the_channel_layer_delivers_between_consumers():
         await layer.group_discard("test-group", channel)
         return message
 
-    assert asyncio.run(roundtrip()) == {"type": "ping", "n": 1}
+    assert async_to_sync(roundtrip)() == {"type": "ping", "n": 1}

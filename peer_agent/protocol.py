@@ -1,0 +1,455 @@
+"""The run configuration and the wire messages shared by the portal and the peer agent.
+
+The portal validates organizers' edits with these classes and stores
+``config.model_dump(mode="json")``; the agent parses what the portal sends with the same classes.
+This module imports only pydantic and the standard library so that both sides can afford it.
+"""
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictInt,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # ~2M parameters at an 8k vocabulary: trains on a laptop CPU.
+    "tiny": dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=1024, embedding_size=128, max_position_embeddings=512),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072, embedding_size=128, max_position_embeddings=512),
+    # sahajBERT: ALBERT-large, 24 layers sharing one set of weights, ~18M parameters at 32k vocab.
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                  intermediate_size=4096, embedding_size=128, max_position_embeddings=512),
+    "xlarge": dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
+                   intermediate_size=8192, embedding_size=128, max_position_embeddings=512),
+}
+
+MODEL_DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "embedding_size",
+                    "max_position_embeddings")
+
+MID_RUN_EDITABLE: frozenset[str] = frozenset({
+    "averaging.matchmaking_time", "averaging.averaging_timeout", "averaging.min_bandwidth_mbps", "averaging.client_mode",
+    "averaging.checkpoint_every_epochs", "averaging.checkpoint_every_minutes", "averaging.keep_last_checkpoints",
+    "averaging.keep_every_nth_checkpoint", "data.shuffle_buffer", "training.per_device_batch_size",
+    "training.gradient_accumulation_steps", "training.precision",
+})
+"""Dotted config paths that peers may pick up while a run is active: they change how a peer
+computes or meets others, not what the collaboration optimizes."""
+
+MAX_FRAME_CHARS = 16_384
+
+Compression = Literal["none", "fp16", "uniform8bit"]
+Seq = Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]
+_SEQ = TypeAdapter(Seq)
+StrictFiniteFloat = Annotated[FiniteFloat, Field(strict=True)]
+OpenSSHPublicKey = Annotated[str, StringConstraints(max_length=4096, pattern=r"^ssh-rsa [A-Za-z0-9+/]+={0,2}$")]
+
+
+def _raise_field_errors(model: BaseModel, problems: dict[str, str]) -> None:
+    """Raise one ValidationError whose entries sit at the dotted paths in ``problems``.
+
+    pydantic keeps the ``loc`` of a ValidationError raised inside a validator and prefixes the
+    enclosing location, so cross-field errors land beside the field a form should highlight.
+    """
+    if not problems:
+        return
+    line_errors = []
+    for path, reason in problems.items():
+        value: Any = model
+        for part in path.split("."):
+            value = getattr(value, part)
+        line_errors.append(InitErrorDetails(
+            type=PydanticCustomError("config_conflict", "{reason}", {"reason": reason}),
+            loc=tuple(path.split(".")),
+            input=value,
+        ))
+    raise ValidationError.from_exception_data(type(model).__name__, line_errors)
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ModelConfig(_Schema):
+    """ALBERT shape (``transformers.AlbertForPreTraining``); the vocabulary follows the tokenizer."""
+
+    preset: Literal["tiny", "base", "large", "xlarge", "custom"] = Field(
+        "large", description='Model size; "large" is sahajBERT. Choose "custom" to set every dimension.')
+    hidden_size: int | None = Field(None, ge=16, le=8192, description="Width of each layer (custom preset).")
+    num_hidden_layers: int | None = Field(None, ge=1, le=96, description="Layers; ALBERT shares one set of weights.")
+    num_attention_heads: int | None = Field(None, ge=1, le=128, description="Attention heads; must divide hidden_size.")
+    intermediate_size: int | None = Field(None, ge=16, le=65536, description="Width of each feed-forward block.")
+    embedding_size: int | None = Field(None, ge=16, le=8192, description="Width of the factorized token embeddings.")
+    max_position_embeddings: int | None = Field(None, ge=16, le=8192, description="Longest input, in tokens.")
+
+    @model_validator(mode="after")
+    def _check_dimensions(self) -> "ModelConfig":
+        problems = {}
+        if self.preset == "custom":
+            for name in MODEL_DIMENSIONS:
+                if getattr(self, name) is None:
+                    problems[name] = 'required when the preset is "custom"'
+        else:
+            for name, preset_value in MODEL_PRESETS[self.preset].items():
+                value = getattr(self, name)
+                if value is not None and value != preset_value:
+                    problems[name] = (f'preset "{self.preset}" has {name} {preset_value}; '
+                                      f'choose preset "custom" to change it')
+                # Stored configs name the shape through the preset only, so equal configs compare equal.
+                setattr(self, name, None)
+        if not problems:
+            dims = self.dimensions()
+            if dims["hidden_size"] % dims["num_attention_heads"]:
+                problems["hidden_size"] = (f"hidden_size {dims['hidden_size']} is not divisible by "
+                                           f"num_attention_heads {dims['num_attention_heads']}")
+        _raise_field_errors(self, problems)
+        return self
+
+    def dimensions(self) -> dict[str, int]:
+        """The model's dimensions, taken from the preset unless the preset is "custom"."""
+        if self.preset == "custom":
+            return {name: getattr(self, name) for name in MODEL_DIMENSIONS}
+        return dict(MODEL_PRESETS[self.preset])
+
+
+class TokenizerConfig(_Schema):
+    """A SentencePiece-style Unigram tokenizer, trained on the run's data or uploaded."""
+
+    source: Literal["train", "upload"] = Field(
+        "train", description='"train" on a sample of the run\'s data, or "upload" a tokenizer.json.')
+    vocab_size: int = Field(32000, ge=100, le=256000, description="Number of tokens in the vocabulary.")
+    sample_size: int = Field(1_000_000, ge=100, le=100_000_000, description="Lines of data the tokenizer trains on.")
+    lowercase: bool = Field(False, description="Lowercase text before tokenizing.")
+    strip_accents: bool = Field(False, description="Remove accents (keep off for Bengali vowel signs).")
+
+
+class DataConfig(_Schema):
+    """Where agents stream text from and how they build masked-LM + sentence-order examples."""
+
+    source: Literal["hub", "files"] = Field(
+        "hub", description='"hub" streams a Hugging Face dataset; "files" uses text files uploaded to the run.')
+    path: str | None = Field("oscar", max_length=500, description="Hugging Face dataset id (hub source).")
+    name: str | None = Field("unshuffled_deduplicated_bn", max_length=200, description="Dataset configuration, if any.")
+    split: str = Field("train", min_length=1, max_length=100, description="Dataset split to stream.")
+    text_column: str = Field("text", min_length=1, max_length=100, description="Column holding the text.")
+    shuffle_buffer: int = Field(10000, ge=1, le=1_000_000, description="Examples held in memory to shuffle.")
+    max_seq_length: int = Field(512, ge=16, le=4096, description="Tokens per training example.")
+    mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens masked for masked-LM.")
+    short_seq_probability: float = Field(0.1, ge=0, le=1, description="Chance of a shorter example, as in BERT.")
+
+    @model_validator(mode="after")
+    def _check_source(self) -> "DataConfig":
+        if self.source == "hub" and not self.path:
+            _raise_field_errors(self, {"path": 'required when the source is "hub"'})
+        return self
+
+
+class TrainingConfig(_Schema):
+    """The collaborative optimizer (LAMB) and each peer's share of a global batch."""
+
+    target_batch_size: int = Field(4096, ge=1, le=10_000_000, description="Samples all peers gather per optimizer step.")
+    per_device_batch_size: int = Field(4, ge=1, le=4096, description="Samples per forward pass on one peer.")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=1024, description="Forward passes accumulated per local step.")
+    optimizer: Literal["lamb"] = Field("lamb", description="Optimizer; LAMB as in sahajBERT.")
+    learning_rate: float = Field(0.00176, gt=0, le=1, description="Peak learning rate.")
+    warmup_steps: int = Field(5000, ge=0, le=10_000_000, description="Optimizer steps of linear warm-up.")
+    total_steps: int = Field(125000, ge=1, le=10_000_000, description="Optimizer steps in the schedule.")
+    weight_decay: float = Field(0.01, ge=0, le=1, description="LAMB weight decay.")
+    clamp_value: float = Field(10000.0, gt=0, description="LAMB trust-ratio clamp.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this norm.")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", description='"auto": fp16 with loss scaling on CUDA, bf16 where supported, fp32 on CPU.')
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> "TrainingConfig":
+        problems = {}
+        peer_batch = self.per_device_batch_size * self.gradient_accumulation_steps
+        if self.target_batch_size < peer_batch:
+            problems["target_batch_size"] = (
+                f"must be at least one peer's batch (per_device_batch_size × "
+                f"gradient_accumulation_steps = {peer_batch})")
+        if self.warmup_steps >= self.total_steps:
+            problems["warmup_steps"] = f"must be less than total_steps ({self.total_steps})"
+        _raise_field_errors(self, problems)
+        return self
+
+
+class AveragingConfig(_Schema):
+    """How peers find each other and average gradients and state with hivemind."""
+
+    matchmaking_time: float = Field(5.0, gt=0, le=600, description="Seconds spent forming an averaging group.")
+    averaging_timeout: float = Field(60.0, gt=0, le=3600, description="Seconds before an averaging round gives up.")
+    target_group_size: int | None = Field(16, ge=2, le=1024, description="Peers per averaging group; empty: no limit.")
+    grad_compression: Compression = Field("fp16", description="Compression of averaged gradients.")
+    state_compression: Compression = Field("fp16", description="Compression of averaged parameters and state.")
+    delay_updates: bool = Field(False, description="Apply updates one step late so averaging overlaps compute.")
+    client_mode: Literal["auto", "always", "never"] = Field(
+        "auto", description='"auto": peers that cannot accept connections join as clients.')
+    min_bandwidth_mbps: float = Field(10.0, gt=0, le=100_000, description="Bandwidth expected of a peer, in Mbit/s.")
+    checkpoint_every_epochs: int | None = Field(None, ge=1, le=1_000_000, description="Checkpoint every n optimizer steps.")
+    checkpoint_every_minutes: float | None = Field(30.0, gt=0, le=10_080, description="Checkpoint at least this often.")
+    keep_last_checkpoints: int = Field(3, ge=1, le=1000, description="Recent checkpoints kept.")
+    keep_every_nth_checkpoint: int | None = Field(10, ge=1, le=1_000_000, description="Also keep every n-th for good.")
+
+    @model_validator(mode="after")
+    def _check_timing(self) -> "AveragingConfig":
+        problems = {}
+        if self.averaging_timeout <= self.matchmaking_time:
+            problems["averaging_timeout"] = f"must exceed matchmaking_time ({self.matchmaking_time:g} s)"
+        if self.checkpoint_every_epochs is None and self.checkpoint_every_minutes is None:
+            problems["checkpoint_every_minutes"] = "set this or checkpoint_every_epochs"
+        _raise_field_errors(self, problems)
+        return self
+
+
+class RunConfig(_Schema):
+    """A run's whole configuration, versioned; defaults mirror sahajBERT."""
+
+    version: Literal[1] = Field(1, description="Schema version of this configuration.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model architecture.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training data.")
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description="Optimization.")
+    averaging: AveragingConfig = Field(default_factory=AveragingConfig, description="Collaboration.")
+
+    @model_validator(mode="after")
+    def _check_sequence_length(self) -> "RunConfig":
+        positions = self.model.dimensions()["max_position_embeddings"]
+        if self.data.max_seq_length > positions:
+            _raise_field_errors(self, {"data.max_seq_length": (
+                f"must not exceed the model's max_position_embeddings ({positions})")})
+        return self
+
+
+def config_errors(data: Any) -> dict[str, list[str]]:
+    """Validate a config and return its errors by dotted field path ("__all__" for the whole);
+    an empty dict when it is valid."""
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as exc:
+        errors: dict[str, list[str]] = {}
+        for error in exc.errors():
+            path = ".".join(str(part) for part in error["loc"]) or "__all__"
+            errors.setdefault(path, []).append(error["msg"])
+        return errors
+    return {}
+
+
+def config_from_preset(preset: str, **overrides: Mapping[str, Any]) -> RunConfig:
+    """A config for a model preset, with sections overridden field by field,
+    e.g. ``config_from_preset("tiny", training={"target_batch_size": 64})``."""
+    data: dict[str, Any] = {"model": {"preset": preset}}
+    for section, fields in overrides.items():
+        data[section] = {**data.get(section, {}), **fields} if isinstance(fields, Mapping) else fields
+    return RunConfig.model_validate(data)
+
+
+def changed_fields(old: RunConfig, new: RunConfig) -> set[str]:
+    """Dotted paths of the fields whose values differ between two configs."""
+    before, after = _flatten(old.model_dump()), _flatten(new.model_dump())
+    return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class DeviceInfo(_Schema):
+    """The accelerator an agent trains on, as it describes itself when joining."""
+
+    kind: Literal["cpu", "cuda", "mps"] = Field(description="Device type.")
+    name: str = Field(max_length=200, description='Device name, e.g. "NVIDIA T4" or the CPU model.')
+    memory_gb: float | None = Field(None, ge=0, le=100_000, description="Accelerator memory (RAM for a CPU), in GB.")
+    precision: Literal["fp32", "fp16", "bf16"] | None = Field(None, description="Precision the agent trains in.")
+
+
+class JoinRequest(_Schema):
+    """Body of ``POST /api/v1/runs/{slug}/join``."""
+
+    peer_public_key: OpenSSHPublicKey = Field(description="The agent's hivemind RSAPublicKey.to_bytes() as text.")
+    agent_version: str = Field(min_length=1, max_length=64, description="Version of the peer agent.")
+    device: DeviceInfo = Field(description="The device the agent trains on.")
+
+
+class HivemindAccess(_Schema):
+    """A hivemind ``AccessToken`` signed by the run's authority, as JSON text.
+
+    The proto's bytes fields travel as ASCII text: ``public_key`` is OpenSSH text and
+    ``signature`` is already the base64 that hivemind's ``RSAPrivateKey.sign`` returns.
+    """
+
+    username: str = Field(min_length=1, max_length=150, description="Volunteer the token is issued to.")
+    peer_public_key: OpenSSHPublicKey = Field(description="Peer key the token names (AccessToken.public_key).")
+    expiration_time: str = Field(max_length=64, description="str() of an aware datetime; signed, so kept verbatim.")
+    signature: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$", description="Authority's base64 signature.")
+
+    @field_validator("expiration_time")
+    @classmethod
+    def _check_expiration_time(cls, value: str) -> str:
+        try:
+            expires_at = datetime.fromisoformat(value)
+        except ValueError:
+            raise PydanticCustomError("expiration_time", "must be an ISO date and time") from None
+        if expires_at.tzinfo is None:
+            raise PydanticCustomError("expiration_time", "must include a timezone")
+        return value
+
+    @property
+    def expires_at(self) -> datetime:
+        """The expiry as an aware datetime."""
+        return datetime.fromisoformat(self.expiration_time)
+
+    def access_token_fields(self) -> dict[str, Any]:
+        """Keyword arguments for ``hivemind.proto.auth_pb2.AccessToken``."""
+        return dict(username=self.username, public_key=self.peer_public_key.encode("ascii"),
+                    expiration_time=self.expiration_time, signature=self.signature.encode("ascii"))
+
+
+class JoinResponse(_Schema):
+    """Answer to a join: everything an agent needs to enter the run's swarm."""
+
+    session_id: StrictInt = Field(ge=1, le=2**63 - 1, description="Training session to report under.")
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="The run's hivemind key prefix.")
+    config: RunConfig = Field(description="The run's configuration.")
+    hivemind_access: HivemindAccess = Field(description="Access token for the run's DHT.")
+    authority_public_key: OpenSSHPublicKey = Field(description="Key that verifies every peer's access token.")
+    initial_peers: list[Annotated[str, StringConstraints(pattern=r"^/\S+$", max_length=1000)]] = Field(
+        max_length=100, description="Multiaddrs of the run's backbone peers.")
+    report_url: str = Field(pattern=r"^wss?://\S+$", max_length=2000, description="Websocket for reports.")
+
+
+class RefreshResponse(_Schema):
+    """Answer to ``POST /api/v1/sessions/{id}/refresh``."""
+
+    hivemind_access: HivemindAccess = Field(description="A fresh access token.")
+
+
+class Report(_Schema):
+    """A progress report an agent sends over ``/ws/agent/``; ``samples`` is the delta since the last."""
+
+    type: Literal["report"] = Field("report", description="Frame type.")
+    session_id: StrictInt = Field(ge=1, le=2**63 - 1, description="Session from the join answer.")
+    seq: Seq = Field(description="1 for a session's first report, one more for each next.")
+    samples: StrictInt = Field(ge=0, le=10_000_000, description="Samples processed since the previous report.")
+    steps: StrictInt = Field(ge=0, le=10_000_000, description="Local steps since the previous report.")
+    local_epoch: StrictInt = Field(ge=0, le=2**31 - 1, description="Collaboration epoch the peer is in.")
+    loss: StrictFiniteFloat | None = Field(None, ge=0, description="Recent training loss, if any.")
+    samples_per_second: StrictFiniteFloat = Field(ge=0, le=1_000_000, description="Recent throughput.")
+    sent_at: Annotated[AwareDatetime, Field(strict=True)] = Field(description="When the agent sent it.")
+
+
+class Ack(_Schema):
+    """The portal stored report ``seq`` durably (or had stored it before)."""
+
+    type: Literal["ack"] = Field("ack", description="Frame type.")
+    seq: Seq = Field(description="Sequence number of the stored report.")
+
+
+class ErrorFrame(_Schema):
+    """The portal refused a frame; ``seq`` is set when the frame carried a readable one."""
+
+    type: Literal["error"] = Field("error", description="Frame type.")
+    seq: Seq | None = Field(None, description="Sequence number of the refused report, if known.")
+    code: str = Field(max_length=64, description='Machine-readable reason, e.g. "invalid_report".')
+    detail: str = Field(max_length=1000, description="What was wrong, for a person.")
+
+
+class ErrorBody(_Schema):
+    """The inside of an API error."""
+
+    code: str = Field(max_length=64, description="Machine-readable reason.")
+    detail: str = Field(max_length=1000, description="What was wrong and what to do, for a person.")
+
+
+class ApiError(_Schema):
+    """Every 4xx answer of the JSON API: ``{"error": {"code", "detail"}}``."""
+
+    error: ErrorBody = Field(description="The error.")
+
+
+def api_error(code: str, detail: str) -> dict[str, Any]:
+    """The JSON body of an API error."""
+    return ApiError(error=ErrorBody(code=code, detail=detail)).model_dump(mode="json")
+
+
+class LeaderboardRow(_Schema):
+    """One volunteer or team on a run's leaderboard."""
+
+    rank: int = Field(ge=1, description="Position, 1 for the top.")
+    name: str = Field(max_length=200, description="Public name of the volunteer or team.")
+    samples: int = Field(ge=0, description="Samples contributed.")
+    credit_provisional: float = Field(ge=0, description="Credit still awaiting verification.")
+    credit_verified: float = Field(ge=0, description="Credit confirmed from signed DHT progress.")
+    share: float = Field(ge=0, le=1, description="Share of all samples in the window.")
+    last_seen: AwareDatetime | None = Field(description="Latest report, if any.")
+    machines: int = Field(ge=0, description="Peers training now.")
+
+
+class LiveSnapshot(_Schema):
+    """A frame of ``/ws/runs/{slug}/live/``."""
+
+    type: Literal["snapshot"] = Field("snapshot", description="Frame type.")
+    leaderboard: list[LeaderboardRow] = Field(description="Leaderboard rows, best first.")
+    samples_per_second: float = Field(ge=0, description="Throughput of the whole collaboration.")
+    alive_peers: int = Field(ge=0, description="Peers that reported recently.")
+    epoch: int = Field(ge=0, description="Current collaboration epoch.")
+    loss: float | None = Field(description="Recent loss of the collaboration, if known.")
+
+
+class ProtocolError(Exception):
+    """A client frame the portal cannot accept; ``code`` is machine-readable, ``detail`` short."""
+
+    def __init__(self, code: str, detail: str, seq: int | None = None):
+        super().__init__(f"{code}: {detail}")
+        self.code, self.detail, self.seq = code, detail, seq
+
+    def to_frame(self) -> ErrorFrame:
+        """The error frame to send back to the agent."""
+        return ErrorFrame(seq=self.seq, code=self.code, detail=self.detail[:1000])
+
+
+def parse_client_frame(text: str) -> Report:
+    """Parse a frame an agent sent; raise ProtocolError for anything but a valid report."""
+    if len(text) > MAX_FRAME_CHARS:
+        raise ProtocolError("too_large", f"frames are limited to {MAX_FRAME_CHARS} characters")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ProtocolError("bad_json", "the frame is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("bad_json", "a frame must be a JSON object")
+    if data.get("type") != "report":
+        raise ProtocolError("unknown_type", 'the frame\'s "type" must be "report"')
+    try:
+        # Validated from the text so strict fields follow JSON's rules (datetimes as ISO strings).
+        return Report.model_validate_json(text)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'frame'}: {e['msg']}" for e in exc.errors()[:3]]
+        raise ProtocolError("invalid_report", "; ".join(problems), seq=_readable_seq(data.get("seq"))) from None
+
+
+def _readable_seq(value: Any) -> int | None:
+    try:
+        return _SEQ.validate_python(value)
+    except ValidationError:
+        return None
