@@ -71,12 +71,18 @@ def token_authenticate(*, secret: str | None, ip: str | None, run=None) -> Agent
         raise AgentTokenRefused("token_expired", f"agent token “{token.name}” expired; create a new one")
     if not token.user.is_active:
         raise AgentTokenRefused("account_disabled", "the account that owns this token is disabled", status=403)
-    if run is not None and token.run_id is not None and token.run_id != run.pk:
+    if run is not None:
+        token_check_scope(token=token, run=run)
+    _token_mark_used(token=token, ip=ip)
+    return token
+
+
+def token_check_scope(*, token: AgentToken, run) -> None:
+    """Refuse a token limited to another run than `run`."""
+    if token.run_id is not None and token.run_id != run.pk:
         raise AgentTokenRefused(
             "token_out_of_scope", f"agent token “{token.name}” is limited to run “{token.run.slug}”", status=403
         )
-    _token_mark_used(token=token, ip=ip)
-    return token
 
 
 def _token_mark_used(*, token: AgentToken, ip: str | None) -> None:

@@ -336,6 +336,9 @@ class JoinResponse(_Schema):
     initial_peers: list[Annotated[str, StringConstraints(pattern=r"^/\S+$", max_length=1000)]] = Field(
         max_length=100, description="Multiaddrs of the run's backbone peers.")
     report_url: str = Field(pattern=r"^wss?://\S+$", max_length=2000, description="Websocket for reports.")
+    tokenizer_url: str = Field(pattern=r"^https?://\S+$", max_length=2000, description="The run's tokenizer.json.")
+    data_files: list[Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=2000)]] = Field(
+        default_factory=list, max_length=1000, description="Signed URLs of the run's uploaded text files.")
 
 
 class RefreshResponse(_Schema):

@@ -9,6 +9,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from accounts.api import router as accounts_router
 from accounts.services import AgentTokenRefused
 from portal.errors import ApiError, error_response
+from runs.api import router as runs_router
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +57,4 @@ def _not_found(request: HttpRequest, exc: Http404):
 
 
 api.add_router("/", accounts_router)
+api.add_router("/", runs_router)

@@ -138,6 +138,10 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "home"
 AGENT_TOKEN_DEFAULT_DAYS = env_int("AGENT_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+# Revocation and bans act by refusing refreshes, so hivemind access tokens are short-lived.
+HIVEMIND_ACCESS_MINUTES = env_int("HIVEMIND_ACCESS_MINUTES", 30, minimum=1)
+DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, minimum=60)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
 # --- e-mail ------------------------------------------------------------------------------------
 

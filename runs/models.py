@@ -11,6 +11,10 @@ def _hivemind_run_id() -> str:
     return f"dlp-{secrets.token_hex(6)}"
 
 
+def _join_code() -> str:
+    return secrets.token_urlsafe(9)
+
+
 class Run(models.Model):
     """A collaborative training run that volunteers join with the peer agent."""
 
@@ -26,14 +30,28 @@ class Run(models.Model):
         INVITE = "invite", "Invite only: a join code is needed"
         ALLOWLIST = "allowlist", "Allowlist: only the listed usernames may join"
 
+    class TokenizerStatus(models.TextChoices):
+        MISSING = "missing"
+        TRAINING = "training"
+        READY = "ready"
+        FAILED = "failed"
+
     name = models.CharField(max_length=100)
-    slug = models.SlugField(max_length=64, unique=True)
+    slug = models.SlugField(max_length=64, unique=True, help_text="The run's address and the name agents join by.")
     description = models.TextField(blank=True, max_length=10000)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     visibility = models.CharField(max_length=16, choices=Visibility.choices, default=Visibility.PUBLIC)
+    join_code = models.CharField(max_length=32, default=_join_code, help_text="Volunteers enter it to join an invite-only run.")
+    allowlist = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="allowed_runs")
     organizers = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="organized_runs")
     hivemind_run_id = models.CharField(max_length=32, unique=True, default=_hivemind_run_id, editable=False)
     config = models.JSONField(default=dict)
+    authority_public_key = models.TextField(editable=False)
+    authority_private_key = models.BinaryField(editable=False, help_text="Encrypted with AUTHORITY_ENCRYPTION_KEY.")
+    initial_peers = models.JSONField(default=list, blank=True, help_text="Multiaddrs of the run's backbone peers.")
+    tokenizer_status = models.CharField(max_length=16, choices=TokenizerStatus.choices, default=TokenizerStatus.MISSING)
+    tokenizer_file = models.FileField(upload_to="tokenizers/", blank=True)
+    tokenizer_error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -44,3 +62,84 @@ class Run(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("run-detail", args=[self.slug])
+
+
+class RunEvent(models.Model):
+    """The run's audit log: every lifecycle change, config edit and moderation, with who and when."""
+
+    class Kind(models.TextChoices):
+        CREATED = "created"
+        ACTIVATED = "activated"
+        PAUSED = "paused"
+        RESUMED = "resumed"
+        FINISHED = "finished"
+        CONFIG_CHANGED = "config_changed", "configuration changed"
+        BANNED = "banned"
+        UNBANNED = "unbanned"
+        TOKENIZER = "tokenizer", "tokenizer changed"
+        DATA = "data", "data changed"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    detail = models.CharField(max_length=500, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+
+class RunMembership(models.Model):
+    """A volunteer who entered an invite-only run's join code."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="run_memberships")
+    joined_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "user"], name="one_membership_per_run")]
+
+
+class RunBan(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="bans")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="run_bans")
+    banned_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    reason = models.CharField(max_length=500, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "user"], name="one_ban_per_run")]
+
+
+class DataFile(models.Model):
+    """A UTF-8 text file an organizer uploaded; the portal serves it to the run's agents."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="data_files")
+    file = models.FileField(upload_to="data/")
+    name = models.CharField(max_length=200)
+    size = models.PositiveBigIntegerField()
+    lines = models.PositiveBigIntegerField()
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    uploaded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["uploaded_at", "id"]
+
+
+class TrainingSession(models.Model):
+    """One agent process in one run, from join to its last report; its peer key names it in the DHT."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="sessions")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="training_sessions")
+    token = models.ForeignKey("accounts.AgentToken", null=True, on_delete=models.SET_NULL, related_name="sessions")
+    peer_public_key = models.TextField()
+    agent_version = models.CharField(max_length=64)
+    device = models.JSONField(default=dict)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    access_expires_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["run", "peer_public_key"])]

@@ -1,7 +1,20 @@
 from django.urls import path
 
-from runs import views
+from runs import organizer_views, views
 
 urlpatterns = [
+    path("runs/new/", organizer_views.run_create, name="run-create"),
     path("runs/<slug:slug>/", views.run_detail, name="run-detail"),
+    path("runs/<slug:slug>/join/", views.run_join_page, name="run-join"),
+    path("runs/<slug:slug>/edit/", organizer_views.run_edit, name="run-edit"),
+    path("runs/<slug:slug>/participants/", organizer_views.run_participants, name="run-participants"),
+    path("runs/<slug:slug>/ban/", organizer_views.run_ban, name="run-ban"),
+    path("runs/<slug:slug>/unban/", organizer_views.run_unban, name="run-unban"),
+    path("runs/<slug:slug>/allowlist/", organizer_views.run_allowlist, name="run-allowlist"),
+    path("runs/<slug:slug>/data/", organizer_views.data_upload, name="run-data-upload"),
+    path("runs/<slug:slug>/data/<int:pk>/remove/", organizer_views.data_remove, name="run-data-remove"),
+    path("runs/<slug:slug>/tokenizer/train/", organizer_views.tokenizer_train, name="run-tokenizer-train"),
+    path("runs/<slug:slug>/tokenizer/upload/", organizer_views.tokenizer_upload, name="run-tokenizer-upload"),
+    path("runs/<slug:slug>/status/<str:action>/", organizer_views.run_action, name="run-action"),
+    path("agent/<str:filename>", views.agent_wheel, name="agent-wheel"),
 ]

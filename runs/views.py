@@ -1,12 +1,97 @@
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+"""Run pages everyone sees: the run, how to join it, and the agent download."""
 
+import base64
+import datetime
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+
+from accounts.services import token_create
+from peer_agent.protocol import RunConfig
+from runs import selectors, services
 from runs.models import Run
+from runs.sessions import run_is_organizer, run_join_refusal, run_may_view
+
+
+def visible_run_or_404(request: HttpRequest, slug: str) -> Run:
+    run = get_object_or_404(Run.objects.prefetch_related("organizers"), slug=slug)
+    if not run_may_view(run=run, user=request.user):
+        raise Http404("no such run")
+    return run
 
 
 def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    run = get_object_or_404(Run.objects.prefetch_related("organizers"), slug=slug)
-    is_organizer = request.user.is_authenticated and run.organizers.filter(pk=request.user.pk).exists()
-    if run.status == Run.Status.DRAFT and not (is_organizer or request.user.is_staff):
-        raise Http404("no such run")
-    return render(request, "runs/run_detail.html", {"run": run, "is_organizer": is_organizer})
+    run = visible_run_or_404(request, slug)
+    is_organizer = run_is_organizer(run=run, user=request.user)
+    context = {
+        "run": run,
+        "config": RunConfig.model_validate(run.config),
+        "is_organizer": is_organizer,
+        "events": run.events.select_related("actor")[:20] if is_organizer else [],
+        "data_files": run.data_files.all(),
+        "tokens_tried": None,
+    }
+    if is_organizer and request.GET.get("try") and run.tokenizer_status == Run.TokenizerStatus.READY:
+        context["tokens_tried"] = selectors.tokenizer_try(run=run, text=request.GET["try"][:1000])
+    return render(request, "runs/run_detail.html", context)
+
+
+def _install_command(portal_url: str) -> str:
+    wheel = selectors.agent_wheel_path()
+    return f"pip install {portal_url}/agent/{wheel.name}" if wheel else "pip install peer-agent"
+
+
+def _join_command(portal_url: str, run: Run, secret: str | None = None) -> str:
+    token = secret or "<your agent token>"
+    return f"PEER_AGENT_TOKEN={token} peer-agent join --portal {portal_url} {run.slug}"
+
+
+def _agent_toml(portal_url: str, run: Run, secret: str) -> str:
+    return f'# peer-agent configuration for run "{run.slug}"\nportal = "{portal_url}"\nrun = "{run.slug}"\ntoken = "{secret}"\n'
+
+
+@login_required
+def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
+    """How to join: install the agent, get a token for this run, run one command."""
+    run = visible_run_or_404(request, slug)
+    portal_url = request.build_absolute_uri("/").rstrip("/")
+    refusal = run_join_refusal(run=run, user=request.user)
+    context = {
+        "run": run,
+        "refusal": refusal,
+        "needs_code": refusal is not None and refusal.code == "invite_only",
+        "install_command": _install_command(portal_url),
+        "join_command": _join_command(portal_url, run),
+    }
+    if request.method == "POST" and request.POST.get("action") == "code":
+        try:
+            services.run_membership_redeem(run=run, user=request.user, code=request.POST.get("code", ""))
+        except services.RunError as exc:
+            messages.error(request, str(exc))
+        return redirect("run-join", slug=run.slug)
+    if request.method == "POST" and request.POST.get("action") == "token" and refusal is None:
+        machine = (request.POST.get("machine") or "").strip()[:64] or f"{run.slug} agent"
+        token, secret = token_create(
+            user=request.user, name=machine, run=run, lifetime=datetime.timedelta(days=settings.AGENT_TOKEN_DEFAULT_DAYS)
+        )
+        toml = _agent_toml(portal_url, run, secret)
+        context.update(
+            new_token=token,
+            join_command=_join_command(portal_url, run, secret),
+            agent_toml_href="data:application/toml;base64," + base64.b64encode(toml.encode()).decode(),
+        )
+        response = render(request, "runs/run_join.html", context)
+        response["Cache-Control"] = "no-store"  # the page carries the secret
+        return response
+    return render(request, "runs/run_join.html", context)
+
+
+def agent_wheel(request: HttpRequest, filename: str) -> FileResponse:
+    """The peer-agent wheel built by `manage.py agent_wheel` (pip needs its real file name)."""
+    wheel = selectors.agent_wheel_path()
+    if wheel is None or wheel.name != filename:
+        raise Http404("no such agent build; the join page links the current one")
+    return FileResponse(wheel.open("rb"), as_attachment=True, filename=wheel.name, content_type="application/octet-stream")

@@ -37,3 +37,14 @@ def client_for(db):
         return client
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _celery_runs_tasks_inline(settings, tmp_path):
+    """Tasks run in the test's process and transaction; media files go to a temporary folder."""
+    from portal.celery import app
+
+    app.conf.task_always_eager = True
+    settings.MEDIA_ROOT = tmp_path / "media"
+    yield
+    app.conf.task_always_eager = False

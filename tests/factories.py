@@ -1,9 +1,12 @@
 """Factories for the test suite: build what a test needs, named for what it is."""
 
 import factory
+from django.conf import settings
 from django.contrib.auth.models import Permission
 
 from accounts.models import Team, User
+from runs.authority import authority_generate
+from runs.forms import preset_config
 from runs.models import Run
 
 PASSWORD = "correct horse battery staple"
@@ -36,6 +39,8 @@ class TeamFactory(factory.django.DjangoModelFactory):
 
 
 class RunFactory(factory.django.DjangoModelFactory):
+    """An active `tiny` run with its own authority key and a ready tokenizer file."""
+
     class Meta:
         model = Run
         skip_postgeneration_save = True
@@ -43,6 +48,15 @@ class RunFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"Run {n}")
     slug = factory.Sequence(lambda n: f"run-{n}")
     status = Run.Status.ACTIVE
+    config = factory.LazyFunction(lambda: preset_config("tiny").model_dump(mode="json"))
+    tokenizer_status = Run.TokenizerStatus.READY
+
+    @classmethod
+    def _create(cls, model_class, *args, **kwargs):
+        public_key, private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
+        kwargs.setdefault("authority_public_key", public_key)
+        kwargs.setdefault("authority_private_key", private_key)
+        return super()._create(model_class, *args, **kwargs)
 
     @factory.post_generation
     def organizers(self, create: bool, extracted: list | None, **kwargs) -> None:

@@ -279,7 +279,9 @@ def test_join_response_round_trips_through_json():
     response = JoinResponse.model_validate({
         "session_id": 7, "run_id": "bengali-albert", "config": config_from_preset("tiny").model_dump(mode="json"),
         "hivemind_access": make_access(), "authority_public_key": AUTHORITY_KEY,
-        "initial_peers": ["/ip4/10.0.0.2/tcp/31337/p2p/QmPeer"], "report_url": "wss://portal.example/ws/agent/"})
+        "initial_peers": ["/ip4/10.0.0.2/tcp/31337/p2p/QmPeer"], "report_url": "wss://portal.example/ws/agent/",
+        "tokenizer_url": "https://portal.example/api/v1/runs/bengali-albert/tokenizer.json",
+        "data_files": ["https://portal.example/api/v1/files/signed"]})
     assert JoinResponse.model_validate_json(response.model_dump_json()) == response
 
 

@@ -1,0 +1,128 @@
+"""Run endpoints: the public listing, and joining, refreshing and data for peer agents."""
+
+from django.http import FileResponse, HttpRequest
+from ninja import Router, Schema
+
+from accounts.auth import AgentBearer
+from accounts.services import token_check_scope
+from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
+from portal.errors import ApiError
+from runs import selectors
+from runs.models import Run, TrainingSession
+from runs.sessions import JoinRefused, data_file_for_url_token, data_file_url_token, run_join_refusal, session_open, session_refresh
+
+router = Router(tags=["runs"])
+
+
+class RunSummary(Schema):
+    slug: str
+    name: str
+    description: str
+    status: str
+    visibility: str
+    organizers: list[str]
+    config: dict
+    tokenizer_status: str
+
+
+def _summary(run: Run) -> dict:
+    return {
+        "slug": run.slug,
+        "name": run.name,
+        "description": run.description,
+        "status": run.status,
+        "visibility": run.visibility,
+        "organizers": [user.public_name or "a hidden volunteer" for user in run.organizers.all()],
+        "config": run.config,
+        "tokenizer_status": run.tokenizer_status,
+    }
+
+
+def _visible_run(slug: str) -> Run:
+    run = Run.objects.exclude(status=Run.Status.DRAFT).filter(slug=slug).first()
+    if run is None:
+        raise ApiError(404, "run_not_found", f"there is no run “{slug}”; check its name on the portal's runs page")
+    return run
+
+
+def _refused(refusal: JoinRefused) -> ApiError:
+    return ApiError(refusal.status, refusal.code, refusal.detail)
+
+
+def _absolute(request: HttpRequest, path: str, scheme: str | None = None) -> str:
+    url = request.build_absolute_uri(path)
+    if scheme == "ws":
+        url = "ws" + url.removeprefix("http")
+    return url
+
+
+@router.get("/runs/", response=list[RunSummary], summary="Public runs")
+def run_list(request: HttpRequest):
+    return [_summary(run) for run in selectors.run_list_public()]
+
+
+@router.get("/runs/{slug}/", response=RunSummary, summary="A run's summary and configuration")
+def run_detail(request: HttpRequest, slug: str):
+    return _summary(_visible_run(slug))
+
+
+@router.post("/runs/{slug}/join", response=JoinResponse, auth=AgentBearer(), summary="Join a run with a peer agent")
+def run_join(request: HttpRequest, slug: str, body: JoinRequest):
+    """Open a training session and sign a short-lived hivemind access token for the agent's peer key."""
+    run = _visible_run(slug)
+    token_check_scope(token=request.auth, run=run)
+    try:
+        session, access = session_open(run=run, token=request.auth, request=body)
+    except JoinRefused as refusal:
+        raise _refused(refusal) from None
+    except ValueError as exc:
+        raise ApiError(400, "invalid_peer_key", f"peer_public_key: {exc}") from None
+    return {
+        "session_id": session.pk,
+        "run_id": run.hivemind_run_id,
+        "config": run.config,
+        "hivemind_access": access,
+        "authority_public_key": run.authority_public_key,
+        "initial_peers": run.initial_peers,
+        "report_url": _absolute(request, "/ws/agent/", scheme="ws"),
+        "tokenizer_url": _absolute(request, f"/api/v1/runs/{run.slug}/tokenizer.json"),
+        "data_files": [
+            _absolute(request, f"/api/v1/data/{data_file_url_token(session=session, data_file=data_file)}/{data_file.pk}.txt")
+            for data_file in run.data_files.all()
+        ],
+    }
+
+
+@router.post("/sessions/{session_id}/refresh", response=RefreshResponse, auth=AgentBearer(), summary="Refresh hivemind access")
+def session_refresh_endpoint(request: HttpRequest, session_id: int):
+    session = TrainingSession.objects.select_related("run").filter(pk=session_id, user=request.auth.user).first()
+    if session is None:
+        raise ApiError(404, "session_not_found", f"there is no training session {session_id} of yours; join the run again")
+    token_check_scope(token=request.auth, run=session.run)
+    try:
+        return {"hivemind_access": session_refresh(session=session, token=request.auth)}
+    except JoinRefused as refusal:
+        raise _refused(refusal) from None
+
+
+@router.get("/runs/{slug}/tokenizer.json", auth=AgentBearer(), summary="The run's tokenizer", response={200: None})
+def run_tokenizer(request: HttpRequest, slug: str):
+    run = _visible_run(slug)
+    token_check_scope(token=request.auth, run=run)
+    refusal = run_join_refusal(run=run, user=request.auth.user)
+    if refusal and refusal.code != "run_paused":
+        raise _refused(refusal)
+    if run.tokenizer_status != Run.TokenizerStatus.READY:
+        raise ApiError(409, "tokenizer_not_ready", f"run “{run.slug}” has no tokenizer yet")
+    return FileResponse(run.tokenizer_file.open("rb"), content_type="application/json", filename="tokenizer.json")
+
+
+@router.get("/data/{url_token}/{file_id}.txt", summary="One of a run's data files (signed link from the join answer)", response={200: None})
+def data_file_download(request: HttpRequest, url_token: str, file_id: int):
+    try:
+        data_file = data_file_for_url_token(url_token=url_token)
+    except JoinRefused as refusal:
+        raise _refused(refusal) from None
+    if data_file.pk != file_id:
+        raise ApiError(404, "not_found", "this data link is not valid")
+    return FileResponse(data_file.file.open("rb"), content_type="text/plain; charset=utf-8")

@@ -1,0 +1,127 @@
+"""Run forms. The configuration fields are generated from `peer_agent.protocol.RunConfig`, which
+also validates them: the browser form and the agent can never disagree on what a config is."""
+
+import types
+import typing
+from typing import Any, Literal
+
+from django import forms
+from django.utils.text import capfirst
+
+from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, config_errors, config_from_preset
+from runs.models import Run
+
+SECTIONS = {
+    "model": "Model",
+    "tokenizer": "Tokenizer",
+    "data": "Data",
+    "training": "Training",
+    "averaging": "Averaging and checkpoints",
+}
+PRESETS = {
+    "tiny": "tiny: a ~2M-parameter ALBERT that trains on laptop CPUs (demo)",
+    "base": "base: ALBERT-base shape",
+    "large": "large: sahajBERT, ALBERT-large with shared layers, ~18M parameters",
+    "xlarge": "xlarge: ALBERT-xlarge shape",
+}
+# A tiny run should show progress within minutes on CPUs, on text the organizer uploads.
+_TINY_OVERRIDES = {
+    "tokenizer": {"vocab_size": 4000, "sample_size": 20000},
+    "data": {"source": "files", "path": None, "name": None, "max_seq_length": 128, "shuffle_buffer": 1000},
+    "training": {"target_batch_size": 64, "per_device_batch_size": 8, "warmup_steps": 20, "total_steps": 5000},
+    "averaging": {"matchmaking_time": 2.0, "averaging_timeout": 30.0, "checkpoint_every_epochs": 5, "checkpoint_every_minutes": 10.0},
+}
+
+
+def preset_config(preset: str) -> RunConfig:
+    return config_from_preset(preset, **(_TINY_OVERRIDES if preset == "tiny" else {}))
+
+
+def _form_field(annotation: Any, info) -> forms.Field:
+    optional = False
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        optional, annotation = True, args[0]
+    options = {"required": not optional, "help_text": info.description or "", "label": capfirst(info.title or "")}
+    if typing.get_origin(annotation) is Literal:
+        choices = [(value, value) for value in typing.get_args(annotation)]
+        return forms.ChoiceField(choices=([("", "—")] if optional else []) + choices, **options)
+    if annotation is bool:
+        return forms.BooleanField(**{**options, "required": False})
+    if annotation is int:
+        return forms.IntegerField(**options)
+    if annotation is float:
+        return forms.FloatField(**options)
+    return forms.CharField(**options)
+
+
+def _config_fields() -> dict[str, tuple[str, forms.Field]]:
+    """`{"training__target_batch_size": ("training.target_batch_size", IntegerField), ...}`"""
+    fields = {}
+    for section in SECTIONS:
+        section_model = RunConfig.model_fields[section].annotation
+        for name, info in section_model.model_fields.items():
+            field = _form_field(info.annotation, info)
+            field.label = capfirst(name.replace("_", " "))
+            fields[f"{section}__{name}"] = (f"{section}.{name}", field)
+    return fields
+
+
+class RunForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What volunteers will see, e.g. “sahajBERT: Bengali ALBERT”.")
+    slug = forms.SlugField(max_length=64, help_text="The run's address, and the name agents join by: peer-agent join <slug>.")
+    description = forms.CharField(
+        required=False, max_length=10000, widget=forms.Textarea(attrs={"rows": 4}), help_text="What the run trains and why."
+    )
+    visibility = forms.ChoiceField(choices=Run.Visibility.choices, help_text="Who can see the run and join it.")
+
+    def __init__(self, *args, run: Run | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.run = run
+        self.paths = {}
+        for name, (path, field) in _config_fields().items():
+            self.fields[name] = field
+            self.paths[name] = path
+        if run is not None:
+            self.fields["slug"].disabled = True
+            if run.status != Run.Status.DRAFT:
+                for name, path in self.paths.items():
+                    if path not in MID_RUN_EDITABLE:
+                        self.fields[name].disabled = True
+
+    @staticmethod
+    def initial_from(*, config: RunConfig, run: Run | None = None) -> dict:
+        initial = {f"{section}__{name}": value for section, values in config.model_dump(mode="json").items()
+                   if isinstance(values, dict) for name, value in values.items()}
+        if run is not None:
+            initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility)
+        return initial
+
+    def run_fields(self) -> list:
+        return [self[name] for name in ("name", "slug", "description", "visibility")]
+
+    def sections(self) -> list[tuple[str, list]]:
+        return [(title, [self[name] for name in self.paths if name.startswith(f"{key}__")]) for key, title in SECTIONS.items()]
+
+    def clean_slug(self) -> str:
+        slug = self.cleaned_data["slug"]
+        if self.run is None and Run.objects.filter(slug=slug).exists():
+            raise forms.ValidationError("Another run already has this address.")
+        return slug
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        data: dict[str, dict] = {section: {} for section in SECTIONS}
+        for name, path in self.paths.items():
+            if name in self.errors:
+                return cleaned
+            section, key = path.split(".")
+            value = cleaned.get(name)
+            data[section][key] = None if value == "" else value
+        for path, messages in config_errors(data).items():
+            field = path.replace(".", "__", 1)
+            for message in messages:
+                self.add_error(field if field in self.fields else None, message)
+        if not self.errors:
+            self.config = RunConfig.model_validate(data)
+        return cleaned

@@ -1,0 +1,184 @@
+"""Pages and actions for a run's organizers: configure, start and stop, moderate, data, tokenizer."""
+
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from accounts.models import User
+from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
+from runs import services
+from runs.forms import PRESETS, RunForm, preset_config
+from runs.models import DataFile, Run
+from runs.sessions import run_is_organizer
+
+MAX_TOKENIZER_BYTES = 20 * 1024 * 1024
+
+
+def organizer_required(view):
+    """Only the run's organizers; everyone else gets a 404, so drafts do not leak their slugs."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, slug: str, *args, **kwargs) -> HttpResponse:
+        run = get_object_or_404(Run, slug=slug)
+        if not run_is_organizer(run=run, user=request.user):
+            if run.status == Run.Status.DRAFT:
+                raise Http404("no such run")
+            raise PermissionDenied("only the run's organizers can do this")
+        return view(request, run, *args, **kwargs)
+
+    return wrapper
+
+
+def _then(request: HttpRequest, run: Run, action, success: str) -> HttpResponse:
+    try:
+        action()
+    except services.RunError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, success)
+    return redirect(run)
+
+
+@login_required
+def run_create(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_organizer:
+        raise PermissionDenied("creating runs needs the organizer role; ask the portal's staff for it")
+    preset = request.GET.get("preset", "tiny")
+    if preset not in PRESETS:
+        preset = "tiny"
+    form = RunForm(request.POST or None, initial=RunForm.initial_from(config=preset_config(preset)))
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        run = services.run_create(
+            organizer=request.user,
+            name=data["name"],
+            slug=data["slug"],
+            description=data["description"],
+            visibility=data["visibility"],
+            config=form.config,
+        )
+        messages.success(request, f"Run “{run.name}” was created as a draft. Add data and a tokenizer, then activate it.")
+        return redirect(run)
+    return render(request, "runs/run_form.html", {"form": form, "presets": PRESETS, "preset": preset, "run": None})
+
+
+@organizer_required
+def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
+    initial = RunForm.initial_from(config=RunConfig.model_validate(run.config), run=run)
+    form = RunForm(request.POST or None, initial=initial, run=run)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            changed = services.run_update(
+                run=run, actor=request.user, name=data["name"], description=data["description"],
+                visibility=data["visibility"], config=form.config,
+            )
+        except services.RunError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Saved. Changed: {', '.join(sorted(changed)) or 'no configuration'}.")
+            return redirect(run)
+    context = {"form": form, "run": run, "mid_run_editable": sorted(MID_RUN_EDITABLE)}
+    return render(request, "runs/run_form.html", context)
+
+
+@require_POST
+@organizer_required
+def run_action(request: HttpRequest, run: Run, action: str) -> HttpResponse:
+    if action not in services.TRANSITIONS:
+        raise PermissionDenied("unknown action")
+    return _then(request, run, lambda: services.run_transition(run=run, actor=request.user, action=action), f"Run {services.TRANSITIONS[action][2]}.")
+
+
+@organizer_required
+def run_participants(request: HttpRequest, run: Run) -> HttpResponse:
+    context = {
+        "run": run,
+        "sessions": run.sessions.select_related("user", "token")[:200],
+        "bans": run.bans.select_related("user", "banned_by"),
+    }
+    return render(request, "runs/run_participants.html", context)
+
+
+@require_POST
+@organizer_required
+def run_ban(request: HttpRequest, run: Run) -> HttpResponse:
+    user = User.objects.filter(username=request.POST.get("username", "").strip()).first()
+    if user is None:
+        messages.error(request, "No volunteer has that username.")
+        return redirect("run-participants", slug=run.slug)
+    reason = request.POST.get("reason", "")[:500]
+    _then(request, run, lambda: services.run_ban(run=run, actor=request.user, user=user, reason=reason), f"{user.username} is banned.")
+    return redirect("run-participants", slug=run.slug)
+
+
+@require_POST
+@organizer_required
+def run_unban(request: HttpRequest, run: Run) -> HttpResponse:
+    user = get_object_or_404(User, username=request.POST.get("username", ""))
+    services.run_unban(run=run, actor=request.user, user=user)
+    messages.success(request, f"{user.username} may join again.")
+    return redirect("run-participants", slug=run.slug)
+
+
+@require_POST
+@organizer_required
+def run_allowlist(request: HttpRequest, run: Run) -> HttpResponse:
+    usernames = [name.strip() for name in request.POST.get("usernames", "").replace("\n", ",").split(",") if name.strip()]
+    return _then(
+        request, run, lambda: services.run_allowlist_set(run=run, actor=request.user, usernames=usernames), f"The allowlist has {len(usernames)} volunteers."
+    )
+
+
+@require_POST
+@organizer_required
+def data_upload(request: HttpRequest, run: Run) -> HttpResponse:
+    upload = request.FILES.get("file")
+    if upload is None:
+        messages.error(request, "Choose a text file to upload.")
+        return redirect(run)
+    if upload.size > services.MAX_DATA_FILE_BYTES:
+        messages.error(request, f"The file is larger than {services.MAX_DATA_FILE_BYTES // 2**20} MiB.")
+        return redirect(run)
+    content = upload.read()
+    return _then(
+        request, run, lambda: services.data_file_add(run=run, actor=request.user, name=upload.name, content=content), f"Uploaded {upload.name}."
+    )
+
+
+@require_POST
+@organizer_required
+def data_remove(request: HttpRequest, run: Run, pk: int) -> HttpResponse:
+    data_file = get_object_or_404(DataFile, pk=pk, run=run)
+    return _then(request, run, lambda: services.data_file_remove(data_file=data_file, actor=request.user), "Removed.")
+
+
+@require_POST
+@organizer_required
+def tokenizer_train(request: HttpRequest, run: Run) -> HttpResponse:
+    return _then(
+        request, run, lambda: services.tokenizer_train_start(run=run, actor=request.user), "Tokenizer training started; this page shows when it is ready."
+    )
+
+
+@require_POST
+@organizer_required
+def tokenizer_upload(request: HttpRequest, run: Run) -> HttpResponse:
+    upload = request.FILES.get("file")
+    if upload is None or upload.size > MAX_TOKENIZER_BYTES:
+        messages.error(request, "Choose a tokenizer.json file of at most 20 MiB.")
+        return redirect(run)
+    try:
+        json_text = upload.read().decode("utf-8")
+    except UnicodeDecodeError:
+        messages.error(request, "tokenizer.json must be UTF-8 JSON, as the tokenizers library saves it.")
+        return redirect(run)
+    return _then(
+        request, run, lambda: services.tokenizer_upload(run=run, actor=request.user, json_text=json_text), "Tokenizer uploaded."
+    )

@@ -1,0 +1,223 @@
+"""Writes for runs: creation, configuration, lifecycle, moderation and data."""
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import User
+from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
+from runs.authority import authority_generate
+from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership
+
+MAX_DATA_FILE_BYTES = 50 * 1024 * 1024
+
+
+class RunError(Exception):
+    """A run action that is not allowed; the message is meant for the person who tried it."""
+
+
+# action: (allowed from, to, event kind)
+TRANSITIONS = {
+    "activate": ({Run.Status.DRAFT}, Run.Status.ACTIVE, RunEvent.Kind.ACTIVATED),
+    "pause": ({Run.Status.ACTIVE}, Run.Status.PAUSED, RunEvent.Kind.PAUSED),
+    "resume": ({Run.Status.PAUSED}, Run.Status.ACTIVE, RunEvent.Kind.RESUMED),
+    "finish": ({Run.Status.ACTIVE, Run.Status.PAUSED}, Run.Status.FINISHED, RunEvent.Kind.FINISHED),
+}
+
+
+def run_event_record(*, run: Run, actor: User | None, kind: str, detail: str = "") -> RunEvent:
+    return RunEvent.objects.create(run=run, actor=actor, kind=kind, detail=detail[:500])
+
+
+@transaction.atomic
+def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig) -> Run:
+    public_key, encrypted_private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
+    run = Run.objects.create(
+        name=name,
+        slug=slug,
+        description=description,
+        visibility=visibility,
+        config=config.model_dump(mode="json"),
+        authority_public_key=public_key,
+        authority_private_key=encrypted_private_key,
+    )
+    run.organizers.add(organizer)
+    run_event_record(run=run, actor=organizer, kind=RunEvent.Kind.CREATED)
+    return run
+
+
+@transaction.atomic
+def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig) -> set[str]:
+    """Save an edit and return the config fields it changed; only mid-run-safe ones once started."""
+    changed = changed_fields(RunConfig.model_validate(run.config), config)
+    if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
+        locked = ", ".join(sorted(changed - MID_RUN_EDITABLE))
+        raise RunError(f"these settings cannot change once the run has started: {locked}")
+    run.name, run.description, run.visibility = name, description, visibility
+    run.config = config.model_dump(mode="json")
+    run.save(update_fields=["name", "description", "visibility", "config"])
+    if changed:
+        run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
+    return changed
+
+
+@transaction.atomic
+def run_transition(*, run: Run, actor: User, action: str) -> None:
+    allowed_from, target, kind = TRANSITIONS[action]
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.status not in allowed_from:
+        raise RunError(f"a {run.status} run cannot {action}")
+    if action == "activate" and run.tokenizer_status != Run.TokenizerStatus.READY:
+        raise RunError("the run needs a tokenizer before it starts: train one or upload tokenizer.json")
+    if action == "activate" and RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
+        raise RunError("the run reads uploaded files: upload at least one text file before it starts")
+    run.status = target
+    run.save(update_fields=["status"])
+    run_event_record(run=run, actor=actor, kind=kind)
+
+
+@transaction.atomic
+def run_ban(*, run: Run, actor: User, user: User, reason: str = "") -> None:
+    if run.organizers.filter(pk=user.pk).exists():
+        raise RunError("an organizer of the run cannot be banned from it")
+    _, created = RunBan.objects.get_or_create(run=run, user=user, defaults={"banned_by": actor, "reason": reason})
+    if created:
+        # Open sessions end now; their access tokens expire within minutes and are not refreshed.
+        run.sessions.filter(user=user, ended_at=None).update(ended_at=timezone.now())
+        run_event_record(run=run, actor=actor, kind=RunEvent.Kind.BANNED, detail=f"{user.username}: {reason}")
+
+
+@transaction.atomic
+def run_unban(*, run: Run, actor: User, user: User) -> None:
+    deleted, _ = RunBan.objects.filter(run=run, user=user).delete()
+    if deleted:
+        run_event_record(run=run, actor=actor, kind=RunEvent.Kind.UNBANNED, detail=user.username)
+
+
+def run_membership_redeem(*, run: Run, user: User, code: str) -> None:
+    if run.visibility != Run.Visibility.INVITE:
+        return
+    if code.strip() != run.join_code:
+        raise RunError("that join code is not right; ask the run's organizers for it")
+    RunMembership.objects.get_or_create(run=run, user=user)
+
+
+def run_allowlist_set(*, run: Run, actor: User, usernames: list[str]) -> None:
+    users = list(User.objects.filter(username__in=usernames))
+    missing = sorted(set(usernames) - {user.username for user in users})
+    if missing:
+        raise RunError(f"no volunteer is called {', '.join(missing)}")
+    run.allowlist.set(users)
+
+
+def _utf8_lines(content: bytes) -> int:
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunError(f"the file is not UTF-8 text (byte {exc.start} cannot be decoded)") from None
+    if "\x00" in text:
+        raise RunError("the file contains NUL bytes; upload plain text, one sentence per line")
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+@transaction.atomic
+def data_file_add(*, run: Run, actor: User, name: str, content: bytes) -> DataFile:
+    if len(content) > MAX_DATA_FILE_BYTES:
+        raise RunError(f"the file is {len(content) // 2**20} MiB; the limit is {MAX_DATA_FILE_BYTES // 2**20} MiB per file")
+    if not content.strip():
+        raise RunError("the file is empty")
+    lines = _utf8_lines(content)
+    data_file = DataFile(run=run, name=name[:200], size=len(content), lines=lines, uploaded_by=actor)
+    data_file.file.save(f"run-{run.pk}.txt", ContentFile(content), save=False)
+    data_file.save()
+    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"uploaded {data_file.name}")
+    return data_file
+
+
+@transaction.atomic
+def data_file_remove(*, data_file: DataFile, actor: User) -> None:
+    run = data_file.run
+    if run.status != Run.Status.DRAFT:
+        raise RunError("data files cannot be removed once the run has started")
+    data_file.file.delete(save=False)
+    data_file.delete()
+    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"removed {data_file.name}")
+
+
+def _data_sample(*, run: Run, limit: int):
+    """Up to `limit` lines of the run's data, from its uploaded files or streamed from the hub."""
+    config = RunConfig.model_validate(run.config)
+    if config.data.source == "files":
+        taken = 0
+        for data_file in run.data_files.all():
+            with data_file.file.open("rb") as handle:
+                for raw in handle:
+                    line = raw.decode("utf-8").strip()
+                    if line:
+                        yield line
+                        taken += 1
+                        if taken >= limit:
+                            return
+        return
+    import datasets  # heavy; only the worker pays for it
+
+    stream = datasets.load_dataset(config.data.path, config.data.name, split=config.data.split, streaming=True)
+    for example in stream.take(limit):
+        yield example[config.data.text_column]
+
+
+def _tokenizer_store(*, run: Run, json_text: str) -> None:
+    run.tokenizer_file.save(f"run-{run.pk}-tokenizer.json", ContentFile(json_text.encode()), save=False)
+    run.tokenizer_status, run.tokenizer_error = Run.TokenizerStatus.READY, ""
+    run.save(update_fields=["tokenizer_file", "tokenizer_status", "tokenizer_error"])
+
+
+def _tokenizer_changeable(run: Run) -> None:
+    if run.status != Run.Status.DRAFT:
+        raise RunError("the tokenizer cannot change once the run has started: peers' vocabularies must agree")
+
+
+@transaction.atomic
+def tokenizer_upload(*, run: Run, actor: User, json_text: str) -> None:
+    from runs.tokenization import tokenizer_validate
+
+    _tokenizer_changeable(run)
+    try:
+        tokenizer_validate(json_text)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    _tokenizer_store(run=run, json_text=json_text)
+    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.TOKENIZER, detail="uploaded tokenizer.json")
+
+
+def tokenizer_train_start(*, run: Run, actor: User) -> None:
+    """Queue the tokenizer training; the run page shows its progress."""
+    from runs.tasks import tokenizer_train_task
+
+    _tokenizer_changeable(run)
+    if RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
+        raise RunError("upload the run's text files first: the tokenizer learns its vocabulary from them")
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.TRAINING, tokenizer_error="")
+        run_event_record(run=run, actor=actor, kind=RunEvent.Kind.TOKENIZER, detail="training started")
+        transaction.on_commit(lambda: tokenizer_train_task.delay(run.pk))
+
+
+def tokenizer_train(*, run_id: int) -> None:
+    """Train the run's Unigram tokenizer on a sample of its data (runs in the Celery worker)."""
+    from runs.tokenization import tokenizer_train as train
+
+    run = Run.objects.get(pk=run_id)
+    config = RunConfig.model_validate(run.config).tokenizer
+    try:
+        tokenizer = train(
+            lines=_data_sample(run=run, limit=config.sample_size),
+            vocab_size=config.vocab_size,
+            lowercase=config.lowercase,
+            strip_accents=config.strip_accents,
+        )
+    except Exception as exc:  # a failed training is shown to the organizer, never lost in a log
+        Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.FAILED, tokenizer_error=str(exc)[:2000])
+        raise
+    _tokenizer_store(run=run, json_text=tokenizer.to_str())

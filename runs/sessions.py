@@ -1,0 +1,111 @@
+"""Training sessions: who may join a run, and the hivemind credentials the portal issues them."""
+
+import datetime
+
+from django.conf import settings
+from django.core import signing
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import AgentToken, User
+from peer_agent.protocol import JoinRequest
+from runs.authority import access_token_sign, authority_load
+from runs.models import DataFile, Run, RunBan, TrainingSession
+
+_FILE_SIGNER_SALT = "runs.data-file"
+
+
+class JoinRefused(Exception):
+    """Why an agent may not join or refresh; `status` and `code` go into the API error."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+
+
+def run_is_organizer(*, run: Run, user: User) -> bool:
+    return user.is_authenticated and run.organizers.filter(pk=user.pk).exists()
+
+
+def run_may_view(*, run: Run, user: User) -> bool:
+    """Drafts are for their organizers; every other run is visible to whoever has its address."""
+    return run.status != Run.Status.DRAFT or run_is_organizer(run=run, user=user) or user.is_staff
+
+
+def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
+    """The reason `user` may not train in `run` now, or None when they may."""
+    if run.status == Run.Status.DRAFT:
+        return JoinRefused(409, "run_not_active", f"run “{run.slug}” has not started yet")
+    if run.status == Run.Status.PAUSED:
+        return JoinRefused(409, "run_paused", f"run “{run.slug}” is paused by its organizer; the agent will retry every 60 s")
+    if run.status == Run.Status.FINISHED:
+        return JoinRefused(409, "run_finished", f"run “{run.slug}” has finished; thank you for contributing")
+    if RunBan.objects.filter(run=run, user=user).exists():
+        return JoinRefused(403, "banned", f"you were banned from run “{run.slug}” by its organizers")
+    if run_is_organizer(run=run, user=user):
+        return None
+    if run.visibility == Run.Visibility.INVITE and not run.memberships.filter(user=user).exists():
+        return JoinRefused(403, "invite_only", f"run “{run.slug}” is invite-only: enter its join code on the run's page first")
+    if run.visibility == Run.Visibility.ALLOWLIST and not run.allowlist.filter(pk=user.pk).exists():
+        return JoinRefused(403, "not_allowed", f"run “{run.slug}” is open only to volunteers its organizers listed")
+    return None
+
+
+def _access_token(*, run: Run, user: User, peer_public_key: str) -> tuple[dict, datetime.datetime]:
+    lifetime = datetime.timedelta(minutes=settings.HIVEMIND_ACCESS_MINUTES)
+    private_key = authority_load(encrypted=run.authority_private_key, secret=settings.AUTHORITY_ENCRYPTION_KEY)
+    access = access_token_sign(private_key=private_key, username=user.username, peer_public_key=peer_public_key, lifetime=lifetime)
+    return access, timezone.now() + lifetime
+
+
+@transaction.atomic
+def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
+    """Open a training session for the token's owner and sign its first hivemind access token."""
+    refusal = run_join_refusal(run=run, user=token.user)
+    if refusal:
+        raise refusal
+    access, expires_at = _access_token(run=run, user=token.user, peer_public_key=request.peer_public_key)
+    session = TrainingSession.objects.create(
+        run=run,
+        user=token.user,
+        token=token,
+        peer_public_key=request.peer_public_key,
+        agent_version=request.agent_version,
+        device=request.device.model_dump(mode="json"),
+        access_expires_at=expires_at,
+    )
+    return session, access
+
+
+@transaction.atomic
+def session_refresh(*, session: TrainingSession, token: AgentToken) -> dict:
+    """A fresh access token for a live session; refused once the volunteer is banned or the run stops."""
+    if session.user_id != token.user_id:
+        raise JoinRefused(404, "not_found", "no such session")
+    if session.ended_at is not None:
+        raise JoinRefused(409, "session_ended", "this training session has ended; join the run again")
+    refusal = run_join_refusal(run=session.run, user=token.user)
+    if refusal:
+        raise refusal
+    access, expires_at = _access_token(run=session.run, user=token.user, peer_public_key=session.peer_public_key)
+    TrainingSession.objects.filter(pk=session.pk).update(access_expires_at=expires_at, last_seen_at=timezone.now())
+    return access
+
+
+def data_file_url_token(*, session: TrainingSession, data_file: DataFile) -> str:
+    """An unguessable path component that lets the session's agent stream one data file."""
+    return signing.dumps({"s": session.pk, "f": data_file.pk}, salt=_FILE_SIGNER_SALT, compress=True)
+
+
+def data_file_for_url_token(*, url_token: str) -> DataFile:
+    """The data file behind a signed URL, if its session may still read it; else JoinRefused."""
+    try:
+        payload = signing.loads(url_token, salt=_FILE_SIGNER_SALT, max_age=settings.DATA_URL_MAX_AGE_SECONDS)
+        session = TrainingSession.objects.select_related("run", "user").get(pk=payload["s"])
+        data_file = session.run.data_files.get(pk=payload["f"])
+    except (signing.BadSignature, KeyError, TypeError, TrainingSession.DoesNotExist, DataFile.DoesNotExist):
+        raise JoinRefused(404, "not_found", "this data link is not valid; the agent gets fresh links when it joins") from None
+    refusal = run_join_refusal(run=session.run, user=session.user)
+    if refusal and refusal.code != "run_paused":
+        raise refusal
+    return data_file

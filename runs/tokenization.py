@@ -1,0 +1,159 @@
+"""The run's tokenizer: a SentencePiece-style Unigram LM trained with `tokenizers`, sahajBERT's recipe.
+
+Normalization keeps everything Bengali needs (vowel signs, hasanta, ZWJ/ZWNJ) and only folds
+variants that mean the same thing, so the vocabulary is not spent on typographic noise.
+Plain functions, no Django: the portal calls them from a Celery task and a management command.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4 after training, in this order
+MIN_VOCAB_SIZE = 100
+METASPACE = "▁"
+
+_INDIC = "\u0900-\u09ff"  # Devanagari and Bengali blocks
+_ZWNJ, _ZWJ = "\u200c", "\u200d"
+# Private-use stand-ins: Nmt turns U+200B..U+200F into spaces, which would split Bengali
+# conjuncts such as র‍্য (ra + ZWJ + hasanta + ya), so ZWJ/ZWNJ hide behind these meanwhile.
+_ZWNJ_HELD, _ZWJ_HELD = "\ue000", "\ue001"
+
+# Variants that recur in scraped text and carry no meaning of their own.
+_VARIANTS = [
+    (Regex("[\u201c\u201d\u201e\u201f\u00ab\u00bb\u2033]"), '"'),  # “ ” „ ‟ « » ″
+    (Regex("[\u2018\u2019\u201a\u201b\u2032]"), "'"),  # ‘ ’ ‚ ‛ ′
+    (Regex("[\u2010\u2012\u2013\u2014\u2015\u2212]"), "-"),  # hyphen, figure/en/em dash, bar, minus
+    # Danda look-alikes: the unassigned Bengali danda slots, the currency numerator four, and a
+    # pipe typed after Bengali text; the real dandas are the shared Devanagari U+0964/U+0965.
+    ("\u09e4", "\u0964"),
+    ("\u09e5", "\u0965"),
+    ("\u09f7", "\u0964"),
+    (Regex(f"(?<=[{_INDIC}]|[{_INDIC}] )\\|"), "\u0964"),
+    # A colon typed for the visarga inside a word (দু:খ → দুঃখ); a colon after a word stays a colon.
+    (Regex("(?<=[\u0980-\u09ff]):(?=[\u0980-\u09ff])"), "\u0983"),
+    # Pre-Unicode-4.1 khanda ta (ত + hasanta + ZWJ) and the atomic ৎ are the same letter.
+    ("\u09a4\u09cd\u200d", "\u09ce"),
+]
+
+
+def _normalizer(*, lowercase: bool, strip_accents: bool) -> normalizers.Normalizer:
+    steps = [
+        normalizers.Replace(Regex(f"(?<=[{_INDIC}]){_ZWNJ}"), _ZWNJ_HELD),
+        normalizers.Replace(Regex(f"(?<=[{_INDIC}]){_ZWJ}"), _ZWJ_HELD),
+        normalizers.Nmt(),
+        normalizers.NFKC(),  # also folds no-break, thin and other spaces into " "
+        normalizers.Replace(_ZWNJ_HELD, _ZWNJ),
+        normalizers.Replace(_ZWJ_HELD, _ZWJ),
+        *(normalizers.Replace(pattern, content) for pattern, content in _VARIANTS),
+        normalizers.Replace(Regex(" {2,}"), " "),
+    ]
+    if lowercase:
+        steps.append(normalizers.Lowercase())
+    if strip_accents:
+        # StripAccents removes non-spacing marks, which includes Bengali ি ু ূ ৃ ্ ঁ: opt-in only.
+        steps += [normalizers.NFD(), normalizers.StripAccents()]
+    return normalizers.Sequence(steps)
+
+
+def tokenizer_build(*, lowercase: bool = False, strip_accents: bool = False) -> Tokenizer:
+    """Return an untrained Unigram tokenizer with sahajBERT's normalization and pre-tokenization.
+
+    Metaspace runs first so that word starts are marked on whitespace only; punctuation and
+    digits split afterwards carry no `▁`, which keeps decoding lossless ("হ্যাঁ, ২০" stays so).
+    """
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = _normalizer(lowercase=lowercase, strip_accents=strip_accents)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always"),
+            pre_tokenizers.Punctuation(),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    tokenizer.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme="always")
+    cls_id, sep_id = SPECIAL_TOKENS.index(CLS), SPECIAL_TOKENS.index(SEP)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+    return tokenizer
+
+
+def tokenizer_train(
+    *, lines: Iterable[str], vocab_size: int, lowercase: bool = False, strip_accents: bool = False
+) -> Tokenizer:
+    """Train a Unigram LM tokenizer on `lines`; special tokens get ids 0..4.
+
+    `vocab_size` is an upper bound: a corpus with fewer useful pieces than that yields a smaller
+    vocabulary (the trainer cannot invent pieces), so read the size back with `get_vocab_size()`.
+    """
+    tokenizer = tokenizer_build(lowercase=lowercase, strip_accents=strip_accents)
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, unk_token=UNK, show_progress=False
+    )
+    tokenizer.train_from_iterator(lines, trainer=trainer)
+    return tokenizer
+
+
+def tokenizer_validate(json_text: str) -> Tokenizer:
+    """Load an uploaded `tokenizer.json`, or raise `ValueError` with a sentence an organizer can act on."""
+    hint = "Upload the tokenizer.json written by tokenizers' Tokenizer.save(), or let the portal train one."
+    try:
+        parsed = json.loads(json_text)
+    except ValueError as error:
+        logger.info("uploaded tokenizer is not JSON: %s", error)
+        raise ValueError(f"The uploaded file is not valid JSON. {hint}") from None
+    if not isinstance(parsed, dict) or "model" not in parsed:
+        raise ValueError(f"The uploaded JSON is not a tokenizer: it has no model. {hint}")
+    try:
+        tokenizer = Tokenizer.from_str(json_text)
+    except Exception as error:  # the Rust side raises a bare Exception for any schema mismatch
+        logger.info("uploaded tokenizer does not load: %s", error)
+        raise ValueError(f"The uploaded JSON is not a tokenizer the tokenizers library can load. {hint}") from None
+    missing = [token for token in SPECIAL_TOKENS if tokenizer.token_to_id(token) is None]
+    if missing:
+        raise ValueError(
+            f"The tokenizer is missing the special tokens {', '.join(missing)}; ALBERT pretraining needs "
+            f"{', '.join(SPECIAL_TOKENS)}. Pass them as special_tokens when training it, then upload it again."
+        )
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"The tokenizer has {size} tokens; a run needs at least {MIN_VOCAB_SIZE}. "
+            "Train it on more text or with a larger vocab_size."
+        )
+    return tokenizer
+
+
+def tokenizer_try(tokenizer: Tokenizer, text: str) -> list[str]:
+    """Tokens of `text` as the model will see them, without [CLS]/[SEP]."""
+    return tokenizer.encode(text, add_special_tokens=False).tokens
+
+
+def tokenizer_as_transformers(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """Wrap `tokenizer` for `transformers`, with its pad/unk/cls/sep/mask tokens declared."""
+    from transformers import PreTrainedTokenizerFast  # heavy import, only for the agent and checkpointer
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD,
+        unk_token=UNK,
+        cls_token=CLS,
+        sep_token=SEP,
+        mask_token=MASK,
+        # transformers 5 leaves token_type_ids out by default; ALBERT's sentence-order head needs them.
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
