@@ -7,7 +7,7 @@ This module imports only pydantic and the standard library so that both sides ca
 
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -300,7 +300,7 @@ class HivemindAccess(_Schema):
 
     username: str = Field(min_length=1, max_length=150, description="Volunteer the token is issued to.")
     peer_public_key: OpenSSHPublicKey = Field(description="Peer key the token names (AccessToken.public_key).")
-    expiration_time: str = Field(max_length=64, description="str() of an aware datetime; signed, so kept verbatim.")
+    expiration_time: str = Field(max_length=64, description="UTC time in ISO format without offset, as hivemind writes it; signed, so kept verbatim.")
     signature: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$", description="Authority's base64 signature.")
 
     @field_validator("expiration_time")
@@ -310,14 +310,14 @@ class HivemindAccess(_Schema):
             expires_at = datetime.fromisoformat(value)
         except ValueError:
             raise PydanticCustomError("expiration_time", "must be an ISO date and time") from None
-        if expires_at.tzinfo is None:
-            raise PydanticCustomError("expiration_time", "must include a timezone")
+        if expires_at.tzinfo is not None:
+            raise PydanticCustomError("expiration_time", "must be UTC without an offset, as hivemind compares it")
         return value
 
     @property
     def expires_at(self) -> datetime:
         """The expiry as an aware datetime."""
-        return datetime.fromisoformat(self.expiration_time)
+        return datetime.fromisoformat(self.expiration_time).replace(tzinfo=timezone.utc)
 
     def access_token_fields(self) -> dict[str, Any]:
         """Keyword arguments for ``hivemind.proto.auth_pb2.AccessToken``."""

@@ -1,0 +1,183 @@
+"""Joining a run and refreshing hivemind access, exactly as the wire contract says."""
+
+import datetime
+import json
+
+import pytest
+from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
+
+from accounts.services import token_create, token_revoke
+from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
+from peer_agent.protocol import JoinResponse
+from runs.models import RunMembership, TrainingSession
+from runs.services import data_file_add, run_allowlist_set, run_ban
+from tests.factories import RunFactory, UserFactory
+
+
+def join_body(key: RSAPrivateKey | None = None) -> dict:
+    key = key or RSAPrivateKey()
+    return {
+        "peer_public_key": key.get_public_key().to_bytes().decode(),
+        "agent_version": "0.1.0",
+        "device": {"kind": "cpu", "name": "test CPU", "memory_gb": 8},
+    }
+
+
+def post(client, url: str, secret: str, body: dict | None = None, raw: str | None = None):
+    return client.post(
+        url, data=raw if raw is not None else json.dumps(body or {}), content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {secret}",
+    )
+
+
+@pytest.fixture
+def run(organizer):
+    return RunFactory(slug="bengali-albert", organizers=[organizer])
+
+
+@pytest.fixture
+def secret(volunteer):
+    return token_create(user=volunteer, name="laptop")[1]
+
+
+def test_join_returns_everything_an_agent_needs(client, run, volunteer, secret):
+    data_file_add(run=run, actor=None, name="bn.txt", content="আমি বাংলায় গান গাই।\n".encode())
+    key = RSAPrivateKey()
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body(key))
+    assert response.status_code == 200, response.content
+    answer = JoinResponse.model_validate(response.json())
+    assert answer.run_id == run.hivemind_run_id
+    assert answer.config.model.preset == "tiny"
+    assert answer.report_url == "ws://testserver/ws/agent/"
+    session = TrainingSession.objects.get(pk=answer.session_id)
+    assert (session.user, session.run, session.device["name"]) == (volunteer, run, "test CPU")
+
+    authorizer = PortalAuthorizer(key, RSAPublicKey.from_bytes(answer.authority_public_key.encode()), lambda: None)
+    token = access_token_from_json(answer.hivemind_access.model_dump())
+    assert authorizer.is_token_valid(token), "the access token verifies against the run's authority"
+    assert token.username == "vik"
+
+    served = client.get(answer.data_files[0].removeprefix("http://testserver"))
+    assert served.status_code == 200
+    assert "বাংলায়" in b"".join(served.streaming_content).decode()
+
+
+def test_refresh_gives_a_fresh_token_until_the_volunteer_is_banned(client, run, organizer, volunteer, secret):
+    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["session_id"]
+    refreshed = post(client, f"/api/v1/sessions/{session_id}/refresh", secret)
+    assert refreshed.status_code == 200
+    assert refreshed.json()["hivemind_access"]["username"] == "vik"
+
+    run_ban(run=run, actor=organizer, user=volunteer, reason="test")
+    refused = post(client, f"/api/v1/sessions/{session_id}/refresh", secret)
+    assert refused.status_code in {403, 409}
+    again = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    assert (again.status_code, again.json()["error"]["code"]) == (403, "banned")
+
+
+def test_refresh_is_refused_once_the_token_is_revoked_or_the_run_finishes(client, run, volunteer, secret):
+    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["session_id"]
+    run.status = "finished"
+    run.save()
+    finished = post(client, f"/api/v1/sessions/{session_id}/refresh", secret)
+    assert (finished.status_code, finished.json()["error"]["code"]) == (409, "run_finished")
+    from accounts.models import AgentToken
+
+    token_revoke(token=AgentToken.objects.get(user=volunteer))
+    revoked = post(client, f"/api/v1/sessions/{session_id}/refresh", secret)
+    assert (revoked.status_code, revoked.json()["error"]["code"]) == (401, "token_revoked")
+
+
+def test_someone_elses_session_cannot_be_refreshed(client, run, secret, outsider):
+    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["session_id"]
+    _, other_secret = token_create(user=outsider, name="x")
+    response = post(client, f"/api/v1/sessions/{session_id}/refresh", other_secret)
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "session_not_found")
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [("paused", "run_paused"), ("finished", "run_finished")]
+)
+def test_join_is_refused_with_409_when_the_run_is_not_active(client, run, secret, status, code):
+    run.status = status
+    run.save()
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    assert (response.status_code, response.json()["error"]["code"]) == (409, code)
+    if status == "paused":
+        assert "paused by its organizer" in response.json()["error"]["detail"]
+
+
+def test_join_of_an_unknown_or_draft_run_is_404(client, organizer, secret):
+    RunFactory(slug="secret-draft", status="draft", organizers=[organizer])
+    for slug in ("no-such-run", "secret-draft"):
+        response = post(client, f"/api/v1/runs/{slug}/join", secret, join_body())
+        assert (response.status_code, response.json()["error"]["code"]) == (404, "run_not_found")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"peer_public_key": "ssh-rsa AAAA", "agent_version": "0.1", "device": {"kind": "cpu", "name": "x"}},
+        {"peer_public_key": "not a key", "agent_version": "0.1", "device": {"kind": "cpu", "name": "x"}},
+        {"agent_version": "0.1", "device": {"kind": "cpu", "name": "x"}},
+        {"peer_public_key": "ssh-rsa AAAA", "agent_version": "0.1", "device": {"kind": "tpu", "name": "x"}},
+    ],
+)
+def test_a_malformed_join_is_a_400_that_names_the_field(client, run, secret, body):
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] in {"invalid_request", "invalid_peer_key"}
+    assert not TrainingSession.objects.exists()
+
+
+def test_not_json_at_all_is_a_400(client, run, secret):
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, raw="{not json")
+    assert response.status_code == 400
+
+
+def test_join_needs_a_valid_token(client, run):
+    response = client.post("/api/v1/runs/bengali-albert/join", data=json.dumps(join_body()), content_type="application/json")
+    assert (response.status_code, response.json()["error"]["code"]) == (401, "token_missing")
+
+
+def test_a_token_limited_to_another_run_cannot_join(client, run, volunteer):
+    _, secret = token_create(user=volunteer, name="scoped", run=RunFactory())
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    assert (response.status_code, response.json()["error"]["code"]) == (403, "token_out_of_scope")
+
+
+def test_invite_only_runs_need_the_join_code_first(client, client_for, run, volunteer, secret):
+    run.visibility = "invite"
+    run.save()
+    refused = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "invite_only")
+    client_for(volunteer).post(f"/runs/{run.slug}/join/", {"action": "code", "code": "wrong"})
+    assert not RunMembership.objects.exists()
+    client_for(volunteer).post(f"/runs/{run.slug}/join/", {"action": "code", "code": run.join_code})
+    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).status_code == 200
+
+
+def test_allowlisted_runs_admit_only_the_listed(client, run, organizer, volunteer, secret):
+    run.visibility = "allowlist"
+    run.save()
+    listed = UserFactory(username="listed")
+    run_allowlist_set(run=run, actor=organizer, usernames=["listed"])
+    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["error"]["code"] == "not_allowed"
+    _, listed_secret = token_create(user=listed, name="x")
+    assert post(client, "/api/v1/runs/bengali-albert/join", listed_secret, join_body()).status_code == 200
+
+
+def test_a_data_link_stops_working_for_a_banned_volunteer(client, run, organizer, volunteer, secret):
+    data_file_add(run=run, actor=organizer, name="bn.txt", content=b"hello\n")
+    url = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["data_files"][0]
+    run_ban(run=run, actor=organizer, user=volunteer)
+    assert client.get(url.removeprefix("http://testserver")).status_code == 403
+    assert client.get("/api/v1/data/forged-token/1.txt").status_code == 404
+
+
+def test_the_access_token_lives_as_long_as_the_setting_says(client, run, secret, settings):
+    settings.HIVEMIND_ACCESS_MINUTES = 5
+    answer = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()
+    session = TrainingSession.objects.get(pk=answer["session_id"])
+    remaining = session.access_expires_at - session.started_at
+    assert datetime.timedelta(minutes=4) < remaining <= datetime.timedelta(minutes=5, seconds=5)
