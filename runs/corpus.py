@@ -12,77 +12,45 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+MIN_DOCUMENT, MAX_DOCUMENT = 3, 8
+
 
 @dataclass(frozen=True)
 class _Language:
+    templates: dict[str, str]  # one str.format template per kind of sentence
     subjects: Sequence[tuple[str, int]]  # (subject, grammatical person 0/1/2)
-    actions: Sequence[tuple[Sequence[str], Sequence[str]]]  # (verb per person, fitting objects)
-    go: Sequence[str]  # "go" per person
-    went: Sequence[str]  # "went" per person
+    actions: Sequence[tuple[Sequence[str], Sequence[str]]]  # (verb per person, objects that fit it)
+    per_person: dict[str, Sequence[str]]  # other words that agree with the subject
     places: Sequence[str]
     cities: Sequence[str]
     times: Sequence[str]  # in the order they happen during a day
     sightings: Sequence[tuple[str, Sequence[str]]]  # (place, things seen there)
     moods: Sequence[str]
+    digits: str = "0123456789"
+    native_digit_share: float = 0.0
 
     def number(self, rng: random.Random, n: int) -> str:
+        if rng.random() < self.native_digit_share:
+            return str(n).translate(str.maketrans("0123456789", self.digits))
         return str(n)
 
-
-_BN_DIGITS = str.maketrans("0123456789", "০১২৩৪৫৬৭৮৯")
-
-
-class _Bengali(_Language):
-    def number(self, rng: random.Random, n: int) -> str:
-        # Most Bengali text writes Bengali digits; some mixes in ASCII ones.
-        return str(n).translate(_BN_DIGITS) if rng.random() < 0.7 else str(n)
-
-    def activity(self, s, p, verb, obj, time):
-        return f"{s} {time} {obj} {verb[p]}।"
-
-    def question(self, s, p, verb, obj, time):
-        return f"{s} কি {time} {obj} {verb[p]}?"
-
-    def going(self, s, p, place, time):
-        return f"{s} {time} {place} {self.go[p]}।"
-
-    def trip(self, s, p, city, year):
-        return f"{year} সালে {s} {city} {self.went[p]}।"
-
-    def sighting(self, time, place, n, thing):
-        return f"{time} {place} {n}টি {thing} ছিল।"
-
-    def mood(self, s, p, mood):
-        return f"দিনের শেষে {s} খুব {mood}।"
+    def sentence(self, kind: str, person: int, **fields: str) -> str:
+        agreeing = {name: forms[person] for name, forms in self.per_person.items()}
+        text = self.templates[kind].format(**agreeing, **fields)
+        return text[0].upper() + text[1:]
 
 
-class _English(_Language):
-    def activity(self, s, p, verb, obj, time):
-        return _capitalized(f"{s} {verb[p]} {obj} {time}.")
-
-    def question(self, s, p, verb, obj, time):
-        return f"{'Does' if p == 2 else 'Do'} {s} {verb[0]} {obj} {time}?"
-
-    def going(self, s, p, place, time):
-        return _capitalized(f"{s} {self.go[p]} {place} {time}.")
-
-    def trip(self, s, p, city, year):
-        return f"In {year}, {s} {self.went[p]} to {city}."
-
-    def sighting(self, time, place, n, thing):
-        return _capitalized(f"{time}, there were {n} {thing} {place}.")
-
-    def mood(self, s, p, mood):
-        return f"At the end of the day, {s} {('am', 'are', 'is')[p]} very {mood}."
-
-
-def _capitalized(sentence: str) -> str:
-    return sentence[0].upper() + sentence[1:]
-
-
-# Words chosen to cover every vowel sign (া ি ী ু ূ ৃ ে ৈ ো ৌ), hasanta conjuncts (ক্ষ ন্ধ ন্দ্র ট্ট ক্র),
-# য-phala, ঁ ং ঃ ৎ and য়/ড়.
-_BENGALI = _Bengali(
+# Words chosen to cover every vowel sign (া ি ী ু ূ ৃ ে ৈ ো ৌ), conjuncts with hasanta
+# (ক্ষ ন্ধ ন্দ্র ট্ট ক্র ষ্ট), য-phala, ঁ ং ঃ ৎ and য় ড়.
+_BENGALI = _Language(
+    templates={
+        "activity": "{subject} {time} {obj} {verb}।",
+        "question": "{subject} কি {time} {obj} {verb}?",
+        "going": "{subject} {time} {place} {go}।",
+        "trip": "{year} সালে {subject} {city} {went}।",
+        "sighting": "{time} {place} {n}টি {thing} ছিল।",
+        "mood": "দিনের শেষে {subject} খুব {mood}।",
+    },
     subjects=[
         ("আমি", 0), ("তুমি", 1), ("সে", 2), ("রহিম", 2), ("সীমা", 2), ("কৃষক", 2), ("শিক্ষক", 2),
         ("আমার বন্ধু", 2), ("বৃদ্ধ লোকটি", 2), ("ছোট মেয়েটি", 2), ("নৌকার মাঝি", 2),
@@ -97,8 +65,7 @@ _BENGALI = _Bengali(
         (("খেলি", "খেলো", "খেলে"), ("ফুটবল", "ক্রিকেট", "দাবা")),
         (("তৈরি করি", "তৈরি করো", "তৈরি করে"), ("রুটি", "খাবার", "চা")),
     ],
-    go=("যাই", "যাও", "যায়"),
-    went=("গিয়েছিলাম", "গিয়েছিলে", "গিয়েছিল"),
+    per_person={"go": ("যাই", "যাও", "যায়"), "went": ("গিয়েছিলাম", "গিয়েছিলে", "গিয়েছিল")},
     places=["স্কুলে", "বাজারে", "নদীর ধারে", "মাঠে", "অফিসে", "গ্রামে", "হাসপাতালে", "দূরের শহরে", "উৎসবে"],
     cities=["ঢাকায়", "কলকাতায়", "চট্টগ্রামে", "সিলেটে", "খুলনায়"],
     times=["ভোরে", "সকালে", "দুপুরে", "বিকেলে", "সন্ধ্যায়", "রাতে"],
@@ -109,9 +76,20 @@ _BENGALI = _Bengali(
         ("মাঠে", ("গরু", "ছেলে")),
     ],
     moods=["খুশি", "ক্লান্ত", "শান্ত", "দুঃখী"],
+    # Most Bengali text writes Bengali digits; some mixes in ASCII ones.
+    digits="০১২৩৪৫৬৭৮৯",
+    native_digit_share=0.7,
 )
 
-_ENGLISH = _English(
+_ENGLISH = _Language(
+    templates={
+        "activity": "{subject} {verb} {obj} {time}.",
+        "question": "{do} {subject} {base} {obj} {time}?",
+        "going": "{subject} {go} {place} {time}.",
+        "trip": "In {year}, {subject} {went} to {city}.",
+        "sighting": "{time}, there were {n} {thing} {place}.",
+        "mood": "At the end of the day, {subject} {be} very {mood}.",
+    },
     subjects=[
         ("I", 0), ("you", 1), ("he", 2), ("she", 2), ("Rahim", 2), ("Sima", 2), ("the farmer", 2),
         ("the teacher", 2), ("my friend", 2), ("the old man", 2), ("the little girl", 2), ("the boatman", 2),
@@ -126,10 +104,16 @@ _ENGLISH = _English(
         (("play", "play", "plays"), ("football", "cricket", "chess")),
         (("make", "make", "makes"), ("bread", "food", "tea")),
     ],
-    go=("go", "go", "goes"),
-    went=("went", "went", "went"),
-    places=["to school", "to the market", "to the river", "to the field", "to the office", "to the village",
-            "to the hospital", "to the distant town", "to the festival"],
+    per_person={
+        "go": ("go", "go", "goes"),
+        "went": ("went", "went", "went"),
+        "do": ("Do", "Do", "Does"),
+        "be": ("am", "are", "is"),
+    },
+    places=[
+        "to school", "to the market", "to the river", "to the field", "to the office", "to the village",
+        "to the hospital", "to the distant town", "to the festival",
+    ],
     cities=["Dhaka", "Kolkata", "Chittagong", "Sylhet", "Khulna"],
     times=["at dawn", "in the morning", "at noon", "in the afternoon", "in the evening", "at night"],
     sightings=[
@@ -142,37 +126,37 @@ _ENGLISH = _English(
 )
 
 LANGUAGES = {"bn": _BENGALI, "en": _ENGLISH}
-MIN_DOCUMENT, MAX_DOCUMENT = 3, 8
 
 
 def _document(rng: random.Random, language: _Language, length: int) -> list[str]:
     subject, person = rng.choice(language.subjects)
-    # The intro and outro are optional unless the times of day alone cannot fill `length`.
+    # The trip and the mood are optional unless the times of day alone cannot fill `length`.
     n_times = len(language.times)
-    intro = length >= 3 and (rng.random() < 0.3 or length > n_times + 1)
-    outro = length - intro >= 2 and (rng.random() < 0.5 or length - intro > n_times)
-    n_timed = length - intro - outro
+    trip = length >= 3 and (rng.random() < 0.3 or length > n_times + 1)
+    mood = length - trip >= 2 and (rng.random() < 0.5 or length - trip > n_times)
     sentences = []
-    if intro:
+    if trip:
         year = language.number(rng, rng.randint(1990, 2023))
-        sentences.append(language.trip(subject, person, rng.choice(language.cities), year))
-    for time in sorted(rng.sample(range(len(language.times)), n_timed)):
+        sentences.append(language.sentence("trip", person, subject=subject, city=rng.choice(language.cities), year=year))
+    for time in sorted(rng.sample(range(n_times), length - trip - mood)):
         sentences.append(_timed_sentence(rng, language, subject, person, language.times[time]))
-    if outro:
-        sentences.append(language.mood(subject, person, rng.choice(language.moods)))
+    if mood:
+        sentences.append(language.sentence("mood", person, subject=subject, mood=rng.choice(language.moods)))
     return sentences
 
 
 def _timed_sentence(rng: random.Random, language: _Language, subject: str, person: int, time: str) -> str:
     kind = rng.choices(("activity", "question", "going", "sighting"), weights=(5, 1, 2, 2))[0]
     if kind == "going":
-        return language.going(subject, person, rng.choice(language.places), time)
+        return language.sentence(kind, person, subject=subject, time=time, place=rng.choice(language.places))
     if kind == "sighting":
         place, things = rng.choice(language.sightings)
-        return language.sighting(time, place, language.number(rng, rng.randint(2, 12)), rng.choice(things))
-    verb, objects = rng.choice(language.actions)
-    sentence = language.question if kind == "question" else language.activity
-    return sentence(subject, person, verb, rng.choice(objects), time)
+        n = language.number(rng, rng.randint(2, 12))
+        return language.sentence(kind, person, time=time, place=place, n=n, thing=rng.choice(things))
+    verbs, objects = rng.choice(language.actions)
+    return language.sentence(
+        kind, person, subject=subject, time=time, obj=rng.choice(objects), verb=verbs[person], base=verbs[0]
+    )
 
 
 def _documents(*, n_lines: int, seed: int, languages: Sequence[str]) -> Iterator[list[str]]:
@@ -188,8 +172,7 @@ def _documents(*, n_lines: int, seed: int, languages: Sequence[str]) -> Iterator
             length = remaining
         elif remaining - length < MIN_DOCUMENT:
             length = remaining - MIN_DOCUMENT
-        language = LANGUAGES[languages[index % len(languages)]]
-        yield _document(rng, language, length)
+        yield _document(rng, LANGUAGES[languages[index % len(languages)]], length)
         remaining -= length
         index += 1
 

@@ -1,5 +1,8 @@
 """Writes for runs: creation, configuration, lifecycle, moderation and data."""
 
+import itertools
+from collections.abc import Iterator
+
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import transaction
@@ -145,26 +148,26 @@ def data_file_remove(*, data_file: DataFile, actor: User) -> None:
     run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"removed {data_file.name}")
 
 
-def _data_sample(*, run: Run, limit: int):
-    """Up to `limit` lines of the run's data, from its uploaded files or streamed from the hub."""
+def _data_sample(*, run: Run, limit: int) -> Iterator[str]:
+    """Up to `limit` lines of the run's data, from its uploaded files or streamed from the hub.
+
+    The database is read here, not in the generator: the tokenizers library may consume the
+    lines on another thread, which must not touch the ORM.
+    """
     config = RunConfig.model_validate(run.config)
     if config.data.source == "files":
-        taken = 0
-        for data_file in run.data_files.all():
-            with data_file.file.open("rb") as handle:
-                for raw in handle:
-                    line = raw.decode("utf-8").strip()
-                    if line:
-                        yield line
-                        taken += 1
-                        if taken >= limit:
-                            return
-        return
+        paths = [data_file.file.path for data_file in run.data_files.all()]
+        return itertools.islice(_file_lines(paths), limit)
     import datasets  # heavy; only the worker pays for it
 
     stream = datasets.load_dataset(config.data.path, config.data.name, split=config.data.split, streaming=True)
-    for example in stream.take(limit):
-        yield example[config.data.text_column]
+    return (example[config.data.text_column] for example in stream.take(limit))
+
+
+def _file_lines(paths: list[str]) -> Iterator[str]:
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            yield from (line.strip() for line in handle if line.strip())
 
 
 def _tokenizer_store(*, run: Run, json_text: str) -> None:

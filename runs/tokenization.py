@@ -99,6 +99,8 @@ def tokenizer_train(
 
     `vocab_size` is an upper bound: a corpus with fewer useful pieces than that yields a smaller
     vocabulary (the trainer cannot invent pieces), so read the size back with `get_vocab_size()`.
+    Seed pieces are substrings shared by distinct words, so a corpus of a few hundred distinct words
+    (the synthetic demo corpus) stops near 400 tokens however many lines it has.
     """
     tokenizer = tokenizer_build(lowercase=lowercase, strip_accents=strip_accents)
     trainer = trainers.UnigramTrainer(
