@@ -44,10 +44,10 @@ def page(browser, live_server):
 
 
 @pytest.fixture
-def screenshot(page):
-    """`screenshot("name")` saves the page as artifacts/screenshots/name.png for reviewers."""
+def screenshot():
+    """`screenshot(page, "name")` saves the page as artifacts/screenshots/name.png for reviewers."""
 
-    def take(name: str) -> None:
+    def take(page, name: str) -> None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 

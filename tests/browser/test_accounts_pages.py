@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 def test_a_newcomer_signs_up_and_manages_an_agent_token(page, screenshot):
     page.goto("/")
-    screenshot("home")
+    screenshot(page, "home")
     page.get_by_role("link", name="Sign up").click()
     page.fill("#id_username", "amina")
     page.fill("#id_email", "amina@example.org")
@@ -20,7 +20,7 @@ def test_a_newcomer_signs_up_and_manages_an_agent_token(page, screenshot):
     page.fill("#id_password2", "short")
     page.get_by_role("button", name="Create account").click()
     expect(page.locator("#password2-errors")).to_contain_text("too short")
-    screenshot("signup-errors")
+    screenshot(page, "signup-errors")
 
     page.fill("#id_password1", "plum-orbit-kettle-93")
     page.fill("#id_password2", "plum-orbit-kettle-93")
@@ -31,7 +31,7 @@ def test_a_newcomer_signs_up_and_manages_an_agent_token(page, screenshot):
     page.get_by_role("button", name="Create token").click()
     secret = page.locator("#new-token-secret").inner_text()
     assert re.fullmatch(r"dlp_[A-Za-z0-9_-]{43}", secret)
-    screenshot("token-created")
+    screenshot(page, "token-created")
 
     page.goto("/tokens/")
     expect(page.locator("#new-token-secret")).to_have_count(0)
@@ -55,4 +55,4 @@ def test_a_team_is_founded_and_shows_its_history(page, volunteer, screenshot):
     expect(page.get_by_role("heading", name="Dhaka Compute")).to_be_visible()
     expect(page.locator(".lead")).to_contain_text("<script>alert('x')</script>")
     expect(page.locator("table")).to_contain_text("Founded")
-    screenshot("team")
+    screenshot(page, "team")
