@@ -143,3 +143,35 @@ class TrainingSession(models.Model):
     class Meta:
         ordering = ["-started_at", "-id"]
         indexes = [models.Index(fields=["run", "peer_public_key"])]
+
+
+class ContributionEvent(models.Model):
+    """One acknowledged report of an agent: append-only, unique per (session, seq) so that a
+    resent report is never counted twice. Aggregates are computed from these in batches."""
+
+    session = models.ForeignKey(TrainingSession, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    samples = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField()
+    local_epoch = models.PositiveIntegerField()
+    loss = models.FloatField(null=True)
+    samples_per_second = models.FloatField()
+    sent_at = models.DateTimeField()
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="one_event_per_report")]
+        indexes = [models.Index(fields=["received_at"])]
+
+
+class ReportRejection(models.Model):
+    """A report the portal refused, kept for the run's organizers; it never earns credit."""
+
+    session = models.ForeignKey(TrainingSession, null=True, on_delete=models.CASCADE, related_name="rejections")
+    seq = models.PositiveIntegerField(null=True)
+    code = models.CharField(max_length=64)
+    detail = models.CharField(max_length=500)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]

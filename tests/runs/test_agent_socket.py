@@ -1,0 +1,152 @@
+"""`WS /ws/agent/`: token-authenticated reports, acknowledged after storage, counted exactly once."""
+
+import datetime
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.db.models import Sum
+
+from accounts.services import token_create, token_revoke
+from portal.asgi import application
+from runs.models import ContributionEvent, ReportRejection, TrainingSession
+from runs.services import run_ban
+from tests.factories import RunFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def report(session_id: int, seq: int, samples: int = 32, **changes) -> dict:
+    frame = {
+        "type": "report", "session_id": session_id, "seq": seq, "samples": samples, "steps": 4, "local_epoch": 2,
+        "loss": 7.5, "samples_per_second": 12.5, "sent_at": datetime.datetime.now(datetime.UTC).isoformat(),
+    }
+    return {**frame, **changes}
+
+
+def exchange(secret: str | None, frames: list, *, headers=None) -> list[dict]:
+    """Connect, send each frame (dicts as JSON, strings raw), and return every answer."""
+
+    async def run() -> list[dict]:
+        auth = [(b"authorization", f"Bearer {secret}".encode())] if secret else []
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers if headers is not None else auth)
+        connected, _ = await communicator.connect()
+        assert connected
+        answers = []
+        try:
+            if not secret or headers is not None:
+                answers.append(json.loads(await communicator.receive_from(timeout=10)))
+                return answers
+            for frame in frames:
+                await communicator.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
+                answers.append(json.loads(await communicator.receive_from(timeout=10)))
+        finally:
+            await communicator.disconnect()
+        return answers
+
+    return async_to_sync(run)()
+
+
+@pytest.fixture
+def session(volunteer):
+    run = RunFactory()
+    token, secret = token_create(user=volunteer, name="laptop")
+    session = TrainingSession.objects.create(
+        run=run, user=volunteer, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
+        access_expires_at=datetime.datetime.now(datetime.UTC),
+    )
+    session.secret = secret
+    return session
+
+
+def total(session) -> int:
+    return ContributionEvent.objects.filter(session=session).aggregate(total=Sum("samples"))["total"] or 0
+
+
+def test_a_report_is_acknowledged_once_stored(session):
+    answers = exchange(session.secret, [report(session.pk, 1), report(session.pk, 2)])
+    assert answers == [{"type": "ack", "seq": 1}, {"type": "ack", "seq": 2}]
+    assert total(session) == 64
+
+
+def test_a_resent_report_is_acknowledged_and_not_counted_again(session):
+    exchange(session.secret, [report(session.pk, 1), report(session.pk, 2)])
+    answers = exchange(session.secret, [report(session.pk, 2), report(session.pk, 1), report(session.pk, 3)])
+    assert [answer["type"] for answer in answers] == ["ack", "ack", "ack"]
+    assert total(session) == 96
+
+
+def test_reports_out_of_order_or_with_gaps_are_each_counted_once(session):
+    # The spool resends whatever was not acknowledged, in any order; (session, seq) decides.
+    exchange(session.secret, [report(session.pk, 5), report(session.pk, 2), report(session.pk, 9), report(session.pk, 5)])
+    assert sorted(ContributionEvent.objects.values_list("seq", flat=True)) == [2, 5, 9]
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("not json", "bad_json"),
+        ("[1, 2]", "bad_json"),
+        ({"type": "hello"}, "unknown_type"),
+        ("REPORT", "bad_json"),
+    ],
+)
+def test_malformed_frames_get_an_error_frame_and_no_credit(session, frame, code):
+    if frame == "REPORT":
+        frame = json.dumps(report(session.pk, 1, samples=-5))
+        code = "invalid_report"
+    answers = exchange(session.secret, [frame, report(session.pk, 2)])
+    assert answers[0]["type"] == "error" and answers[0]["code"] == code
+    assert answers[1] == {"type": "ack", "seq": 2}, "the connection survives a bad frame"
+    assert total(session) == 32
+
+
+def test_an_unknown_or_someone_elses_session_is_refused_and_recorded(session, outsider):
+    _, other_secret = token_create(user=outsider, name="x")
+    answers = exchange(other_secret, [report(session.pk, 1)])
+    assert answers[0]["code"] == "session_not_found"
+    assert total(session) == 0
+
+
+def test_a_banned_volunteer_gets_no_more_credit(session, organizer):
+    session.run.organizers.add(organizer)
+    run_ban(run=session.run, actor=organizer, user=session.user)
+    answers = exchange(session.secret, [report(session.pk, 1)])
+    assert answers[0]["code"] == "banned"
+    assert total(session) == 0
+    assert ReportRejection.objects.get().code == "banned"
+
+
+def test_reports_for_a_finished_run_are_refused(session):
+    session.run.status = "finished"
+    session.run.save()
+    assert exchange(session.secret, [report(session.pk, 1)])[0]["code"] == "run_finished"
+
+
+def test_a_paused_run_still_counts_work_done_before_the_pause(session):
+    session.run.status = "paused"
+    session.run.save()
+    assert exchange(session.secret, [report(session.pk, 1)]) == [{"type": "ack", "seq": 1}]
+
+
+@pytest.mark.parametrize("header", [None, b"Bearer nope", b"Basic abc"])
+def test_a_missing_or_bad_token_gets_an_error_frame(session, header):
+    headers = [(b"authorization", header)] if header else []
+    answers = exchange("x", [], headers=headers)
+    assert answers[0]["type"] == "error"
+    assert answers[0]["code"] in {"token_missing", "token_malformed"}
+
+
+def test_a_revoked_token_is_refused(session):
+    token_revoke(token=session.token)
+    answers = exchange("x", [], headers=[(b"authorization", f"Bearer {session.secret}".encode())])
+    assert answers[0]["code"] == "token_revoked"
+
+
+def test_a_flood_is_rate_limited_without_closing_the_socket(session):
+    frames = [report(session.pk, seq) for seq in range(1, 81)]
+    answers = exchange(session.secret, frames)
+    assert any(answer.get("code") == "rate_limited" for answer in answers)
+    acked = [answer["seq"] for answer in answers if answer["type"] == "ack"]
+    assert total(session) == 32 * len(acked)
