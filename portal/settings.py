@@ -141,6 +141,10 @@ AGENT_TOKEN_DEFAULT_DAYS = env_int("AGENT_TOKEN_DEFAULT_DAYS", 90, minimum=1)
 # Revocation and bans act by refusing refreshes, so hivemind access tokens are short-lived.
 HIVEMIND_ACCESS_MINUTES = env_int("HIVEMIND_ACCESS_MINUTES", 30, minimum=1)
 DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, minimum=60)
+# The coordinator's backbone peers: where they listen, the addresses they announce, their identities.
+COORDINATOR_HOST_MADDRS = env_list("COORDINATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])
+COORDINATOR_ANNOUNCE_MADDRS = env_list("COORDINATOR_ANNOUNCE_MADDRS", [])
+COORDINATOR_STATE_DIR = env_str("COORDINATOR_STATE_DIR", str(VAR_DIR / "coordinator"))
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
 # --- e-mail ------------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ class Run(models.Model):
     authority_public_key = models.TextField(editable=False)
     authority_private_key = models.BinaryField(editable=False, help_text="Encrypted with AUTHORITY_ENCRYPTION_KEY.")
     initial_peers = models.JSONField(default=list, blank=True, help_text="Multiaddrs of the run's backbone peers.")
+    coordinator_peer_id = models.CharField(max_length=100, blank=True)
+    coordinator_heartbeat_at = models.DateTimeField(null=True, blank=True)
     tokenizer_status = models.CharField(max_length=16, choices=TokenizerStatus.choices, default=TokenizerStatus.MISSING)
     tokenizer_file = models.FileField(upload_to="tokenizers/", blank=True)
     tokenizer_error = models.TextField(blank=True)

@@ -1,0 +1,101 @@
+"""The run coordinator: for every active run, a stable hivemind backbone peer whose addresses are
+the run's `initial_peers`, and a heartbeat that organizers see."""
+
+import datetime
+import logging
+import threading
+from pathlib import Path
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+from hivemind.dht import DHT
+from hivemind.utils.crypto import RSAPrivateKey
+
+from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
+from peer_agent.metrics import metrics_validators
+from runs.authority import access_token_sign, authority_load
+from runs.models import Run
+
+logger = logging.getLogger(__name__)
+COORDINATOR_USERNAME = "coordinator"
+
+
+class BackbonePeer:
+    """One run's DHT peer: keeps the swarm reachable and will host the monitor and checkpointer."""
+
+    def __init__(self, run: Run, *, state_dir: Path, host_maddrs: list[str], announce_maddrs: list[str] | None) -> None:
+        self.run_pk, self.slug, self.run_id = run.pk, run.slug, run.hivemind_run_id
+        authority = authority_load(encrypted=run.authority_private_key, secret=settings.AUTHORITY_ENCRYPTION_KEY)
+        self.private_key = RSAPrivateKey()
+        lifetime = datetime.timedelta(minutes=settings.HIVEMIND_ACCESS_MINUTES)
+        public_key = self.private_key.get_public_key().to_bytes()
+
+        def fetch_token() -> dict:
+            # Runs in the DHT's forked process: signs with the key loaded above, never the database.
+            return access_token_sign(private_key=authority, username=COORDINATOR_USERNAME, peer_public_key=public_key, lifetime=lifetime)
+
+        authorizer = PortalAuthorizer(self.private_key, rsa_public_key_parse(run.authority_public_key), fetch_token)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.dht = DHT(
+            start=True,
+            host_maddrs=host_maddrs,
+            announce_maddrs=announce_maddrs,
+            identity_path=str(state_dir / f"{self.run_id}.identity"),  # same peer id after a restart
+            authorizer=authorizer,
+            record_validators=metrics_validators(self.run_id, self.private_key),
+            startup_timeout=120,
+        )
+        self.initial_peers = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
+        logger.info("run %s: backbone peer %s at %s", self.slug, self.dht.peer_id, ", ".join(self.initial_peers))
+
+    def heartbeat(self) -> None:
+        Run.objects.filter(pk=self.run_pk).update(
+            initial_peers=self.initial_peers, coordinator_peer_id=str(self.dht.peer_id), coordinator_heartbeat_at=timezone.now()
+        )
+
+    def shutdown(self) -> None:
+        logger.info("run %s: backbone peer stopping", self.slug)
+        self.dht.shutdown()
+
+
+class Coordinator:
+    """Keeps one backbone peer per active (or paused) run, picking up and letting go as runs change."""
+
+    def __init__(self, *, slug: str | None = None, interval: float = 5.0) -> None:
+        self.slug, self.interval = slug, interval
+        self.state_dir = Path(settings.COORDINATOR_STATE_DIR)
+        self.peers: dict[int, BackbonePeer] = {}
+        self.stopping = threading.Event()
+
+    def runs_to_serve(self) -> list[Run]:
+        runs = Run.objects.filter(status__in=[Run.Status.ACTIVE, Run.Status.PAUSED])
+        return list(runs.filter(slug=self.slug) if self.slug else runs)
+
+    def sync(self) -> None:
+        close_old_connections()
+        wanted = {run.pk: run for run in self.runs_to_serve()}
+        for pk in set(self.peers) - set(wanted):
+            self.peers.pop(pk).shutdown()
+        for pk, run in wanted.items():
+            if pk not in self.peers:
+                self.peers[pk] = BackbonePeer(
+                    run, state_dir=self.state_dir, host_maddrs=settings.COORDINATOR_HOST_MADDRS,
+                    announce_maddrs=settings.COORDINATOR_ANNOUNCE_MADDRS or None,
+                )
+            self.peers[pk].heartbeat()
+
+    def serve(self) -> None:
+        logger.info("coordinator started for %s", f"run {self.slug}" if self.slug else "all active runs")
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self.sync()
+                except Exception:  # one bad cycle (a database restart) must not end the coordinator
+                    logger.exception("coordinator cycle failed; retrying in %.0f s", self.interval)
+                self.stopping.wait(self.interval)
+        finally:
+            for peer in self.peers.values():
+                peer.shutdown()
+            self.peers.clear()
+            logger.info("coordinator stopped")

@@ -1,0 +1,75 @@
+"""The coordinator's backbone peer: its addresses become the run's initial peers; it keeps its
+peer id across restarts; agents holding portal tokens bootstrap from it."""
+
+import datetime
+import time
+
+import psutil
+import pytest
+from django.conf import settings as django_settings
+from hivemind.utils.crypto import RSAPrivateKey
+
+from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
+from runs.authority import access_token_sign, authority_load
+from runs.coordinator import Coordinator
+from tests.factories import RunFactory
+from tests.runs.test_swarm_auth import running_dht
+
+pytestmark = [pytest.mark.swarm, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def coordinator(settings, tmp_path):
+    settings.COORDINATOR_STATE_DIR = str(tmp_path / "coordinator")
+    coordinators = []
+
+    def make() -> Coordinator:
+        coordinators.append(Coordinator(interval=0.1))
+        return coordinators[-1]
+
+    yield make
+    for made in coordinators:
+        for peer in made.peers.values():
+            peer.shutdown()
+    for child in psutil.Process().children(recursive=True):
+        if "p2pd" in " ".join(child.cmdline()):
+            child.kill()
+
+
+def volunteer_authorizer(run, username="vik"):
+    authority = authority_load(encrypted=run.authority_private_key, secret=django_settings.AUTHORITY_ENCRYPTION_KEY)
+    key = RSAPrivateKey()
+    public = key.get_public_key().to_bytes()
+    fetch = lambda: access_token_sign(  # noqa: E731
+        private_key=authority, username=username, peer_public_key=public, lifetime=datetime.timedelta(minutes=5)
+    )
+    return PortalAuthorizer(key, rsa_public_key_parse(run.authority_public_key), fetch)
+
+
+def test_active_runs_get_a_backbone_peer_whose_addresses_agents_bootstrap_from(coordinator):
+    run = RunFactory(status="active")
+    draft = RunFactory(status="draft")
+    first = coordinator()
+    first.sync()
+    run.refresh_from_db()
+    draft.refresh_from_db()
+    assert run.initial_peers and run.initial_peers[0].startswith("/ip4/127.0.0.1/tcp/")
+    assert run.coordinator_heartbeat_at is not None
+    assert draft.initial_peers == []
+
+    with running_dht(initial_peers=run.initial_peers, authorizer=volunteer_authorizer(run)) as agent:
+        assert agent.store("greeting", "hello", expiration_time=time.time() + 60)
+        assert agent.get("greeting").value == "hello"
+
+    peer_id = run.coordinator_peer_id
+    run.status = "finished"
+    run.save()
+    first.sync()
+    assert first.peers == {}, "a finished run's peer is let go"
+
+    run.status = "active"
+    run.save()
+    second = coordinator()
+    second.sync()
+    run.refresh_from_db()
+    assert run.coordinator_peer_id == peer_id, "a restarted coordinator keeps its peer id"
