@@ -1,10 +1,19 @@
 """Websocket routes. Browser routes keep the origin check; agent routes authenticate by token
 (agents send no Origin header, which AllowedHostsOriginValidator would refuse)."""
 
+from channels.auth import AuthMiddlewareStack
+from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
 from runs.consumers import AgentConsumer
+from runs.live import RunLiveConsumer
+
+
+def for_browsers(consumer):
+    return AllowedHostsOriginValidator(AuthMiddlewareStack(consumer))
+
 
 websocket_urlpatterns = [
     path("ws/agent/", AgentConsumer.as_asgi()),
+    path("ws/runs/<slug:slug>/live/", for_browsers(RunLiveConsumer.as_asgi())),
 ]

@@ -1,5 +1,7 @@
 """Run endpoints: the public listing, and joining, refreshing and data for peer agents."""
 
+from typing import Literal
+
 from django.http import FileResponse, HttpRequest
 from ninja import Router, Schema
 
@@ -8,6 +10,7 @@ from accounts.services import token_check_scope
 from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
 from portal.errors import ApiError
 from runs import selectors
+from runs.leaderboard import leaderboard_rows
 from runs.models import Run, TrainingSession
 from runs.sessions import JoinRefused, data_file_for_url_token, data_file_url_token, run_join_refusal, session_open, session_refresh
 
@@ -126,3 +129,18 @@ def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     if data_file.pk != file_id:
         raise ApiError(404, "not_found", "this data link is not valid")
     return FileResponse(data_file.file.open("rb"), content_type="text/plain; charset=utf-8")
+
+
+class LeaderboardRowOut(Schema):
+    rank: int
+    name: str
+    samples: int
+    share: float
+    last_seen: str
+    machines: int
+
+
+@router.get("/runs/{slug}/leaderboard", response=list[LeaderboardRowOut], summary="A run's leaderboard")
+def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user", window: Literal["24h", "7d", "all"] = "all"):
+    rows = leaderboard_rows(run=_visible_run(slug), by=by, window=window)
+    return [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]

@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
 from runs import selectors, services
+from runs.leaderboard import run_snapshot
 from runs.models import Run
 from runs.sessions import run_is_organizer, run_join_refusal, run_may_view
 
@@ -33,6 +34,7 @@ def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "events": run.events.select_related("actor")[:20] if is_organizer else [],
         "data_files": run.data_files.all(),
         "tokens_tried": None,
+        "snapshot": run_snapshot(run=run),
     }
     if is_organizer and request.GET.get("try") and run.tokenizer_status == Run.TokenizerStatus.READY:
         context["tokens_tried"] = selectors.tokenizer_try(run=run, text=request.GET["try"][:1000])

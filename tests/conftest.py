@@ -48,3 +48,30 @@ def _celery_runs_tasks_inline(settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "media"
     yield
     app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def asgi_server(transactional_db):
+    """The real ASGI application (HTTP and websockets) served by uvicorn on a free loopback port,
+    in a thread of the test process so that it shares the test database."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from portal.asgi import application
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

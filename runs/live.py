@@ -1,0 +1,63 @@
+"""`WS /ws/runs/{slug}/live/`: the run's leaderboard and pace, pushed at most twice a second."""
+
+import asyncio
+import json
+import time
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.core.serializers.json import DjangoJSONEncoder
+
+from runs.leaderboard import run_snapshot
+from runs.models import Run
+from runs.sessions import run_may_view
+
+PUSH_INTERVAL = 0.5
+
+# One snapshot per run per interval in this process, however many people watch.
+_snapshots: dict[int, tuple[float, str]] = {}
+_locks: dict[int, asyncio.Lock] = {}
+
+
+async def snapshot_text(run: Run) -> str:
+    lock = _locks.setdefault(run.pk, asyncio.Lock())
+    async with lock:
+        cached = _snapshots.get(run.pk)
+        if cached and time.monotonic() - cached[0] < PUSH_INTERVAL:
+            return cached[1]
+        snapshot = await database_sync_to_async(run_snapshot, thread_sensitive=False)(run=run)
+        text = json.dumps(snapshot, cls=DjangoJSONEncoder)
+        _snapshots[run.pk] = (time.monotonic(), text)
+        return text
+
+
+def _viewable_run(slug: str, user) -> Run | None:
+    run = Run.objects.filter(slug=slug).first()
+    return run if run is not None and run_may_view(run=run, user=user) else None
+
+
+class RunLiveConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        slug = self.scope["url_route"]["kwargs"]["slug"]
+        self.run = await database_sync_to_async(_viewable_run)(slug, self.scope.get("user"))
+        if self.run is None:
+            await self.close(code=4404)
+            return
+        await self.accept()
+        self.pusher = asyncio.create_task(self._push())
+
+    async def _push(self) -> None:
+        sent = None
+        while True:
+            text = await snapshot_text(self.run)
+            if text != sent:
+                await self.send(text)
+                sent = text
+            await asyncio.sleep(PUSH_INTERVAL)
+
+    async def disconnect(self, code: int) -> None:
+        if getattr(self, "pusher", None):
+            self.pusher.cancel()
+
+    async def receive(self, text_data=None, bytes_data=None) -> None:
+        """Viewers only listen."""

@@ -1,0 +1,46 @@
+"""The live run page in a real browser: a report arrives, the leaderboard row changes without reload."""
+
+import datetime
+import json
+
+import pytest
+from playwright.sync_api import expect
+from websockets.sync.client import connect
+
+from accounts.services import token_create
+from runs.models import TrainingSession
+from tests.factories import RunFactory
+
+pytestmark = [pytest.mark.browser]
+
+
+def send_report(server: str, secret: str, session_id: int, seq: int, samples: int) -> dict:
+    frame = {"type": "report", "session_id": session_id, "seq": seq, "samples": samples, "steps": 1, "local_epoch": 4,
+             "loss": 5.25, "samples_per_second": 16.0, "sent_at": datetime.datetime.now(datetime.UTC).isoformat()}
+    with connect(server.replace("http", "ws") + "/ws/agent/", additional_headers={"Authorization": f"Bearer {secret}"}) as socket:
+        socket.send(json.dumps(frame))
+        return json.loads(socket.recv(timeout=10))
+
+
+def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server, volunteer, screenshot):
+    run = RunFactory(slug="live-demo", name="Live demo")
+    token, secret = token_create(user=volunteer, name="laptop")
+    session = TrainingSession.objects.create(
+        run=run, user=volunteer, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
+        access_expires_at=datetime.datetime.now(datetime.UTC),
+    )
+    page = browser.new_page(base_url=asgi_server)
+    page.goto("/runs/live-demo/")
+    expect(page.locator("#leaderboard")).to_contain_text("No contributions yet")
+    expect(page.locator("#live")).to_have_class("connected")
+    page.evaluate("window.__not_reloaded = true")
+
+    assert send_report(asgi_server, secret, session.pk, 1, 96) == {"type": "ack", "seq": 1}
+    row = page.locator("#leaderboard tr[data-name='vik']")
+    expect(row).to_contain_text("96")
+    expect(page.locator("#live-epoch")).to_have_text("4")
+    assert send_report(asgi_server, secret, session.pk, 2, 32) == {"type": "ack", "seq": 2}
+    expect(row).to_contain_text("128")
+    assert page.evaluate("window.__not_reloaded") is True
+    screenshot(page, "live-leaderboard")
+    page.close()

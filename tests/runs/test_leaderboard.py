@@ -1,0 +1,102 @@
+"""Leaderboards from the contribution events, respecting each volunteer's visibility; the live feed."""
+
+import datetime
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+
+from accounts.services import team_create, token_create
+from portal.asgi import application
+from runs.models import ContributionEvent, TrainingSession
+from tests.factories import RunFactory, UserFactory
+
+
+def contribute(run, user, samples: int, *, seq: int = 1, ago: datetime.timedelta = datetime.timedelta()):
+    token, _ = token_create(user=user, name=f"machine-{seq}")
+    session = TrainingSession.objects.create(
+        run=run, user=user, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
+        access_expires_at=datetime.datetime.now(datetime.UTC),
+    )
+    when = datetime.datetime.now(datetime.UTC) - ago
+    ContributionEvent.objects.create(
+        session=session, seq=seq, samples=samples, steps=1, local_epoch=3, loss=6.0, samples_per_second=10.0,
+        sent_at=when, received_at=when,
+    )
+
+
+@pytest.fixture
+def board(db):
+    run = RunFactory(slug="board-run")
+    amina, vik = UserFactory(username="amina"), UserFactory(username="vik", display_name="Vik the Brave")
+    shy, ghost = UserFactory(username="shy", visibility="anonymous"), UserFactory(username="ghost", visibility="hidden")
+    team = team_create(founder=amina, name="Dhaka Compute")
+    team_create(founder=vik, name="Solo")
+    from accounts.services import team_join
+
+    team_join(user=ghost, team=team)
+    contribute(run, amina, 300)
+    contribute(run, vik, 200)
+    contribute(run, shy, 100)
+    contribute(run, ghost, 50)
+    contribute(run, vik, 1000, seq=2, ago=datetime.timedelta(days=3))
+    return run, shy
+
+
+def test_the_board_ranks_volunteers_and_hides_who_asked(client, board):
+    run, shy = board
+    rows = client.get("/api/v1/runs/board-run/leaderboard").json()
+    assert [(row["rank"], row["name"], row["samples"]) for row in rows] == [
+        (1, "Vik the Brave", 1200), (2, "amina", 300), (3, shy.pseudonym, 100)
+    ]
+    assert rows[0]["machines"] == 2
+    assert abs(rows[0]["share"] - 1200 / 1650) < 1e-9, "the hidden volunteer still counts in the total"
+    assert "ghost" not in json.dumps(rows)
+
+
+def test_windows_count_only_recent_work(client, board):
+    rows = client.get("/api/v1/runs/board-run/leaderboard?window=24h").json()
+    assert rows[0] == {**rows[0], "name": "amina", "samples": 300}
+
+
+def test_teams_add_up_their_members_including_hidden_ones(client, board):
+    rows = client.get("/api/v1/runs/board-run/leaderboard?by=team").json()
+    assert [(row["name"], row["samples"]) for row in rows] == [("Solo", 1200), ("Dhaka Compute", 350)]
+
+
+def test_a_bad_window_is_a_400(client, board):
+    assert client.get("/api/v1/runs/board-run/leaderboard?window=1y").status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_live_feed_pushes_a_snapshot_with_the_board():
+    run = RunFactory(slug="live-run")
+    contribute(run, UserFactory(username="amina"), 64)
+
+    async def first_snapshot():
+        communicator = WebsocketCommunicator(application, "/ws/runs/live-run/live/", headers=[(b"origin", b"http://127.0.0.1")])
+        connected, _ = await communicator.connect()
+        assert connected
+        snapshot = json.loads(await communicator.receive_from(timeout=10))
+        await communicator.disconnect()
+        return snapshot
+
+    snapshot = async_to_sync(first_snapshot)()
+    assert snapshot["leaderboard"][0]["name"] == "amina"
+    assert snapshot["alive_peers"] == 1 and snapshot["epoch"] == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_live_feed_refuses_foreign_origins_and_hidden_drafts():
+    RunFactory(slug="draft-run", status="draft")
+
+    async def connects(path: str, origin: bytes) -> bool:
+        communicator = WebsocketCommunicator(application, path, headers=[(b"origin", origin)])
+        connected, _ = await communicator.connect()
+        await communicator.disconnect()
+        return connected
+
+    assert not async_to_sync(connects)("/ws/runs/draft-run/live/", b"http://127.0.0.1")
+    RunFactory(slug="open-run")
+    assert not async_to_sync(connects)("/ws/runs/open-run/live/", b"http://evil.example")
