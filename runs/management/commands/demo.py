@@ -1,59 +1,147 @@
-"""`manage.py demo`: the whole portal on embedded defaults, on one machine, in one command."""
+"""`manage.py demo`: the whole platform on embedded defaults, on one machine, in one command.
 
+It prepares a demo organizer, two volunteers in a team and an active `tiny` run on a corpus the
+project generates, then starts the web server, a Celery worker with beat, the coordinator and
+peer agents that join through the real CLI and token flow. Ctrl-C stops every process it started.
+"""
+
+import datetime
 import os
 import signal
 import subprocess
 import sys
+import time
 
 from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from accounts.models import User
+from accounts.models import Team, User
+from accounts.services import team_create, team_join, token_create
+from runs import services
+from runs.corpus import corpus_lines
+from runs.forms import preset_config
+from runs.models import Run
 
-DEMO_PEOPLE = [
-    # username, password, organizer
-    ("organizer", "organizer-demo-pass", True),
-    ("volunteer", "volunteer-demo-pass", False),
-]
+ORGANIZER = ("organizer", "organizer-demo-pass")
+VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusrat", "nusrat-demo-pass"), ("tanvir", "tanvir-demo-pass")]
+RUN_SLUG = "bengali-demo"
 
 
-def demo_people_ensure() -> list[tuple[str, str, bool]]:
-    """Create the demo accounts (again, with their known passwords) and return them."""
-    permission = Permission.objects.get(codename="organize_runs")
-    for username, password, is_organizer in DEMO_PEOPLE:
-        user, _ = User.objects.get_or_create(username=username, defaults={"email": f"{username}@demo.invalid"})
-        user.set_password(password)
-        user.save()
-        if is_organizer:
-            user.user_permissions.add(permission)
-    return DEMO_PEOPLE
+def _person(username: str, password: str) -> User:
+    user, _ = User.objects.get_or_create(username=username, defaults={"email": f"{username}@demo.invalid"})
+    user.set_password(password)
+    user.save()
+    return user
+
+
+def demo_people_ensure(volunteers: int) -> tuple[User, list[User]]:
+    """The demo accounts, with their known passwords; the volunteers share a team."""
+    organizer = _person(*ORGANIZER)
+    organizer.user_permissions.add(Permission.objects.get(codename="organize_runs"))
+    people = [_person(*pair) for pair in VOLUNTEERS[:volunteers]]
+    team = Team.objects.filter(name="Dhaka Compute", disbanded_at=None).first() or team_create(founder=people[0], name="Dhaka Compute")
+    for person in people:
+        team_join(user=person, team=team)
+    return organizer, people
+
+
+def demo_run_ensure(*, organizer: User, preset: str) -> Run:
+    """An active run with data and a trained tokenizer; made once, reused by later demos."""
+    run = Run.objects.filter(slug=RUN_SLUG).first()
+    if run is None:
+        run = services.run_create(
+            organizer=organizer, name="Bengali ALBERT (demo)", slug=RUN_SLUG, visibility=Run.Visibility.PUBLIC,
+            description="A tiny ALBERT pretrained collaboratively on generated Bengali and English text.",
+            config=preset_config(preset),
+        )
+        text = "\n".join(corpus_lines(n_lines=20000))
+        services.data_file_add(run=run, actor=organizer, name="demo-corpus.txt", content=text.encode())
+        services.tokenizer_train(run_id=run.pk)
+        run.refresh_from_db()
+    if run.status == Run.Status.DRAFT:
+        services.run_transition(run=run, actor=organizer, action="activate")
+    elif run.status in (Run.Status.PAUSED, Run.Status.FINISHED):
+        Run.objects.filter(pk=run.pk).update(status=Run.Status.ACTIVE)
+    return run
 
 
 class Command(BaseCommand):
-    help = "Migrate, create demo accounts and serve the portal until Ctrl-C."
+    help = "Run the portal, worker, coordinator and training agents on embedded defaults until Ctrl-C."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=os.environ.get("DEMO_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "8000")))
+        parser.add_argument("--agents", type=int, default=int(os.environ.get("DEMO_AGENTS", "2")), choices=range(0, 5))
+        parser.add_argument("--preset", default=os.environ.get("DEMO_PRESET", "tiny"), choices=["tiny", "base", "large"])
 
-    def handle(self, *args, host: str, port: int, **options) -> None:
+    def handle(self, *args, host: str, port: int, agents: int, preset: str, **options) -> None:
         call_command("migrate", verbosity=0)
-        people = demo_people_ensure()
+        self.stdout.write("preparing the demo run (first time: generating a corpus and training its tokenizer)…")
+        organizer, volunteers = demo_people_ensure(max(agents, 2))
+        run = demo_run_ensure(organizer=organizer, preset=preset)
+        call_command("agent_wheel", verbosity=0)
         url = f"http://{host}:{port}"
-        self.stdout.write(self.style.SUCCESS(f"\nDeDLOC Portal demo on {url}\n"))
-        for username, password, is_organizer in people:
-            role = "organizer" if is_organizer else "volunteer"
-            self.stdout.write(f"  {role:<10} log in as {username!r} with password {password!r}")
-        self.stdout.write(f"  database   {settings.DATABASES['default']['NAME']}\n  Ctrl-C stops everything.\n")
-        env = {**os.environ, "SITE_URL": url}
-        web = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", host, "--port", str(port), "--log-level", "warning"],
-            env=env,
-        )
+        self.processes: list[tuple[str, subprocess.Popen]] = []
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C
         try:
-            web.wait()
+            self._start("web", [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", host, "--port", str(port), "--log-level", "warning"])
+            self._start("worker", [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool=solo", "--loglevel=WARNING"])
+            self._start("coordinator", [sys.executable, "manage.py", "run_coordinator"])
+            self._wait_for_backbone(run)
+            for volunteer in volunteers[:agents]:
+                self._start_agent(volunteer, url)
+            self._banner(url, run, volunteers[: max(agents, 2)])
+            self._watch()
         except KeyboardInterrupt:
-            web.send_signal(signal.SIGINT)
-            web.wait(timeout=15)
+            self.stdout.write("\nstopping…")
+        finally:
+            self._stop_all()
+
+    def _start(self, name: str, command: list[str], env: dict | None = None) -> None:
+        process = subprocess.Popen(command, cwd=settings.BASE_DIR, env={**os.environ, **(env or {})}, start_new_session=True)
+        self.processes.append((name, process))
+
+    def _start_agent(self, volunteer: User, url: str) -> None:
+        _, secret = token_create(user=volunteer, name=f"demo agent of {volunteer.username}", lifetime=datetime.timedelta(days=1))
+        home = settings.VAR_DIR / "demo-agents" / volunteer.username
+        env = {"PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1", "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0"}
+        self._start(f"agent {volunteer.username}", [sys.executable, "-m", "peer_agent", "join", "--portal", url, RUN_SLUG], env)
+
+    def _wait_for_backbone(self, run: Run) -> None:
+        deadline = time.monotonic() + 180
+        while not Run.objects.get(pk=run.pk).initial_peers or not Run.objects.get(pk=run.pk).coordinator_heartbeat_at:
+            if time.monotonic() > deadline:
+                raise SystemExit("the coordinator did not start its backbone peer within 3 minutes; see its log above")
+            time.sleep(1)
+
+    def _banner(self, url: str, run: Run, volunteers: list[User]) -> None:
+        lines = [
+            "", self.style.SUCCESS(f"DeDLOC Portal demo: {url}"),
+            f"  the run, live:  {url}{run.get_absolute_url()}",
+            f"  organizer:      log in as {ORGANIZER[0]!r} with password {ORGANIZER[1]!r}",
+        ]
+        passwords = dict(VOLUNTEERS)
+        lines += [f"  volunteer:      log in as {v.username!r} with password {passwords[v.username]!r}" for v in volunteers]
+        lines += ["  Ctrl-C stops everything.", ""]
+        self.stdout.write("\n".join(lines))
+
+    def _watch(self) -> None:
+        while True:
+            for name, process in self.processes:
+                if process.poll() is not None:
+                    raise SystemExit(f"{name} exited with status {process.returncode}; stopping the demo")
+            time.sleep(1)
+
+    def _stop_all(self) -> None:
+        # Agents first, with SIGINT, so that they flush their reports and leave the swarm cleanly.
+        for name, process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT if name.startswith("agent") else signal.SIGTERM)
+        for name, process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        self.stdout.write("demo stopped.")
