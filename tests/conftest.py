@@ -46,6 +46,8 @@ def _celery_runs_tasks_inline(settings, tmp_path):
 
     app.conf.task_always_eager = True
     settings.MEDIA_ROOT = tmp_path / "media"
+    # Deliberately slow hashing protects real passwords; the tests' users need none of it.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     yield
     app.conf.task_always_eager = False
 

@@ -106,7 +106,8 @@ class Command(BaseCommand):
     def _start_agent(self, volunteer: User, url: str) -> None:
         _, secret = token_create(user=volunteer, name=f"demo agent of {volunteer.username}", lifetime=datetime.timedelta(days=1))
         home = settings.VAR_DIR / "demo-agents" / volunteer.username
-        env = {"PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1", "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0"}
+        env = {"PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1", "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0",
+               "PEER_AGENT_CLIENT_MODE": "off"}  # loopback looks unreachable to "auto"; the demo peers can reach each other
         self._start(f"agent {volunteer.username}", [sys.executable, "-m", "peer_agent", "join", "--portal", url, RUN_SLUG], env)
 
     def _wait_for_backbone(self, run: Run) -> None:
