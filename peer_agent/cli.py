@@ -1,0 +1,480 @@
+"""``peer-agent``: log in to a portal, check this machine, join a run and train, see what you contributed.
+
+Exit status: 0 when training stopped as asked (Ctrl-C, SIGTERM, ``--max-runtime``), 1 on an
+unexpected failure, 2 when a setting or the agent token is wrong, 3 when the portal ended the
+session (run finished, banned, token revoked, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import math
+import multiprocessing
+import os
+import platform
+import secrets
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from peer_agent import __version__
+from peer_agent.display import ProgressDisplay, ProgressSnapshot, logging_setup
+from peer_agent.portal import (
+    PAUSE_CODES,
+    SESSION_OVER_CODES,
+    AccessRefresher,
+    PortalClient,
+    PortalError,
+    PortalRefused,
+    PortalUnavailable,
+    RunWatcher,
+    StopReason,
+)
+from peer_agent.protocol import DeviceInfo, JoinRequest, JoinResponse, RunConfig
+from peer_agent.reporter import Reporter, spool_files, spool_read
+from peer_agent.settings import (
+    AgentSettings,
+    SettingsError,
+    add_arguments,
+    credentials_store,
+    settings_resolve,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    from peer_agent.training import StepResult, SwarmProgress, Trainer
+
+logger = logging.getLogger("peer_agent")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``peer-agent`` argument parser with its four subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="peer-agent", description="Train a language model together with other volunteers (DeDLOC).",
+        epilog="Every option can also be set as PEER_AGENT_<NAME> in the environment (e.g. PEER_AGENT_TOKEN) "
+               "or as <name> in the --config file. Files live in $PEER_AGENT_HOME (default ~/.config/peer-agent).")
+    parser.add_argument("--version", action="version", version=f"peer-agent {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings, e.g. the join page's agent.toml.")
+    common.add_argument("-v", "--verbose", action="store_true", help="Show debug messages, hivemind's included.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    login = commands.add_parser("login", parents=[common], help="Store your agent token for a portal.",
+                                description="Check an agent token with the portal and store it (mode 0600).")
+    add_arguments(login, only=("portal",))
+    login.add_argument("--token", metavar="TOKEN", help="Agent token; asked for without echo if not given.")
+
+    join = commands.add_parser("join", parents=[common], help="Join a run and train until stopped.",
+                               description="Join a run, train with the swarm and report your contribution. Ctrl-C stops cleanly.")
+    add_arguments(join, positional_run=True)
+
+    check = commands.add_parser("check", parents=[common], help="Show the device, precision, bandwidth and client mode.",
+                                description="What `join` would use on this machine, without joining.")
+    add_arguments(check, positional_run=True, only=("portal", "run", "token", "device", "client_mode", "host",
+                                                    "announce", "bandwidth_mbps"))
+
+    status = commands.add_parser("status", parents=[common], help="Show your contribution recorded on this machine.",
+                                 description="Sessions, samples reported, acknowledged by the portal and still pending.")
+    add_arguments(status, only=("spool_dir",))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``peer-agent`` console script."""
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=True)
+    logging_setup(console, verbose=args.verbose)
+    command = {"login": login_command, "join": join_command, "check": check_command, "status": status_command}
+    try:
+        return command[args.command](args, console)
+    except SettingsError as exc:
+        logger.error("%s", exc)
+        return EXIT_USAGE
+    except PortalRefused as exc:
+        logger.error("The portal refused: %s", exc.detail)
+        return EXIT_USAGE if exc.status in (400, 401, 403, 404) else EXIT_STOPPED
+    except PortalError as exc:
+        logger.error("%s", exc)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        logger.warning("Interrupted")
+        return 130
+    except Exception as exc:
+        logger.error("peer-agent failed: %s", exc, exc_info=args.verbose)
+        if not args.verbose:
+            logger.error("Run the command again with --verbose for details")
+        return EXIT_FAILED
+
+
+def _settings(args: argparse.Namespace) -> AgentSettings:
+    flags = {name: value for name, value in vars(args).items() if name not in ("command", "config", "verbose")}
+    return settings_resolve(flags, config_file=args.config)
+
+
+def login_command(args: argparse.Namespace, console: Console) -> int:
+    portal_url = _settings(args).portal
+    if portal_url is None:
+        raise SettingsError("no portal given: pass --portal URL (the address of the portal's home page)")
+    token = args.token or os.environ.get("PEER_AGENT_TOKEN") or getpass.getpass("Agent token (not shown): ").strip()
+    if not token:
+        raise SettingsError("no token given: create one on your profile or a run's join page")
+    with PortalClient(portal_url, token, attempts=3) as portal:
+        me = portal.me()
+    path = credentials_store(portal_url, token)
+    limited = f", limited to run “{me['token_run']}”" if me.get("token_run") else ""
+    print(f"Logged in to {portal_url} as {me['username']} (token “{me.get('token_name', '?')}”{limited}, "
+          f"expires {me.get('token_expires_at', '?')}). Stored in {path}.")
+    return EXIT_OK
+
+
+def status_command(args: argparse.Namespace, console: Console) -> int:
+    settings = _settings(args)
+    spool_dir = settings.resolved_spool_dir()
+    files = spool_files(spool_dir) if spool_dir.exists() else []
+    if not files:
+        print(f"No training sessions recorded in {spool_dir} yet.")
+        return EXIT_OK
+    table = Table(title=f"Your contribution recorded in {spool_dir}")
+    for column in ("session", "run", "started", "reports", "samples", "acknowledged", "pending", "dropped"):
+        table.add_column(column, justify="left" if column in ("run", "started") else "right")
+    totals = [0, 0, 0, 0]
+    for path in files:
+        _header, s = spool_read(path)
+        pending = f"{len(s.pending)} ({s.pending_samples} samples)"
+        table.add_row(str(s.session_id), s.run or "?", (s.created_at or "?").replace("T", " "), str(s.last_seq),
+                      str(s.reported_samples), str(s.acked_samples), pending, str(s.dropped_samples))
+        for i, value in enumerate((s.reported_samples, s.acked_samples, s.pending_samples, len(s.pending))):
+            totals[i] += value
+    Console(width=140).print(table)
+    print(f"Total: {totals[0]} samples reported in {len(files)} sessions, {totals[1]} acknowledged by the portal, "
+          f"{totals[2]} in {totals[3]} reports waiting to be sent (they go out when you next run `peer-agent join`).")
+    return EXIT_OK
+
+
+def check_command(args: argparse.Namespace, console: Console) -> int:
+    import tempfile
+
+    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure, reachable
+    from peer_agent.model import precision_choose, precision_describe
+
+    settings = _settings(args)
+    config, measurement = RunConfig(), None
+    if settings.portal and settings.run:
+        with PortalClient(settings.portal, settings.token, attempts=2) as portal:
+            config = RunConfig.model_validate(portal.run_summary(settings.run)["config"])
+            if settings.token:
+                with tempfile.TemporaryDirectory() as scratch:
+                    url = f"{settings.portal}/api/v1/runs/{settings.run}/tokenizer.json"
+                    try:
+                        measurement = measure(portal, url, Path(scratch) / "tokenizer.json")
+                    except PortalRefused as exc:
+                        print(f"Bandwidth not measured: {exc.detail}")
+    device = device_resolve(settings.device)
+    precision = precision_choose(device, config.training.precision)
+    info = device_info(device, precision)
+    reach = reachable([settings.host], [settings.announce] if settings.announce else None)
+    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach)
+    bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
+    memory = f", {info.memory_gb:.1f} GB" if info.memory_gb else ""
+    print(f"Device:       {info.kind} ({info.name}{memory})")
+    print(f"Precision:    {precision_describe(precision)}")
+    print(f"Bandwidth:    {measurement.describe() if measurement else 'not measured (give a portal, run and token)'}")
+    print(f"Declared:     {bandwidth:.1f} Mbit/s, {source}")
+    print(f"Reachability: {reach.reason}")
+    print(f"Client mode:  {'on' if client_mode else 'off'} ({why})")
+    return EXIT_OK
+
+
+# ---- join ---------------------------------------------------------------------------------------
+
+PAUSE_RETRY_S = 60.0
+RUN_POLL_S = 60.0
+FLUSH_TIMEOUT_S = 10.0
+SPECIAL_TOKENS = dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+_CLEAN_STOPS = ("stopped_by_you", "max_runtime")
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM: stop after the current step, flush reports and leave the swarm; twice quits at once."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._pid = os.getpid()
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if os.getpid() != self._pid:
+            # A hivemind process forked from the agent inherited this handler. Ctrl-C reaches the whole
+            # process group: leave it to the agent to shut its children down; SIGTERM must still end them.
+            if signum == signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.event.set()
+        logger.info("Stopping after the current step and sending the last reports (Ctrl-C again to quit now)")
+
+
+@dataclass
+class _Tally:
+    """The work since the previous report (``samples`` in a report is this delta)."""
+
+    samples: int = 0
+    steps: int = 0
+    loss_sum: float = 0.0
+    losses: int = 0
+    local_epoch: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+    def add(self, result: StepResult) -> None:
+        self.samples, self.steps, self.local_epoch = self.samples + result.samples, self.steps + 1, result.local_epoch
+        if not result.skipped and math.isfinite(result.loss) and result.loss >= 0:
+            self.loss_sum, self.losses = self.loss_sum + result.loss, self.losses + 1
+
+    def send(self, reporter: Reporter) -> _Tally:
+        """Spool a report of this tally and return a fresh one."""
+        if self.steps:
+            elapsed = max(time.monotonic() - self.since, 1e-6)
+            reporter.report(samples=self.samples, steps=self.steps, local_epoch=self.local_epoch,
+                            loss=self.loss_sum / self.losses if self.losses else None,
+                            samples_per_second=self.samples / elapsed)
+        return _Tally()
+
+
+def device_resolve(choice: str) -> torch.device:
+    """The torch device for ``--device`` ("auto": CUDA, then Apple MPS, then the CPU)."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    elif (choice == "cuda" and not torch.cuda.is_available()) or (choice == "mps" and not mps):
+        raise SettingsError(f"--device {choice}: torch sees no such device here (is torch built for it?); try --device auto")
+    return torch.device(choice)
+
+
+def device_info(device: torch.device, precision: str) -> DeviceInfo:
+    """How the agent describes its device when joining."""
+    import torch
+
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        name, memory = properties.name, properties.total_memory / 2**30
+    else:
+        name = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo") if line.startswith("model name")),
+                    platform.processor() or platform.machine() or device.type)
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        except (ValueError, OSError, AttributeError):
+            memory = None
+    return DeviceInfo(kind=device.type, name=name[:200] or device.type, memory_gb=round(memory, 1) if memory else None,
+                      precision=precision)
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def tokenizer_load(path: Path) -> PreTrainedTokenizerFast:
+    """The run's tokenizer.json wrapped for transformers, special tokens declared as the portal trains them."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+                                   **SPECIAL_TOKENS)
+
+
+def join_command(args: argparse.Namespace, console: Console) -> int:
+    settings = _settings(args)
+    settings.require("portal", "run", "token")
+    from hivemind.utils.logging import use_hivemind_log_handler
+
+    use_hivemind_log_handler("nowhere")  # hivemind's messages go through our handler, above the progress line
+    logging.getLogger("hivemind").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    stop = StopRequest()
+    stop.install()
+    deadline = time.monotonic() + settings.max_runtime if settings.max_runtime else math.inf
+    sessions = 0
+    with PortalClient(settings.portal, settings.token) as portal:
+        while True:
+            outcome = _session_train(settings, portal, console, stop, deadline, patient=sessions > 0)
+            sessions += 1
+            if outcome is None or outcome.code in _CLEAN_STOPS:
+                return EXIT_OK
+            if not outcome.rejoin:
+                logger.error("Training stopped: %s", outcome.detail)
+                return EXIT_STOPPED
+            logger.warning("Training paused: %s. The agent will join again when the run is active.", outcome.detail)
+
+
+def _join_when_active(settings: AgentSettings, portal: PortalClient, request: JoinRequest, stop: StopRequest,
+                      deadline: float, patient: bool) -> JoinResponse | None:
+    """Join, waiting out pauses (and, when ``patient``, an unreachable portal); None if stopped meanwhile."""
+    while True:
+        try:
+            return portal.join(settings.run, request)
+        except PortalRefused as refused:
+            if not refused.paused:
+                raise
+            logger.info("%s", refused.detail)
+        except PortalUnavailable as exc:
+            if not patient:
+                raise
+            logger.warning("%s; trying again in %.0f s", exc, PAUSE_RETRY_S)
+        if stop.event.wait(max(0.0, min(PAUSE_RETRY_S, deadline - time.monotonic()))) or time.monotonic() >= deadline:
+            return None
+
+
+def _session_train(settings: AgentSettings, portal: PortalClient, console: Console, stop: StopRequest,
+                   deadline: float, patient: bool) -> StopReason | None:
+    """One session: join, fetch files, enter the swarm, train until something stops it."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
+    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measurement_from_download, reachable
+    from peer_agent.model import precision_choose, precision_describe
+    from peer_agent.training import Trainer, TrainerSetup
+
+    device = device_resolve(settings.device)
+    try:
+        policy = RunConfig.model_validate(portal.run_summary(settings.run)["config"]).training.precision
+    except (PortalUnavailable, KeyError, ValueError) as exc:  # the join below decides whether to wait or give up
+        logger.debug("Could not read the run's precision policy: %s", exc)
+        policy = "auto"
+    key = RSAPrivateKey()
+    request = JoinRequest(peer_public_key=key.get_public_key().to_bytes().decode(), agent_version=__version__,
+                          device=device_info(device, precision_choose(device, policy)))
+    joined = _join_when_active(settings, portal, request, stop, deadline, patient)
+    if joined is None:
+        return None
+    logger.info("Joined run “%s” as session %d", settings.run, joined.session_id)
+    config = _config_for_machine(joined.config, settings)
+    files = settings.resolved_cache_dir() / joined.run_id
+    measurement = measurement_from_download(portal.download(joined.tokenizer_url, files / "tokenizer.json", authorize=True),
+                                            "tokenizer.json")
+    data_files = _data_files(portal, joined.data_files, files / "data") if config.data.source == "files" else None
+    bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
+    announce = [settings.announce] if settings.announce else None
+    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode,
+                                          reachable([settings.host], announce))
+    logger.info("Bandwidth: %s; declaring %.1f Mbit/s: %s", measurement.describe(), bandwidth, source)
+    logger.info("Client mode %s: %s", "on" if client_mode else "off", why)
+    logger.info("Training on %s in %s", device, precision_describe(precision_choose(device, config.training.precision)))
+
+    refusals = multiprocessing.SimpleQueue()
+    refresher = AccessRefresher(settings.portal, settings.token, joined.session_id,
+                                joined.hivemind_access.model_dump(mode="json"), refusals)
+    authorizer = PortalAuthorizer(key, rsa_public_key_parse(joined.authority_public_key), refresher)
+    extra = {}
+    if announce and "announce_maddrs" in TrainerSetup.__dataclass_fields__:
+        extra["announce_maddrs"] = announce
+    elif announce:
+        logger.warning("--announce only decides client mode here: this trainer cannot announce the address to peers")
+    setup = TrainerSetup(config=config, run_id=joined.run_id, initial_peers=joined.initial_peers, client_mode=client_mode,
+                         bandwidth=bandwidth, authorizer=authorizer, private_key=key, host_maddrs=[settings.host],
+                         device=device, threads=settings.threads, seed=secrets.randbits(31), data_files=data_files, **extra)
+    logger.info("Entering the swarm and loading the collaboration's state (this can take a few minutes)")
+    trainer = Trainer(setup, tokenizer_load(files / "tokenizer.json"))
+    try:
+        reporter = Reporter(settings.resolved_spool_dir(), settings.token, session_id=joined.session_id,
+                            report_url=joined.report_url, run=settings.run).start()
+        watcher = RunWatcher(settings.portal, settings.run, RUN_POLL_S)
+        try:
+            return _train_loop(trainer, reporter, [watcher], refusals, stop, deadline, settings, console)
+        finally:
+            watcher.close()
+            logger.info("Sending the last reports (at most %.0f s)", FLUSH_TIMEOUT_S)
+            reporter.close(FLUSH_TIMEOUT_S)
+    finally:
+        logger.info("Leaving the swarm")
+        trainer.shutdown()
+
+
+def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher], refusals: object,
+                stop: StopRequest, deadline: float, settings: AgentSettings, console: Console) -> StopReason:
+    tally, session_samples, shown_at = _Tally(), 0, 0.0
+    with ProgressDisplay(console) as display:
+        while (reason := _stop_reason(stop, deadline, reporter, watchers, refusals)) is None:
+            result = trainer.step()
+            tally.add(result)
+            session_samples += result.samples
+            if time.monotonic() - tally.since >= settings.report_interval:
+                tally = tally.send(reporter)
+            if time.monotonic() - shown_at >= 0.5:
+                shown_at = time.monotonic()
+                display.update(_snapshot(trainer.progress(), result, session_samples, reporter))
+    tally.send(reporter)
+    logger.info("Stopping: %s", reason.detail)
+    return reason
+
+
+def _stop_reason(stop: StopRequest, deadline: float, reporter: Reporter, watchers: list[RunWatcher],
+                 refusals: object) -> StopReason | None:
+    if stop.event.is_set():
+        return StopReason("stopped_by_you", "stopped by you")
+    if time.monotonic() >= deadline:
+        return StopReason("max_runtime", "reached --max-runtime")
+    while not refusals.empty():
+        code, detail = refusals.get()
+        if code in PAUSE_CODES or code in SESSION_OVER_CODES:
+            return StopReason(code, detail)
+    return reporter.stop_reason or next((w.reason for w in watchers if w.reason), None)
+
+
+def _snapshot(progress: SwarmProgress, result: StepResult, session_samples: int, reporter: Reporter) -> ProgressSnapshot:
+    return ProgressSnapshot(
+        local_samples_per_second=progress.local_samples_per_second, global_epoch=progress.global_epoch,
+        collaboration_samples_per_second=progress.collaboration_samples_per_second, session_samples=session_samples,
+        acked_samples=reporter.spool.summary().acked_samples, num_peers=progress.num_peers,
+        eta_next_epoch_s=progress.eta_next_epoch_s, samples_accumulated=progress.samples_accumulated,
+        target_batch_size=progress.target_batch_size, loss=None if result.skipped else result.loss)
+
+
+def _config_for_machine(config: RunConfig, settings: AgentSettings) -> RunConfig:
+    """The run's config with this machine's ``--per-device-batch-size`` override, validated."""
+    if settings.per_device_batch_size is None:
+        return config
+    data = config.model_dump()
+    data["training"]["per_device_batch_size"] = settings.per_device_batch_size
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(f"--per-device-batch-size {settings.per_device_batch_size} does not fit this run: "
+                            f"{exc.errors()[0]['msg']}") from None
+
+
+def _data_files(portal: PortalClient, urls: list[str], folder: Path) -> list[str]:
+    """The run's uploaded text files, downloaded once into ``folder`` (signed links: no token sent)."""
+    paths = []
+    for url in urls:
+        dest = folder / Path(urlsplit(url).path).name
+        if not dest.exists():
+            download = portal.download(url, dest)
+            logger.info("Downloaded %s (%.1f MB)", dest.name, download.size / 1e6)
+        paths.append(str(dest))
+    return paths
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The one-line progress display of ``peer-agent join``, and logging that prints above it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.live import Live
+from rich.logging import RichHandler
+from rich.text import Text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """What the volunteer sees while training."""
+
+    local_samples_per_second: float
+    global_epoch: int
+    collaboration_samples_per_second: float | None
+    session_samples: int  # samples this agent contributed in this session
+    acked_samples: int  # of those, stored by the portal
+    num_peers: int
+    eta_next_epoch_s: float | None
+    samples_accumulated: int = 0
+    target_batch_size: int = 0
+    loss: float | None = None
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds > 86400 * 365:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def progress_line(snap: ProgressSnapshot) -> str:
+    """``epoch 12 │ you 35.2 samples/s │ swarm 410.0 samples/s, 9 peers │ …``"""
+    swarm = "?" if snap.collaboration_samples_per_second is None else f"{snap.collaboration_samples_per_second:.1f}"
+    batch = f" ({snap.samples_accumulated}/{snap.target_batch_size})" if snap.target_batch_size else ""
+    loss = "" if snap.loss is None else f" │ loss {snap.loss:.3f}"
+    return (f"epoch {snap.global_epoch} │ you {snap.local_samples_per_second:.1f} samples/s │ "
+            f"swarm {swarm} samples/s, {snap.num_peers} peers │ your samples {snap.session_samples} "
+            f"({snap.acked_samples} acknowledged) │ next averaging in {_duration(snap.eta_next_epoch_s)}{batch}{loss}")
+
+
+def logging_setup(console: Console, verbose: bool = False) -> None:
+    """Log through rich so messages print above the live progress line; hivemind's chatter stays at WARNING."""
+    handler = RichHandler(console=console, show_path=False, rich_tracebacks=verbose, markup=False)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    for previous in [h for h in root.handlers if isinstance(h, RichHandler)]:
+        root.removeHandler(previous)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("hivemind", "httpx", "httpcore", "websockets", "datasets", "fsspec", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+class ProgressDisplay:
+    """A live line on a terminal; elsewhere (a log file, a service) a log line every ``log_every_s``."""
+
+    def __init__(self, console: Console, *, log_every_s: float = 60.0):
+        self.console, self.log_every_s = console, log_every_s
+        self._live: Live | None = None
+        self._logged_at = float("-inf")
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.console.is_terminal:
+            self._live = Live(Text("starting…"), console=self.console, refresh_per_second=2, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc_info)
+            self._live = None
+
+    def update(self, snap: ProgressSnapshot) -> None:
+        line = progress_line(snap)
+        if self._live is not None:
+            self._live.update(Text(line))
+        elif time.monotonic() - self._logged_at >= self.log_every_s:
+            self._logged_at = time.monotonic()
+            logger.info("%s", line)

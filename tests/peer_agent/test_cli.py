@@ -1,0 +1,323 @@
+"""The `peer-agent` command: help, login, settings precedence, status, and the join loop (with a stand-in trainer)."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from peer_agent import cli
+from peer_agent.protocol import config_from_preset
+from peer_agent.reporter import Spool, spool_files, spool_read
+from peer_agent.settings import SettingsError, agent_home, credentials_store, settings_resolve
+from tests.peer_agent.test_reporter import TOKEN, ContractServer, report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def agent_home_dir(tmp_path, monkeypatch):
+    """Every test gets its own agent home and no PEER_AGENT_* settings from the caller's environment."""
+    for name in list(os.environ):
+        if name.startswith("PEER_AGENT_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PEER_AGENT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def tokenizer_json() -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "আমি", "বাংলায়", "গান", "গাই"]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer.to_str()
+
+
+class FakePortal:
+    """The portal's agent API on loopback: me, run summary, join, tokenizer and a data file."""
+
+    def __init__(self, report_url: str = "ws://127.0.0.1:9/ws/agent/"):
+        self.status, self.report_url, self.joins, self.refused_joins = "active", report_url, [], 0
+        self.on_refused_join = None
+        self.config = config_from_preset("tiny", data={"source": "files", "path": None}).model_dump(mode="json")
+        self.tokenizer = tokenizer_json().encode()
+        portal = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, body: dict | bytes) -> None:
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _authorized(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {TOKEN}":
+                    return True
+                self._send(401, {"error": {"code": "invalid_token", "detail": "this agent token is not valid"}})
+                return False
+
+            def do_GET(self):
+                if self.path == "/api/v1/me" and self._authorized():
+                    self._send(200, {"username": "vik", "public_name": "Vik", "visibility": "public", "team": None,
+                                     "token_name": "laptop", "token_run": None, "token_expires_at": "2030-01-01T00:00:00Z"})
+                elif self.path == "/api/v1/runs/bengali-albert/":
+                    self._send(200, {"slug": "bengali-albert", "status": portal.status, "config": portal.config})
+                elif self.path == "/api/v1/runs/bengali-albert/tokenizer.json" and self._authorized():
+                    self._send(200, portal.tokenizer)
+                elif self.path == "/api/v1/data/signed/3.txt":
+                    self._send(200, "আমি বাংলায় গান গাই।\n\n".encode() * 50)
+                elif not self.path.startswith("/api/v1/me") and not self.path.endswith("tokenizer.json"):
+                    self._send(404, {"error": {"code": "not_found", "detail": "no such page"}})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path == "/api/v1/runs/bengali-albert/join" and self._authorized():
+                    if portal.status != "active":
+                        portal.refused_joins += 1
+                        self._send(409, {"error": {"code": "run_paused", "detail": "run “bengali-albert” is "
+                                                   "paused by its organizer; the agent will retry every 60 s"}})
+                        if portal.on_refused_join:
+                            portal.on_refused_join()
+                        return
+                    answer = portal.join_answer(body["peer_public_key"])
+                    portal.joins.append(body)
+                    self._send(200, answer)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def join_answer(self, peer_public_key: str) -> dict:
+        access = {"username": "vik", "peer_public_key": peer_public_key,
+                  "expiration_time": "2030-01-31 12:30:00.000000", "signature": "c2lnbmF0dXJl"}
+        return {"session_id": 100 + len(self.joins), "run_id": "bengali-albert", "config": self.config,
+                "hivemind_access": access, "authority_public_key": peer_public_key, "initial_peers": [],
+                "report_url": self.report_url, "tokenizer_url": f"{self.url}/api/v1/runs/bengali-albert/tokenizer.json",
+                "data_files": [f"{self.url}/api/v1/data/signed/3.txt"]}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def portal():
+    fake = FakePortal()
+    yield fake
+    fake.close()
+
+
+def test_python_m_peer_agent_shows_help_for_every_command():
+    result = subprocess.run([sys.executable, "-m", "peer_agent", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0
+    for command in ("login", "join", "check", "status"):
+        assert command in result.stdout
+    join_help = subprocess.run([sys.executable, "-m", "peer_agent", "join", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert "--max-runtime" in join_help.stdout and "--client-mode" in join_help.stdout and "RUN" in join_help.stdout
+
+
+def test_login_checks_the_token_and_stores_it_readable_only_by_you(portal, agent_home_dir, capsys):
+    assert cli.main(["login", "--portal", portal.url, "--token", TOKEN]) == 0
+    assert "as vik" in capsys.readouterr().out
+    stored = agent_home_dir / "credentials.toml"
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert settings_resolve({}).token == TOKEN and settings_resolve({}).portal == portal.url
+
+
+def test_login_asks_for_the_token_without_echo(portal, agent_home_dir, monkeypatch):
+    monkeypatch.setattr("getpass.getpass", lambda prompt: TOKEN)
+    assert cli.main(["login", "--portal", portal.url]) == 0
+    assert (agent_home_dir / "credentials.toml").exists()
+
+
+def test_login_with_a_bad_token_stores_nothing_and_exits_2(portal, agent_home_dir):
+    assert cli.main(["login", "--portal", portal.url, "--token", "agt_wrong"]) == 2
+    assert not (agent_home_dir / "credentials.toml").exists()
+
+
+def test_a_flag_beats_the_environment_which_beats_the_config_file_which_beats_the_login(tmp_path, monkeypatch):
+    credentials_store("https://portal.example.org", "agt_stored")
+    config = tmp_path / "agent.toml"
+    config.write_text('portal = "https://portal.example.org"\nrun = "from-file"\nthreads = 2\nreport_interval = 9\n')
+    monkeypatch.setenv("PEER_AGENT_THREADS", "3")
+    monkeypatch.setenv("PEER_AGENT_MAX_RUNTIME", "90m")
+    resolved = settings_resolve({"threads": "4", "run": None}, config_file=config)
+    assert (resolved.threads, resolved.run, resolved.report_interval, resolved.max_runtime) == (4, "from-file", 9.0, 5400)
+    assert resolved.token == "agt_stored"  # only the login has one
+    assert settings_resolve({}, config_file=config).threads == 3
+    assert settings_resolve({}).device == "auto" and settings_resolve({}).host == "/ip4/0.0.0.0/tcp/0"
+
+
+def test_the_stored_token_is_never_sent_to_another_portal(monkeypatch):
+    credentials_store("https://portal.example.org", "agt_stored")
+    monkeypatch.setenv("PEER_AGENT_PORTAL", "https://elsewhere.example.net")
+    assert settings_resolve({}).token is None
+
+
+def test_bad_settings_say_where_they_came_from(tmp_path, monkeypatch):
+    monkeypatch.setenv("PEER_AGENT_THREADS", "many")
+    with pytest.raises(SettingsError, match="PEER_AGENT_THREADS"):
+        settings_resolve({})
+    config = tmp_path / "agent.toml"
+    config.write_text('tokne = "x"\n')
+    with pytest.raises(SettingsError, match="unknown key"):
+        settings_resolve({}, config_file=config)
+
+
+def test_the_agent_home_follows_xdg_unless_peer_agent_home_is_set():
+    assert agent_home({"XDG_CONFIG_HOME": "/x"}) == Path("/x/peer-agent")
+    assert agent_home({"XDG_CONFIG_HOME": "/x", "PEER_AGENT_HOME": "/y"}) == Path("/y")
+
+
+def test_status_shows_sessions_samples_acknowledged_and_pending(agent_home_dir, capsys):
+    assert cli.main(["status"]) == 0
+    assert "No training sessions" in capsys.readouterr().out
+    spool = Spool.open(agent_home_dir / "spool", 7, report_url="ws://x/ws/agent/", run="bengali-albert")
+    for seq, samples in enumerate((40, 60, 80), 1):
+        spool.add(report(7, seq, samples))
+    spool.acked(1)
+    spool.acked(2)
+    spool.close()
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "bengali-albert" in out
+    assert "180 samples reported in 1 sessions, 100 acknowledged by the portal, 80 in 1 reports waiting" in out
+
+
+def test_join_without_a_token_explains_how_to_give_one(portal):
+    assert cli.main(["join", "--portal", portal.url, "bengali-albert"]) == 2
+
+
+@dataclass(frozen=True)
+class Progress:
+    local_epoch: int = 0
+    global_epoch: int = 3
+    local_samples_per_second: float = 40.0
+    collaboration_samples_per_second: float | None = 400.0
+    samples_accumulated: int = 12
+    target_batch_size: int = 64
+    num_peers: int = 4
+    num_clients: int = 1
+    eta_next_epoch_s: float = 7.0
+
+
+class StandInTrainer:
+    """Replaces peer_agent.training.Trainer: no swarm, 4 samples per 10 ms step."""
+
+    instances: list["StandInTrainer"] = []
+    on_step = None
+
+    def __init__(self, setup, tokenizer):
+        self.setup, self.tokenizer, self.steps, self.shut_down = setup, tokenizer, 0, False
+        StandInTrainer.instances.append(self)
+
+    def step(self):
+        from peer_agent.training import StepResult
+
+        time.sleep(0.01)
+        self.steps += 1
+        if StandInTrainer.on_step:
+            StandInTrainer.on_step(self)
+        return StepResult(samples=4, loss=2.0, local_epoch=0, global_epoch=3, samples_per_second=400.0)
+
+    def progress(self):
+        return Progress()
+
+    def shutdown(self):
+        self.shut_down = True
+
+
+@pytest.fixture
+def stand_in_trainer(monkeypatch):
+    import peer_agent.training
+
+    monkeypatch.setattr(peer_agent.training, "Trainer", StandInTrainer)
+    monkeypatch.setattr(cli, "PAUSE_RETRY_S", 0.2)
+    monkeypatch.setattr(cli, "RUN_POLL_S", 0.2)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    StandInTrainer.instances, StandInTrainer.on_step = [], None
+    yield StandInTrainer
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+@pytest.fixture
+def reports():
+    server = ContractServer().start()
+    yield server
+    server.stop()
+
+
+def join_args(portal: FakePortal, *extra: str) -> list[str]:
+    return ["join", "--portal", portal.url, "--token", TOKEN, "--report-interval", "0.2", "--device", "cpu",
+            "--host", "/ip4/127.0.0.1/tcp/0", *extra, "bengali-albert"]
+
+
+def test_join_trains_reports_and_stops_cleanly_at_max_runtime(portal, reports, stand_in_trainer, agent_home_dir):
+    portal.report_url = reports.url
+    assert cli.main(join_args(portal, "--max-runtime", "1.5", "--per-device-batch-size", "2")) == 0
+    (trainer,) = stand_in_trainer.instances
+    assert trainer.shut_down and trainer.steps > 10
+    setup = trainer.setup
+    assert setup.run_id == "bengali-albert" and setup.config.training.per_device_batch_size == 2
+    assert setup.client_mode is True  # loopback is not reachable from the internet
+    assert [Path(path).name for path in setup.data_files] == ["3.txt"]
+    assert trainer.tokenizer.pad_token == "[PAD]" and trainer.tokenizer.mask_token == "[MASK]"
+    assert portal.joins[0]["device"]["kind"] == "cpu" and portal.joins[0]["device"]["precision"] == "fp32"
+    assert reports.samples(100) == 4 * trainer.steps  # every sample reported exactly once
+    assert not spool_read(agent_home_dir / "spool" / "session-100.jsonl")[1].pending
+
+
+def test_ctrl_c_stops_after_the_step_and_exits_0(portal, reports, stand_in_trainer):
+    portal.report_url = reports.url
+    stand_in_trainer.on_step = lambda trainer: trainer.steps == 5 and signal.raise_signal(signal.SIGINT)
+    assert cli.main(join_args(portal)) == 0
+    (trainer,) = stand_in_trainer.instances
+    assert trainer.steps == 5 and trainer.shut_down and reports.samples(100) == 20
+
+
+def test_a_paused_run_stops_training_and_the_agent_rejoins_when_it_resumes(portal, reports, stand_in_trainer):
+    portal.report_url = reports.url
+
+    def pause(trainer):
+        if len(stand_in_trainer.instances) == 1 and trainer.steps == 10:
+            portal.status = "paused"
+
+    stand_in_trainer.on_step = pause
+    portal.on_refused_join = lambda: setattr(portal, "status", "active")  # the organizer resumes the run
+    assert cli.main(join_args(portal, "--max-runtime", "4")) == 0
+    first, second = stand_in_trainer.instances
+    assert first.shut_down and second.shut_down and portal.refused_joins >= 1
+    assert reports.samples(100) == 4 * first.steps and reports.samples(101) == 4 * second.steps
+
+
+def test_a_ban_reported_on_the_socket_ends_the_agent_with_exit_3(portal, stand_in_trainer, agent_home_dir):
+    banned = ContractServer(errors={seq: ("banned", "you were banned from run “bengali-albert”") for seq in range(1, 99)})
+    banned.start()
+    portal.report_url = banned.url
+    try:
+        assert cli.main(join_args(portal, "--max-runtime", "20")) == 3
+    finally:
+        banned.stop()
+    assert stand_in_trainer.instances[0].shut_down
+    assert spool_files(agent_home_dir / "spool")  # the unacknowledged reports stay on disk
+
+
+def test_check_describes_device_precision_bandwidth_and_client_mode(portal, capsys):
+    assert cli.main(["check", "--portal", portal.url, "--token", TOKEN, "--device", "cpu", "bengali-albert"]) == 0
+    out = capsys.readouterr().out
+    assert "Device:       cpu" in out and "Precision:    fp32" in out
+    assert "upload not measured" in out and "Client mode:  on" in out

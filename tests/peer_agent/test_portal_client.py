@@ -1,0 +1,207 @@
+"""The agent's portal client: the wire contract's endpoints, retries, refusals and downloads."""
+
+import json
+import multiprocessing
+
+import httpx
+import pytest
+from hivemind.utils.crypto import RSAPrivateKey
+
+from peer_agent.bandwidth import (
+    Reachability,
+    client_mode_choose,
+    declared_bandwidth,
+    measure,
+    reachable,
+)
+from peer_agent.portal import AccessRefresher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
+from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
+
+PORTAL = "http://portal.test"
+TOKEN = "agt_secret"
+PEER_KEY = RSAPrivateKey().get_public_key().to_bytes().decode()
+ACCESS = {"username": "vik", "peer_public_key": PEER_KEY, "expiration_time": "2030-01-31 12:30:00.000000",
+          "signature": "c2lnbmF0dXJl"}
+
+
+def join_answer() -> dict:
+    return {
+        "session_id": 7, "run_id": "bengali-albert", "config": RunConfig().model_dump(mode="json"),
+        "hivemind_access": ACCESS, "authority_public_key": PEER_KEY,
+        "initial_peers": ["/ip4/203.0.113.1/tcp/31337/p2p/QmPeer"], "report_url": "ws://portal.test/ws/agent/",
+        "tokenizer_url": f"{PORTAL}/api/v1/runs/bengali-albert/tokenizer.json",
+        "data_files": [f"{PORTAL}/api/v1/data/signed/3.txt"],
+    }
+
+
+def error(status: int, code: str, detail: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"code": code, "detail": detail}})
+
+
+def client(handler, **kwargs) -> PortalClient:
+    return PortalClient(PORTAL, TOKEN, transport=httpx.MockTransport(handler), backoff_s=0.001, **kwargs)
+
+
+def join_request() -> JoinRequest:
+    return JoinRequest(peer_public_key=PEER_KEY, agent_version="0.1.0",
+                       device=DeviceInfo(kind="cpu", name="test CPU", precision="fp32"))
+
+
+def test_join_sends_the_bearer_token_and_the_request_and_parses_the_answer():
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(path=request.url.path, auth=request.headers["Authorization"], body=json.loads(request.content))
+        return httpx.Response(200, json=join_answer())
+
+    with client(handler) as portal:
+        joined = portal.join("bengali-albert", join_request())
+    assert seen["path"] == "/api/v1/runs/bengali-albert/join"
+    assert seen["auth"] == f"Bearer {TOKEN}"
+    assert seen["body"]["peer_public_key"] == PEER_KEY and seen["body"]["device"]["kind"] == "cpu"
+    assert joined.session_id == 7 and joined.data_files == [f"{PORTAL}/api/v1/data/signed/3.txt"]
+
+
+def test_a_4xx_answer_becomes_portal_refused_with_the_portals_sentence():
+    sentence = "run “bengali-albert” is paused by its organizer; the agent will retry every 60 s"
+    with client(lambda request: error(409, "run_paused", sentence)) as portal:
+        with pytest.raises(PortalRefused) as refused:
+            portal.join("bengali-albert", join_request())
+    assert (refused.value.code, refused.value.detail, refused.value.status) == ("run_paused", sentence, 409)
+    assert refused.value.paused
+
+
+def test_a_4xx_answer_that_is_not_the_api_error_shape_still_reads_clearly():
+    with client(lambda request: httpx.Response(404, text="<html>Not Found</html>")) as portal:
+        with pytest.raises(PortalRefused) as refused:
+            portal.me()
+    assert refused.value.code == "http_404" and "404" in refused.value.detail
+
+
+def test_5xx_and_connection_errors_are_retried_until_the_portal_answers():
+    answers = iter([httpx.ConnectError("refused"), httpx.Response(502), httpx.Response(200, json={"username": "vik"})])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with client(handler) as portal:
+        assert portal.me() == {"username": "vik"}
+
+
+def test_retries_give_up_with_portal_unavailable():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(503)
+
+    with client(handler, attempts=3) as portal:
+        with pytest.raises(PortalUnavailable):
+            portal.me()
+    assert len(calls) == 3
+
+
+def test_4xx_answers_are_not_retried():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return error(401, "invalid_token", "this agent token is not valid")
+
+    with client(handler) as portal:
+        with pytest.raises(PortalRefused):
+            portal.me()
+    assert len(calls) == 1
+
+
+def test_backoff_grows_exponentially_with_jitter_and_a_cap():
+    for attempt in range(1, 10):
+        delay = backoff_delay(attempt, 1.0, 30.0)
+        ceiling = min(30.0, 2 ** (attempt - 1))
+        assert ceiling / 2 <= delay <= ceiling
+
+
+def test_refresh_returns_the_hivemind_access_object():
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/sessions/7/refresh" and request.method == "POST"
+        return httpx.Response(200, json={"hivemind_access": ACCESS})
+
+    with client(handler) as portal:
+        assert portal.refresh(7) == ACCESS
+
+
+def test_download_sends_the_token_only_when_asked_and_only_to_the_portal(tmp_path):
+    auth_headers = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        auth_headers[request.url.path] = request.headers.get("Authorization")
+        return httpx.Response(200, content=b"x" * 100_000)
+
+    with client(handler) as portal:
+        tokenizer = portal.download(f"{PORTAL}/api/v1/runs/r/tokenizer.json", tmp_path / "tokenizer.json", authorize=True)
+        portal.download(f"{PORTAL}/api/v1/data/signed/3.txt", tmp_path / "3.txt")
+        with pytest.raises(ValueError, match="not the portal"):
+            portal.download("http://elsewhere.test/steal", tmp_path / "x", authorize=True)
+    assert auth_headers == {"/api/v1/runs/r/tokenizer.json": f"Bearer {TOKEN}", "/api/v1/data/signed/3.txt": None}
+    assert tokenizer.size == 100_000 and (tmp_path / "tokenizer.json").read_bytes() == b"x" * 100_000
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_a_refused_download_leaves_no_file(tmp_path):
+    with client(lambda request: error(409, "tokenizer_not_ready", "run “r” has no tokenizer yet")) as portal:
+        with pytest.raises(PortalRefused, match="no tokenizer yet"):
+            portal.download(f"{PORTAL}/api/v1/runs/r/tokenizer.json", tmp_path / "tokenizer.json", authorize=True)
+    assert not (tmp_path / "tokenizer.json").exists()
+
+
+def test_bandwidth_is_measured_from_a_timed_download(tmp_path):
+    with client(lambda request: httpx.Response(200, content=b"x" * 200_000)) as portal:
+        measured = measure(portal, f"{PORTAL}/api/v1/runs/r/tokenizer.json", tmp_path / "tokenizer.json")
+    assert measured.bytes == 200_000 and measured.download_mbps > 0 and measured.upload_mbps is None
+    assert "upload not measured" in measured.describe() and "lower bound" in measured.describe()
+
+
+def test_declared_bandwidth_prefers_the_override_then_the_runs_floor_lowered_to_a_slower_download():
+    slow = measure_stub(download_mbps=4.0)
+    fast = measure_stub(download_mbps=400.0)
+    assert declared_bandwidth(25.0, slow, 10.0)[0] == 25.0
+    assert declared_bandwidth(None, fast, 10.0)[0] == 10.0
+    assert declared_bandwidth(None, slow, 10.0)[0] == 4.0
+    assert declared_bandwidth(None, None, 10.0)[0] == 10.0
+
+
+def measure_stub(download_mbps: float):
+    from peer_agent.bandwidth import BandwidthMeasurement
+
+    return BandwidthMeasurement(download_mbps, 2_000_000, 1.0, "test")
+
+
+def test_reachability_and_client_mode():
+    assert reachable(["/ip4/203.0.113.5/tcp/31337"]).public is False  # documentation range: not global
+    assert reachable(["/ip4/8.8.8.8/tcp/31337"]).public is True
+    assert reachable(["/ip4/192.168.1.10/tcp/0"], ["/ip4/8.8.4.4/tcp/31337"]).public is True
+    assert reachable(["/ip4/10.0.0.2/tcp/0"]).public is False
+    public, private = Reachability("8.8.8.8", True, "public"), Reachability("10.0.0.2", False, "private")
+    assert client_mode_choose("auto", "auto", private)[0] is True
+    assert client_mode_choose("auto", "auto", public)[0] is False
+    assert client_mode_choose("off", "auto", private)[0] is False
+    assert client_mode_choose("off", "always", public)[0] is True  # the organizer's policy wins
+
+
+def test_the_access_refresher_hands_out_the_joins_token_first_then_refreshes(monkeypatch):
+    refusals = multiprocessing.SimpleQueue()
+    calls = []
+
+    def fake_refresh(self, session_id):
+        calls.append(session_id)
+        raise PortalRefused("run_paused", "run “r” is paused by its organizer", 409)
+
+    monkeypatch.setattr(PortalClient, "refresh", fake_refresh)
+    refresher = AccessRefresher(PORTAL, TOKEN, 7, ACCESS, refusals)
+    assert refresher() == ACCESS and calls == []
+    with pytest.raises(PortalRefused):
+        refresher()
+    assert calls == [7] and refusals.get() == ("run_paused", "run “r” is paused by its organizer")
