@@ -396,6 +396,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
                          device=device, threads=settings.threads, seed=secrets.randbits(31), data_files=data_files, **extra)
     logger.info("Entering the swarm and loading the collaboration's state (this can take a few minutes)")
     trainer = Trainer(setup, tokenizer_load(files / "tokenizer.json"))
+    # hivemind's averagers set SIGINT to "ignore" in this process when they start: take Ctrl-C back.
+    stop.install()
     try:
         reporter = Reporter(settings.resolved_spool_dir(), settings.token, session_id=joined.session_id,
                             report_url=joined.report_url, run=settings.run).start()

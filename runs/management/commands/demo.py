@@ -142,7 +142,7 @@ class Command(BaseCommand):
                 os.killpg(process.pid, signal.SIGINT if name.startswith("agent") else signal.SIGTERM)
         for name, process in self.processes:
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=60)  # an agent finishes its averaging round (up to averaging_timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
         self.stdout.write("demo stopped.")
