@@ -1,0 +1,117 @@
+"""Real peer agents, started through the CLI with portal tokens, train a tiny ALBERT together
+against a live portal and its coordinator; one is killed and restarted. Every report is counted
+exactly once, and the collaboration keeps stepping."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db.models import Max, Sum
+
+from accounts.services import token_create
+from peer_agent.reporter import spool_files, spool_read
+from runs import services
+from runs.coordinator import Coordinator
+from runs.corpus import corpus_lines
+from runs.forms import preset_config
+from runs.models import ContributionEvent, TrainingSession
+from tests.factories import RunFactory, UserFactory
+
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_run(organizer):
+    config = preset_config("tiny").model_dump(mode="json")
+    config["data"].update(max_seq_length=64, shuffle_buffer=200)
+    config["tokenizer"]["vocab_size"] = 800
+    config["training"].update(target_batch_size=32, per_device_batch_size=8)
+    config["averaging"].update(matchmaking_time=1.5, averaging_timeout=15.0)
+    run = RunFactory(slug="e2e-run", status="draft", tokenizer_status="missing", organizers=[organizer], config=config)
+    services.data_file_add(run=run, actor=organizer, name="corpus.txt", content="\n".join(corpus_lines(n_lines=3000)).encode())
+    services.tokenizer_train(run_id=run.pk)
+    services.run_transition(run=run, actor=organizer, action="activate")
+    return run
+
+
+def agent(server: str, secret: str, home: Path, runtime: str) -> subprocess.Popen:
+    env = {
+        **os.environ, "PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1",
+        "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0", "PEER_AGENT_CLIENT_MODE": "off", "PEER_AGENT_REPORT_INTERVAL": "2",
+    }
+    command = [sys.executable, "-m", "peer_agent", "join", "--portal", server, "e2e-run", "--max-runtime", runtime]
+    log = open(home.parent / f"{home.name}.log", "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def assert_counted_exactly_once(home: Path) -> int:
+    """Every session the agent spooled: nothing pending, and the portal holds exactly what was acked."""
+    total = 0
+    for path in spool_files(home / "spool"):
+        _, summary = spool_read(path)
+        assert summary.pending == {}, f"{path.name}: reports still pending"
+        stored = ContributionEvent.objects.filter(session_id=summary.session_id)
+        assert stored.count() == summary.acked_reports == summary.last_seq
+        assert (stored.aggregate(total=Sum("samples"))["total"] or 0) == summary.acked_samples
+        total += summary.acked_samples
+    return total
+
+
+@pytest.fixture
+def coordinator(settings, tmp_path):
+    settings.COORDINATOR_STATE_DIR = str(tmp_path / "coordinator")
+    coordinator = Coordinator(interval=1.0)
+    yield coordinator
+    for peer in coordinator.peers.values():
+        peer.shutdown()
+
+
+def test_agents_train_together_and_a_killed_agent_loses_and_doubles_nothing(asgi_server, coordinator, organizer, tmp_path):
+    run = small_run(organizer)
+    coordinator.sync()
+    amina, rahim = UserFactory(username="amina"), UserFactory(username="rahim")
+    homes = {name: tmp_path / name for name in ("amina", "rahim")}
+    secrets = {user.username: token_create(user=user, name="e2e")[1] for user in (amina, rahim)}
+    processes = {name: agent(asgi_server, secrets[name], homes[name], "150s") for name in homes}
+    try:
+        wait_for(lambda: ContributionEvent.objects.filter(session__user=amina, local_epoch__gte=2).exists(), 240, "epoch 2")
+        # Kill amina's agent without warning, mid-training.
+        os.killpg(processes["amina"].pid, signal.SIGKILL)
+        processes["amina"].wait()
+        killed_at_epoch = ContributionEvent.objects.filter(session__run=run).aggregate(epoch=Max("local_epoch"))["epoch"]
+        wait_for(
+            lambda: ContributionEvent.objects.filter(session__user=rahim, local_epoch__gt=killed_at_epoch).exists(),
+            120, "rahim to keep stepping alone",
+        )
+        processes["amina"] = agent(asgi_server, secrets["amina"], homes["amina"], "40s")
+        for name, process in processes.items():
+            assert process.wait(timeout=300) == 0, (homes[name].parent / f"{name}.log").read_text()[-3000:]
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+
+    assert TrainingSession.objects.filter(user=amina).count() == 2, "the restarted agent joined as a new session"
+    amina_total = assert_counted_exactly_once(homes["amina"])
+    rahim_total = assert_counted_exactly_once(homes["rahim"])
+    assert amina_total > 0 and rahim_total > 0
+    assert ContributionEvent.objects.filter(session__run=run).aggregate(total=Sum("samples"))["total"] == amina_total + rahim_total
+    epochs = ContributionEvent.objects.filter(session__run=run).aggregate(epoch=Max("local_epoch"))["epoch"]
+    assert epochs >= 4, "the collaboration took several global steps"
+    losses = list(ContributionEvent.objects.filter(session__user=rahim).exclude(loss=None).order_by("seq").values_list("loss", flat=True))
+    third = max(1, len(losses) // 3)
+    assert sum(losses[-third:]) / third < sum(losses[:third]) / third, f"the loss falls: {losses}"
