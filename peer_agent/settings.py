@@ -238,3 +238,9 @@ def settings_resolve(flags: Mapping[str, Any] | None = None, *, config_file: Pat
     if "token" not in values and "token" in login and login.get("portal", "").rstrip("/") == values.get("portal"):
         values["token"] = login["token"]
     return AgentSettings(**values)
+
+
+def settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    """The settings for a parsed ``peer-agent`` command line (its flags, ``--config`` and the other sources)."""
+    flags = {name: value for name, value in vars(args).items() if name not in ("command", "config", "verbose")}
+    return settings_resolve(flags, config_file=args.config)

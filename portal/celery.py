@@ -15,6 +15,6 @@ app.autodiscover_tasks()
 def _create_broker_folders(sender: Celery, **kwargs) -> None:
     # The file broker needs its folders before the first message is sent or read.
     options = sender.conf.broker_transport_options or {}
-    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+    for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         if options.get(key):
             os.makedirs(options[key], exist_ok=True)

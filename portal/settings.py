@@ -117,6 +117,7 @@ else:
         "data_folder_in": str(_CELERY_DIR / "queue"),
         "data_folder_out": str(_CELERY_DIR / "queue"),
         "processed_folder": str(_CELERY_DIR / "processed"),
+        "control_folder": str(_CELERY_DIR / "control"),
         "store_processed": False,
     }
     CELERY_RESULT_BACKEND = None

@@ -10,17 +10,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+from peer_agent.tokenizer import CLS, SEP, SPECIAL_TOKENS, UNK
 
 logger = logging.getLogger(__name__)
 
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4 after training, in this order
 MIN_VOCAB_SIZE = 100
 METASPACE = "▁"
 
@@ -143,19 +139,3 @@ def tokenizer_validate(json_text: str) -> Tokenizer:
 def tokenizer_try(tokenizer: Tokenizer, text: str) -> list[str]:
     """Tokens of `text` as the model will see them, without [CLS]/[SEP]."""
     return tokenizer.encode(text, add_special_tokens=False).tokens
-
-
-def tokenizer_as_transformers(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
-    """Wrap `tokenizer` for `transformers`, with its pad/unk/cls/sep/mask tokens declared."""
-    from transformers import PreTrainedTokenizerFast  # heavy import, only for the agent and checkpointer
-
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        pad_token=PAD,
-        unk_token=UNK,
-        cls_token=CLS,
-        sep_token=SEP,
-        mask_token=MASK,
-        # transformers 5 leaves token_type_ids out by default; ALBERT's sentence-order head needs them.
-        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
-    )

@@ -55,7 +55,7 @@ def _celery_runs_tasks_inline(settings, tmp_path):
 @pytest.fixture
 def asgi_server(transactional_db):
     """The real ASGI application (HTTP and websockets) served by uvicorn on a free loopback port,
-    in a thread of the test process so that it shares the test database."""
+    in a thread of the test process so that it shares the test database. Yields its URL."""
     import socket
     import threading
     import time
@@ -67,13 +67,14 @@ def asgi_server(transactional_db):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.05)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
-    thread.join(timeout=10)
+    thread.join(timeout=30)

@@ -13,6 +13,15 @@
     figure("live-peers", snapshot.alive_peers);
     figure("live-epoch", snapshot.epoch ?? "—");
     figure("live-loss", snapshot.loss === null ? "—" : snapshot.loss.toFixed(3));
+    if (snapshot.leaderboard.length === 0) {
+      const empty = cell("No contributions yet.");
+      empty.colSpan = 6;
+      empty.className = "empty";
+      const tr = document.createElement("tr");
+      tr.append(empty);
+      body.replaceChildren(tr);
+      return;
+    }
     body.replaceChildren(...snapshot.leaderboard.map((row) => {
       const tr = document.createElement("tr");
       tr.dataset.name = row.name;

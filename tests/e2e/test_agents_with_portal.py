@@ -1,6 +1,6 @@
 """Real peer agents, started through the CLI with portal tokens, train a tiny ALBERT together
-against a live portal and its coordinator; one is killed and restarted. Every report is counted
-exactly once, and the collaboration keeps stepping."""
+against a live portal and its coordinator; one is killed and restarted, then the portal is down
+for a while. Every report is counted exactly once, and the collaboration keeps stepping."""
 
 import os
 import signal
@@ -14,13 +14,14 @@ import pytest
 from django.db.models import Max, Sum
 
 from accounts.services import token_create
-from peer_agent.reporter import spool_files, spool_read
+from peer_agent.spool import spool_files, spool_read
 from runs import services
 from runs.coordinator import Coordinator
 from runs.corpus import corpus_lines
 from runs.forms import preset_config
 from runs.models import ContributionEvent, TrainingSession
 from tests.factories import RunFactory, UserFactory
+from tests.netcut import CuttableLink
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,13 +79,17 @@ def coordinator(settings, tmp_path):
         peer.shutdown()
 
 
-def test_agents_train_together_and_a_killed_agent_loses_and_doubles_nothing(asgi_server, coordinator, organizer, tmp_path):
+def test_agents_train_through_a_kill_and_a_portal_outage_and_every_report_counts_once(
+    asgi_server, coordinator, organizer, tmp_path
+):
+    link = CuttableLink(int(asgi_server.rsplit(":", 1)[1]))
+    portal = f"http://127.0.0.1:{link.port}"  # the agents reach the portal through a link the test can cut
     run = small_run(organizer)
     coordinator.sync()
     amina, rahim = UserFactory(username="amina"), UserFactory(username="rahim")
     homes = {name: tmp_path / name for name in ("amina", "rahim")}
     secrets = {user.username: token_create(user=user, name="e2e")[1] for user in (amina, rahim)}
-    processes = {name: agent(asgi_server, secrets[name], homes[name], "150s") for name in homes}
+    processes = {name: agent(portal, secrets[name], homes[name], "150s") for name in homes}
     try:
         wait_for(lambda: ContributionEvent.objects.filter(session__user=amina, local_epoch__gte=2).exists(), 240, "epoch 2")
         # Kill amina's agent without warning, mid-training.
@@ -95,7 +100,12 @@ def test_agents_train_together_and_a_killed_agent_loses_and_doubles_nothing(asgi
             lambda: ContributionEvent.objects.filter(session__user=rahim, local_epoch__gt=killed_at_epoch).exists(),
             120, "rahim to keep stepping alone",
         )
-        processes["amina"] = agent(asgi_server, secrets["amina"], homes["amina"], "40s")
+        processes["amina"] = agent(portal, secrets["amina"], homes["amina"], "60s")
+        wait_for(lambda: TrainingSession.objects.filter(user=amina).count() == 2, 120, "amina to rejoin")
+        # The portal is cut off for a while: the agents keep training and report later.
+        link.cut()
+        time.sleep(20)
+        link.restore()
         for name, process in processes.items():
             assert process.wait(timeout=300) == 0, (homes[name].parent / f"{name}.log").read_text()[-3000:]
     finally:

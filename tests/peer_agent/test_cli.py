@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from peer_agent import cli
+from peer_agent import cli, join
 from peer_agent.protocol import config_from_preset
-from peer_agent.reporter import Spool, spool_files, spool_read
 from peer_agent.settings import SettingsError, agent_home, credentials_store, settings_resolve
+from peer_agent.spool import Spool, spool_files, spool_read
 from tests.peer_agent.test_reporter import TOKEN, ContractServer, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,8 +245,8 @@ def stand_in_trainer(monkeypatch):
     import peer_agent.training
 
     monkeypatch.setattr(peer_agent.training, "Trainer", StandInTrainer)
-    monkeypatch.setattr(cli, "PAUSE_RETRY_S", 0.2)
-    monkeypatch.setattr(cli, "RUN_POLL_S", 0.2)
+    monkeypatch.setattr(join, "PAUSE_RETRY_S", 0.2)
+    monkeypatch.setattr(join, "RUN_POLL_S", 0.2)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     StandInTrainer.instances, StandInTrainer.on_step = [], None
     yield StandInTrainer

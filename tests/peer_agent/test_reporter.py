@@ -24,7 +24,8 @@ from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
 from peer_agent.protocol import ProtocolError, Report, parse_client_frame
-from peer_agent.reporter import Reporter, Spool, SpoolBusy, spool_files, spool_read
+from peer_agent.reporter import Reporter
+from peer_agent.spool import Spool, SpoolBusy, spool_files, spool_read
 
 TOKEN = "agt_secret"
 REPO = Path(__file__).resolve().parents[2]

@@ -7,10 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models
 
+from peer_agent.tokenizer import SPECIAL_TOKENS, tokenizer_as_transformers
 from runs.corpus import corpus_lines
 from runs.tokenization import (
-    SPECIAL_TOKENS,
-    tokenizer_as_transformers,
     tokenizer_build,
     tokenizer_train,
     tokenizer_try,

@@ -4,10 +4,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from tokenizers import Tokenizer
 
+from peer_agent.tokenizer import tokenizer_as_transformers
 from runs.corpus import corpus_lines
 from runs.services import data_file_add
 from runs.tasks import tokenizer_train_task
-from runs.tokenization import tokenizer_as_transformers
 from tests.factories import RunFactory
 
 BENGALI = "আমি বাংলায় গান গাই। কৃষ্ণচূড়া ফুলের রং লাল।"

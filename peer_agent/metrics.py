@@ -1,0 +1,83 @@
+"""Training metrics each peer publishes in the run's DHT, signed with its own key.
+
+The record is the one hivemind's ALBERT example publishes: key ``f"{run_id}_metrics"``, one
+subkey per peer (its public key, ``[owner:ssh-rsa ...]``), value :class:`LocalMetrics`.
+``SchemaValidator`` rejects malformed values and ``RSASignatureValidator`` lets only the key's
+owner write its subkey, so a reader (the coordinator) can attribute every record to a peer.
+A reader must install the same validators (see :func:`metrics_validators`), or ``dht.get``
+never returns the signed values.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from hivemind.dht import DHT
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.validation import RecordValidatorBase
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
+
+# hivemind's SchemaValidator works with pydantic v1 models and requires strict number types.
+from pydantic.v1 import BaseModel, StrictFloat, confloat, conint
+
+METRICS_EXPIRATION_S = 600.0
+
+
+class LocalMetrics(BaseModel):
+    """One peer's training since its previous record, published once per collaboration epoch."""
+
+    step: conint(ge=0, strict=True)  # the collaboration epoch the peer is in
+    samples_per_second: confloat(ge=0.0, strict=True)
+    samples_accumulated: conint(ge=0, strict=True)  # samples processed since the previous record
+    loss: StrictFloat  # mean training loss over those samples
+    mini_steps: conint(ge=0, strict=True)  # local steps since the previous record
+
+
+class MetricSchema(BaseModel):
+    """DHT schema: ``{run_id}_metrics`` maps each peer's public key to its metrics."""
+
+    metrics: Dict[BytesWithPublicKey, LocalMetrics]
+
+
+def metrics_key(run_id: str) -> str:
+    """The DHT key under which a run's peers publish metrics."""
+    return f"{run_id}_metrics"
+
+
+def metrics_validators(run_id: str, private_key: RSAPrivateKey | None = None) -> list[RecordValidatorBase]:
+    """Validators for a DHT that writes or reads a run's metrics.
+
+    Give the peer's own ``private_key``: a DHT signs with the key of the first
+    ``RSASignatureValidator`` it receives and ignores later ones, so this one decides whose
+    records the peer can write (the progress tracker must use the same key).
+    """
+    return [SchemaValidator(MetricSchema, prefix=run_id), RSASignatureValidator(private_key)]
+
+
+def owner_subkey(private_key: RSAPrivateKey) -> bytes:
+    """The subkey a peer writes its signed records under: ``[owner:<its public key>]``."""
+    return RSASignatureValidator(private_key).local_public_key
+
+
+def metrics_publish(dht: DHT, run_id: str, private_key: RSAPrivateKey, metrics: LocalMetrics,
+                    expiration_s: float = METRICS_EXPIRATION_S):
+    """Store this peer's metrics without waiting; returns the store's future."""
+    return dht.store(key=metrics_key(run_id), subkey=owner_subkey(private_key), value=metrics.dict(),
+                     expiration_time=get_dht_time() + expiration_s, return_future=True)
+
+
+def metrics_read(dht: DHT, run_id: str) -> dict[bytes, LocalMetrics]:
+    """Every peer's latest metrics, by owner subkey; records that do not parse are skipped."""
+    found = dht.get(metrics_key(run_id), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return {}
+    records = {}
+    for subkey, entry in found.value.items():
+        if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, dict):
+            try:
+                records[subkey] = LocalMetrics.parse_obj(entry.value)
+            except ValueError:
+                continue
+    return records

@@ -1,0 +1,34 @@
+"""A run's special tokens, and its tokenizer wrapped for `transformers` with them declared.
+
+The portal trains tokenizers with these tokens (``runs.tokenization``) and the agent loads them the
+same way, so this is the one place that names them. `transformers` is imported only when needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4 after training, in this order
+# transformers 5 leaves token_type_ids out by default; ALBERT's sentence-order head needs them.
+MODEL_INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+_DECLARED = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP, "mask_token": MASK}
+
+
+def tokenizer_as_transformers(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """Wrap `tokenizer` for `transformers`, with its pad/unk/cls/sep/mask tokens declared."""
+    from transformers import PreTrainedTokenizerFast  # heavy import, only for the agent and checkpointer
+
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_input_names=list(MODEL_INPUT_NAMES), **_DECLARED)
+
+
+def tokenizer_load(path: Path) -> PreTrainedTokenizerFast:
+    """The run's ``tokenizer.json`` at ``path``, wrapped for `transformers` like :func:`tokenizer_as_transformers`."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), model_input_names=list(MODEL_INPUT_NAMES), **_DECLARED)

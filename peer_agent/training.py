@@ -1,0 +1,352 @@
+"""The collaborative trainer: one volunteer's share of a DeDLOC run on hivemind.
+
+A :class:`Trainer` joins the run's DHT, builds the model and ``hivemind.Optimizer`` (LAMB,
+offloaded to host memory) the way sahajBERT trained, downloads the collaboration's current
+state, and then runs local steps; hivemind averages gradients with the other peers whenever
+the swarm has gathered ``target_batch_size`` samples, and applies one global LAMB step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from hivemind.compression import (
+    CompressionBase,
+    Float16Compression,
+    NoCompression,
+    SizeAdaptiveCompression,
+    Uniform8BitQuantization,
+)
+from hivemind.dht import DHT
+from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.optimizer import Optimizer
+from hivemind.utils.auth import AuthorizerBase
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
+from transformers import PreTrainedTokenizerFast
+
+from peer_agent.data import batches, dataset_stream
+from peer_agent.metrics import LocalMetrics, metrics_publish, metrics_validators, owner_subkey
+from peer_agent.model import model_build, precision_choose
+from peer_agent.optim import Lamb, parameter_groups, schedule_build
+from peer_agent.protocol import Compression, RunConfig
+
+logger = logging.getLogger(__name__)
+
+BAD_STEPS_BEFORE_RELOAD = 3
+SWARM_READ_PERIOD_S = 5.0
+
+
+@dataclass
+class TrainerSetup:
+    """Everything the CLI decides before training: the run, this peer's identity and its machine."""
+
+    config: RunConfig
+    run_id: str  # the run's hivemind key prefix
+    initial_peers: list[str] = field(default_factory=list)
+    client_mode: bool = False  # True when this peer cannot accept incoming connections
+    bandwidth: float | None = None  # declared bandwidth in Mbit/s, for load balancing in all-reduce
+    authorizer: AuthorizerBase | None = None
+    # A key of its own, never RSAPrivateKey.process_wide(): two peers in one process would
+    # otherwise overwrite each other's progress and metrics records.
+    private_key: RSAPrivateKey = field(default_factory=RSAPrivateKey)
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    announce_maddrs: list[str] | None = None  # addresses to advertise, e.g. behind port forwarding
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    threads: int | None = None  # torch CPU threads; None leaves torch's default
+    seed: int = 0  # this peer's data order; give every peer a different one
+    data_files: list[str] | None = None  # the run's text files (data source "files")
+    http_headers: dict[str, str] | None = None  # sent when fetching data files over http(s)
+    progress_refresh_s: float = 10.0  # longest wait between reads of the swarm's progress
+    backup_every: int = 50  # local steps between CPU backups of the parameters (and every epoch)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one local step did."""
+
+    samples: int  # samples that went into the collaboration (0 for a skipped step)
+    loss: float
+    local_epoch: int
+    global_epoch: int
+    samples_per_second: float  # this step's throughput
+    skipped: bool = False  # the loss or gradients were not finite and nothing was contributed
+
+
+@dataclass(frozen=True)
+class SwarmProgress:
+    """What a progress display shows about this peer and the collaboration."""
+
+    local_epoch: int
+    global_epoch: int
+    local_samples_per_second: float  # smoothed over recent steps, as hivemind measures it
+    collaboration_samples_per_second: float | None  # sum over peers' reports; None before the first read
+    samples_accumulated: int  # towards the next global step, over all peers
+    target_batch_size: int
+    num_peers: int  # peers reporting progress now, clients included
+    num_clients: int
+    eta_next_epoch_s: float  # estimated seconds until the next averaging round; inf while unknown
+
+
+def compression_build(name: Compression) -> CompressionBase:
+    """hivemind compression for a config value; "uniform8bit" keeps small tensors in fp16,
+    as hivemind's ALBERT example does, since 8-bit quantization hurts biases and norms most."""
+    if name == "none":
+        return NoCompression()
+    if name == "fp16":
+        return Float16Compression()
+    return SizeAdaptiveCompression(threshold=2**16 + 1, less=Float16Compression(), greater_equal=Uniform8BitQuantization())
+
+
+class Trainer:
+    """One peer of a run: model, data, DHT and ``hivemind.Optimizer``; call :meth:`step` in a loop.
+
+    Construction joins the swarm and downloads the collaboration's state, so a newcomer starts
+    from the current parameters, optimizer statistics and learning-rate schedule. Batches come
+    from the run's data unless ``batch_iterator`` is given.
+    """
+
+    def __init__(self, setup: TrainerSetup, tokenizer: PreTrainedTokenizerFast, *,
+                 batch_iterator: Iterator[dict[str, torch.Tensor]] | None = None):
+        if "." in setup.run_id:
+            raise ValueError(f"run id {setup.run_id!r} contains '.', which hivemind's averagers do not accept")
+        self.setup, config = setup, setup.config
+        if setup.threads:
+            torch.set_num_threads(setup.threads)
+        self.precision = precision_choose(setup.device, config.training.precision)
+        self.model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                 init_seed=zlib.crc32(setup.run_id.encode())).to(setup.device)
+        if batch_iterator is None:
+            stream = dataset_stream(config, data_files=setup.data_files, seed=setup.seed, http_headers=setup.http_headers)
+            batch_iterator = batches(tokenizer, config, stream, config.training.per_device_batch_size, seed=setup.seed)
+        self._batches = batch_iterator
+        # torch's own GradScaler, not hivemind's: that one defers unscaling to the global step and is
+        # made for reuse_grad_buffers=True; with separate accumulators (needed to clip and zero
+        # gradients every step) it would feed still-scaled gradients to LAMB.
+        self.scaler = torch.amp.GradScaler(setup.device.type) if self.precision == "fp16" else None
+
+        self._shut_down = False
+        self.dht = DHT(
+            start=True, initial_peers=setup.initial_peers or None, client_mode=setup.client_mode,
+            host_maddrs=setup.host_maddrs, announce_maddrs=setup.announce_maddrs, authorizer=setup.authorizer,
+            startup_timeout=60,
+            record_validators=metrics_validators(setup.run_id, setup.private_key))
+        try:
+            self.optimizer = optimizer_build(setup, self.dht, self.model)
+        except BaseException:
+            self.dht.shutdown()
+            raise
+        try:
+            logger.info("Loading the collaboration's state from peers (if any)")
+            self.optimizer.load_state_from_peers()
+        except BaseException:
+            self.shutdown()
+            raise
+
+        self._backup: list[torch.Tensor] = []
+        self._backup_epoch, self._steps_since_backup, self._bad_in_a_row = -1, 0, 0
+        self._backup_take()
+        self._published_epoch = self.optimizer.local_epoch
+        self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)
+        self._swarm_read, self._swarm_read_at = None, -math.inf
+        self._collaboration_sps: float | None = None
+
+    def step(self) -> StepResult:
+        """Run one local step: ``gradient_accumulation_steps`` forward/backward passes, clipping and
+        ``hivemind.Optimizer.step`` (which averages and applies a global step when it is time)."""
+        training = self.setup.config.training
+        started = time.perf_counter()
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.setup.device)
+        for _ in range(training.gradient_accumulation_steps):
+            batch = {key: value.to(self.setup.device, non_blocking=True) for key, value in next(self._batches).items()}
+            with self._autocast():
+                loss = self.model(**batch).loss / training.gradient_accumulation_steps
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            loss_sum += loss.detach().float()
+        loss_value = loss_sum.item()
+
+        contributed = math.isfinite(loss_value)
+        if contributed:
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), training.max_grad_norm)
+            if self.scaler:
+                scale = self.scaler.get_scale()
+                self.scaler.step(self.optimizer)  # skips the step when the scaled gradients overflowed
+                self.scaler.update()
+                contributed = self.scaler.get_scale() >= scale
+            elif torch.isfinite(grad_norm):
+                self.optimizer.step()
+            else:
+                contributed = False
+        self.optimizer.zero_grad()
+        if not contributed:
+            self._recover_from_bad_step(loss_value)
+        else:
+            self._bad_in_a_row = 0
+            self._after_good_step(loss_value)
+
+        samples = training.per_device_batch_size * training.gradient_accumulation_steps if contributed else 0
+        elapsed = time.perf_counter() - started
+        return StepResult(samples=samples, loss=loss_value, local_epoch=self.optimizer.local_epoch,
+                          global_epoch=self.optimizer.tracker.global_epoch,
+                          samples_per_second=samples / elapsed if elapsed > 0 else 0.0, skipped=not contributed)
+
+    def progress(self) -> SwarmProgress:
+        """This peer's and the collaboration's progress, from what hivemind last read (never blocks)."""
+        tracker = self.optimizer.tracker
+        swarm = tracker.global_progress
+        self._swarm_read_poll()
+        return SwarmProgress(
+            local_epoch=self.optimizer.local_epoch, global_epoch=swarm.epoch,
+            local_samples_per_second=float(tracker.performance_ema.samples_per_second),
+            collaboration_samples_per_second=self._collaboration_sps,
+            samples_accumulated=swarm.samples_accumulated, target_batch_size=swarm.target_batch_size,
+            num_peers=swarm.num_peers, num_clients=swarm.num_clients,
+            eta_next_epoch_s=max(0.0, swarm.eta_next_epoch - get_dht_time()))
+
+    @property
+    def public_key_subkey(self) -> bytes:
+        """The subkey under which this peer's signed progress and metrics records appear."""
+        return owner_subkey(self.setup.private_key)
+
+    def shutdown(self) -> None:
+        """Say goodbye to the swarm: finish background averaging, stop the optimizer's averagers and
+        tracker, then the DHT. Calling it again does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        try:
+            self.optimizer.shutdown()
+        finally:
+            self.dht.shutdown()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+    def _autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
+        return torch.autocast(device_type=self.setup.device.type, dtype=dtype)
+
+    def _after_good_step(self, loss: float) -> None:
+        training = self.setup.config.training
+        self._unpublished["samples"] += training.per_device_batch_size * training.gradient_accumulation_steps
+        self._unpublished["loss_sum"] += loss
+        self._unpublished["steps"] += 1
+        epoch = self.optimizer.local_epoch
+        if epoch != self._published_epoch:
+            self._metrics_publish(epoch)
+        self._steps_since_backup += 1
+        if epoch != self._backup_epoch or self._steps_since_backup >= self.setup.backup_every:
+            self._backup_take()
+
+    def _metrics_publish(self, epoch: int) -> None:
+        done = self._unpublished
+        metrics = LocalMetrics(
+            step=epoch, samples_per_second=float(self.optimizer.tracker.performance_ema.samples_per_second),
+            samples_accumulated=done["samples"], loss=done["loss_sum"] / done["steps"], mini_steps=done["steps"])
+        metrics_publish(self.dht, self.setup.run_id, self.setup.private_key, metrics)
+        self._published_epoch = epoch
+        self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)
+
+    def _backup_take(self) -> None:
+        with torch.no_grad():
+            params = [param.detach() for param in _flat_params(self.optimizer.param_groups)]
+            if not all(torch.isfinite(param).all() for param in params):
+                return
+            self._backup = [param.to("cpu", copy=True) for param in params]
+        self._backup_epoch, self._steps_since_backup = self.optimizer.local_epoch, 0
+
+    def _recover_from_bad_step(self, loss: float) -> None:
+        self._bad_in_a_row += 1
+        logger.warning("Skipped a step: the loss (%s) or the gradients were not finite", loss)
+        if self.scaler and math.isfinite(loss):
+            return  # fp16 overflow in the gradients: the scaler has lowered the loss scale
+        if self._bad_in_a_row >= BAD_STEPS_BEFORE_RELOAD and self.optimizer.tracker.global_progress.num_peers > 1:
+            logger.warning("%d bad steps in a row: downloading the collaboration's state again", self._bad_in_a_row)
+            self.optimizer.load_state_from_peers()
+            self._bad_in_a_row = 0
+            return
+        self._backup_restore()
+
+    @torch.no_grad()
+    def _backup_restore(self) -> None:
+        """Put the last good parameters back, in the model and in the offloaded optimizer's copy
+        (which hivemind would otherwise copy back over the model at the next global step)."""
+        model_params, offloaded = _flat_params(self.optimizer.param_groups), _flat_params(self.optimizer.opt.param_groups)
+        for model_param, optimizer_param, saved in zip(model_params, offloaded, self._backup, strict=True):
+            model_param.copy_(saved)
+            optimizer_param.copy_(saved)
+        logger.warning("Restored the parameters saved at epoch %d", self._backup_epoch)
+
+    def _swarm_read_poll(self) -> None:
+        """Sum the peers' reported throughput from the progress records, refreshed in the background."""
+        if self._swarm_read is not None and self._swarm_read.done():
+            with contextlib.suppress(Exception):
+                found = self._swarm_read.result()
+                entries = found.value.values() if found is not None and isinstance(found.value, dict) else ()
+                self._collaboration_sps = sum(
+                    float(entry.value.get("samples_per_second", 0.0)) for entry in entries
+                    if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, dict))
+            self._swarm_read = None
+        if self._swarm_read is None and time.monotonic() - self._swarm_read_at >= SWARM_READ_PERIOD_S:
+            self._swarm_read_at = time.monotonic()
+            self._swarm_read = self.dht.get(f"{self.setup.run_id}_progress", latest=True, return_future=True)
+
+
+def _flat_params(param_groups) -> list[torch.Tensor]:
+    return [param for group in param_groups for param in group["params"]]
+
+
+def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Optimizer:
+    """``hivemind.Optimizer`` with LAMB and the run's averaging settings.
+
+    In hivemind 1.1.12 ``averager_opts`` reach only the state averager, so the declared
+    bandwidth and group size go to the gradient averager (where DeDLOC's bandwidth-aware
+    partitioning matters most) through ``grad_averager_factory``. ``client_mode`` must equal
+    the DHT's: the Optimizer replaces an explicit value with ``dht.client_mode`` anyway.
+
+    ``delay_updates`` (delayed parameter updates) delays the optimizer step and gradient
+    averaging; parameter averaging always runs in the background, as hivemind defaults to:
+    done in line, each epoch holds two matchmaking rounds in a row, and two peers that fall half
+    an epoch apart (one averaging gradients while the other averages parameters) keep missing
+    each other until the collaboration is split for good.
+    """
+    training, averaging = setup.config.training, setup.config.averaging
+    delay = averaging.delay_updates
+    # Matchmaking requests must time out well before a matchmaking round ends.
+    averager_opts = dict(bandwidth=setup.bandwidth, target_group_size=averaging.target_group_size,
+                         request_timeout=min(3.0, averaging.matchmaking_time / 2))
+    return Optimizer(
+        dht=dht, run_id=setup.run_id,
+        params=parameter_groups(model, training.weight_decay),
+        optimizer=partial(Lamb, lr=training.learning_rate, weight_decay=training.weight_decay,
+                          clamp_value=training.clamp_value, eps=1e-6, debias=True),
+        scheduler=partial(schedule_build, warmup_steps=training.warmup_steps, total_steps=training.total_steps),
+        target_batch_size=training.target_batch_size,
+        batch_size_per_step=training.per_device_batch_size * training.gradient_accumulation_steps,
+        offload_optimizer=True,
+        delay_optimizer_step=delay, delay_grad_averaging=delay, delay_state_averaging=True,
+        grad_compression=compression_build(averaging.grad_compression),
+        state_averaging_compression=compression_build(averaging.state_compression),
+        matchmaking_time=averaging.matchmaking_time, averaging_timeout=averaging.averaging_timeout,
+        client_mode=setup.client_mode,
+        grad_averager_factory=partial(GradientAverager, **averager_opts),
+        averager_opts=averager_opts,
+        tracker_opts=dict(private_key=setup.private_key, max_refresh_period=setup.progress_refresh_s),
+        verbose=False,
+    )

@@ -1,0 +1,151 @@
+"""Real hivemind peers on loopback training a tiny ALBERT together."""
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.timed_storage import get_dht_time
+
+from peer_agent.metrics import LocalMetrics, metrics_key, metrics_read
+from peer_agent.training import Trainer, TrainerSetup
+
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
+
+STEP_TIME_S = 0.25  # stands in for compute, so the swarm's progress reads keep up as they would on real hardware
+DEADLINE_S = 120
+
+
+@pytest.fixture
+def make_trainer(tiny_config, tokenizer, corpus_file):
+    """``make_trainer(seed, joins=other_trainer, client_mode=...)``; every trainer is shut down after the test."""
+    trainers = []
+
+    def make(seed, *, joins=None, client_mode=False):
+        setup = TrainerSetup(
+            config=tiny_config(), run_id="test_run", client_mode=client_mode,
+            initial_peers=[str(addr) for addr in joins.dht.get_visible_maddrs()] if joins else [],
+            private_key=RSAPrivateKey(), host_maddrs=["/ip4/127.0.0.1/tcp/0"], threads=1, seed=seed,
+            data_files=[str(corpus_file)], progress_refresh_s=1.0, bandwidth=100.0)
+        trainers.append(Trainer(setup, tokenizer))
+        return trainers[-1]
+
+    yield make
+    for trainer in trainers:
+        trainer.shutdown()
+
+
+def train_together(trainers, epochs):
+    """Step every trainer in its own thread until all reach ``epochs``; the step results of each."""
+    results = [[] for _ in trainers]
+    errors = []
+
+    def run(index, trainer):
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            while min(t.optimizer.local_epoch for t in trainers) < epochs and time.monotonic() < deadline:
+                time.sleep(STEP_TIME_S)
+                results[index].append(trainer.step())
+                trainer.progress()  # polls the swarm's throughput in the background
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(trainers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def assert_same_parameters(trainers, atol=5e-3):
+    for trainer in trainers:
+        trainer.shutdown()  # applies the last parameter averaging, which runs in the background
+    flats = [_flat(trainer.model) for trainer in trainers]
+    gap = max((flat - flats[0]).abs().max().item() for flat in flats)
+    epochs = [trainer.optimizer.local_epoch for trainer in trainers]
+    assert gap <= atol, f"parameters differ by up to {gap:.4f} at epochs {epochs}"
+
+
+def _flat(model):
+    return torch.cat([param.detach().flatten() for param in model.parameters()]).clone()
+
+
+def test_two_peers_average_to_the_same_parameters_and_their_loss_falls(make_trainer):
+    first = make_trainer(seed=1)
+    second = make_trainer(seed=2, joins=first)
+    assert torch.equal(_flat(first.model), _flat(second.model)), "a newcomer starts from the swarm's parameters"
+
+    results = train_together([first, second], epochs=8)
+
+    assert min(first.optimizer.tracker.global_epoch, second.optimizer.tracker.global_epoch) >= 8
+    losses = [[result.loss for result in peer] for peer in results]
+    early = sum(sum(peer[:5]) for peer in losses) / 10
+    late = sum(sum(peer[-5:]) for peer in losses) / 10
+    assert late < early - 0.1, f"loss went from {early:.3f} to {late:.3f}"
+    assert all(result.samples == 4 and not result.skipped for peer in results for result in peer)
+
+    progress = first.progress()
+    assert progress.num_peers == 2 and progress.target_batch_size == 32 and progress.local_samples_per_second > 0
+    assert progress.collaboration_samples_per_second > 0 and progress.eta_next_epoch_s >= 0
+
+    # Both took part in the last round, which averaged gradients and then parameters in fp16.
+    assert_same_parameters([first, second])
+
+
+def test_a_latecomer_starts_from_the_swarms_state_and_every_peer_signs_its_metrics(make_trainer):
+    first = make_trainer(seed=1)
+    train_together([first], epochs=2)
+    second = make_trainer(seed=2, joins=first)
+    assert second.optimizer.local_epoch == first.optimizer.local_epoch >= 2
+    assert torch.equal(_flat(second.model), _flat(first.model))
+
+    train_together([first, second], epochs=second.optimizer.local_epoch + 2)
+
+    records = metrics_read(second.dht, "test_run")
+    assert set(records) == {first.public_key_subkey, second.public_key_subkey}
+    for record in records.values():
+        assert record.step >= 1 and record.samples_accumulated > 0 and record.mini_steps > 0
+        assert math.isfinite(record.loss) and record.samples_per_second > 0
+
+    forged = LocalMetrics(step=99, samples_per_second=1e6, samples_accumulated=10**6, loss=0.0, mini_steps=1)
+    stored = first.dht.store(metrics_key("test_run"), subkey=second.public_key_subkey, value=forged.dict(),
+                             expiration_time=get_dht_time() + 60)
+    assert not stored, "a peer cannot write metrics under another peer's key"
+    assert metrics_read(first.dht, "test_run")[second.public_key_subkey].step != 99
+
+
+def test_a_client_mode_peer_trains_alongside_a_full_peer(make_trainer):
+    full = make_trainer(seed=1)
+    client = make_trainer(seed=2, joins=full, client_mode=True)
+    assert client.dht.client_mode and client.optimizer.client_mode and not full.optimizer.client_mode
+
+    results = train_together([full, client], epochs=4)
+
+    assert client.optimizer.local_epoch >= 4 and full.optimizer.local_epoch >= 4
+    assert sum(result.samples for result in results[1]) > 0
+    assert client.progress().num_clients == 1
+    # hivemind leaves clients out of the global epoch, so a client that got ahead while the two
+    # could not yet see each other stays ahead by an epoch; the parameters still agree.
+    assert_same_parameters([full, client])
+
+
+def test_a_non_finite_loss_is_skipped_and_the_last_good_parameters_restored(make_trainer):
+    trainer = make_trainer(seed=1)
+    assert trainer.step().samples == 4
+    good = _flat(trainer.model)
+
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("nan"))
+    result = trainer.step()
+
+    assert result.skipped and result.samples == 0 and not math.isfinite(result.loss)
+    assert torch.equal(_flat(trainer.model), good)
+    in_model = [param for group in trainer.optimizer.param_groups for param in group["params"]]
+    offloaded = [param for group in trainer.optimizer.opt.param_groups for param in group["params"]]
+    assert all(torch.equal(a, b) for a, b in zip(in_model, offloaded)), "hivemind's offloaded copy is restored too"
+    assert math.isfinite(trainer.step().loss)
