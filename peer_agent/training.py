@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import time
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -146,7 +147,11 @@ class Trainer:
             raise
         try:
             logger.info("Loading the collaboration's state from peers (if any)")
-            self.optimizer.load_state_from_peers()
+            with warnings.catch_warnings():
+                # hivemind fast-forwards the schedule to the swarm's epoch before our first step; torch
+                # mistakes that for calling the scheduler and the optimizer in the wrong order.
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                self.optimizer.load_state_from_peers()
         except BaseException:
             self.shutdown()
             raise
