@@ -24,7 +24,7 @@ import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -60,7 +60,7 @@ def rsa_public_key_parse(key: bytes | str) -> RSAPublicKey:
 
 def expiration_format(timestamp: float) -> str:
     """Write a POSIX time as tokens carry it: naive UTC, ISO 8601, e.g. ``2025-01-31 12:30:00.000000``."""
-    moment = datetime.fromtimestamp(timestamp, timezone.utc).replace(tzinfo=None)
+    moment = datetime.fromtimestamp(timestamp, UTC).replace(tzinfo=None)
     return moment.isoformat(sep=" ", timespec="microseconds")
 
 
@@ -69,7 +69,7 @@ def expiration_parse(text: str) -> float:
     moment = datetime.fromisoformat(text)
     if moment.tzinfo is not None:
         raise ValueError(f"expiration_time must be naive UTC, got {text!r}")
-    return moment.replace(tzinfo=timezone.utc).timestamp()
+    return moment.replace(tzinfo=UTC).timestamp()
 
 
 def access_token_payload(token: AccessToken) -> bytes:

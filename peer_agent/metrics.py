@@ -10,8 +10,6 @@ never returns the signed values.
 
 from __future__ import annotations
 
-from typing import Dict
-
 from hivemind.dht import DHT
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
@@ -38,7 +36,7 @@ class LocalMetrics(BaseModel):
 class MetricSchema(BaseModel):
     """DHT schema: ``{run_id}_metrics`` maps each peer's public key to its metrics."""
 
-    metrics: Dict[BytesWithPublicKey, LocalMetrics]
+    metrics: dict[BytesWithPublicKey, LocalMetrics]
 
 
 def metrics_key(run_id: str) -> str:

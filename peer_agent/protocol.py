@@ -7,7 +7,7 @@ This module imports only pydantic and the standard library so that both sides ca
 
 import json
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -317,7 +317,7 @@ class HivemindAccess(_Schema):
     @property
     def expires_at(self) -> datetime:
         """The expiry as an aware datetime."""
-        return datetime.fromisoformat(self.expiration_time).replace(tzinfo=timezone.utc)
+        return datetime.fromisoformat(self.expiration_time).replace(tzinfo=UTC)
 
     def access_token_fields(self) -> dict[str, Any]:
         """Keyword arguments for ``hivemind.proto.auth_pb2.AccessToken``."""

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ class Reporter:
         """Spool a report of the work since the previous one, and send it when connected."""
         report = Report(session_id=self.spool.session_id, seq=self.spool.next_seq, samples=samples, steps=steps,
                         local_epoch=local_epoch, loss=loss, samples_per_second=min(samples_per_second, 1e6),
-                        sent_at=datetime.now(timezone.utc))
+                        sent_at=datetime.now(UTC))
         self.spool.add(report)
         if self._loop is not None and self._thread.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the report stays spooled
@@ -148,7 +148,7 @@ class Reporter:
                                                                     "the agent token is not valid for it any more"))
                     break
                 problem = f"HTTP {status}"
-            except (OSError, TimeoutError, asyncio.TimeoutError, ConnectionClosed, InvalidHandshake, InvalidURI) as exc:
+            except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, InvalidURI) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             attempt += 1
             delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s)
@@ -157,7 +157,7 @@ class Reporter:
                 problem, len(delivery.spool.pending()), delay)
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if not delivery.current and not delivery.spool.pending():
             logger.info("Delivered every report of earlier session %d", session_id)

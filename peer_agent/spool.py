@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,7 @@ class Spool:
                 lock_file.close()
                 raise FileNotFoundError(path)
             header = {"type": "session", "session_id": session_id, "report_url": report_url, "run": run,
-                      "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                      "created_at": datetime.now(UTC).isoformat(timespec="seconds")}
             _write_atomically(path, [json.dumps(header)])
         _cut_torn_tail(path)
         header, summary = spool_read(path)

@@ -78,7 +78,7 @@ TEMPLATES = [
 # --- storage -----------------------------------------------------------------------------------
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'portal.sqlite3'}")
-if not DATABASE_URL.split(":", 1)[0] in {"sqlite", "postgres", "postgresql"}:
+if DATABASE_URL.split(":", 1)[0] not in {"sqlite", "postgres", "postgresql"}:
     raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r}: only sqlite:// and postgres:// are supported")
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0, minimum=0))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

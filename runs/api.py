@@ -12,7 +12,14 @@ from portal.errors import ApiError
 from runs import selectors
 from runs.leaderboard import leaderboard_rows
 from runs.models import Run, TrainingSession
-from runs.sessions import JoinRefused, data_file_for_url_token, data_file_url_token, run_join_refusal, session_open, session_refresh
+from runs.sessions import (
+    JoinRefused,
+    data_file_for_url_token,
+    data_file_url_token,
+    run_join_refusal,
+    session_open,
+    session_refresh,
+)
 
 router = Router(tags=["runs"])
 

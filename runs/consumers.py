@@ -10,6 +10,7 @@ from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
 from peer_agent.protocol import Ack, ErrorFrame, ProtocolError, Report, parse_client_frame
 from runs import ingest
+from runs.models import Run
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if created:
             await self._mark_seen(report.session_id)
         await self.send(Ack(seq=report.seq).model_dump_json())
+        if session.run.status == Run.Status.PAUSED:
+            # Work done before the pause counts; the notice tells the agent to stop and wait.
+            await self._send_error(None, "run_paused", f"run “{session.run.slug}” is paused by its organizer; the agent will retry every 60 s")
 
     def _within_rate(self) -> bool:
         now = time.monotonic()

@@ -14,8 +14,9 @@ def run_list_public() -> QuerySet[Run]:
 
 
 def tokenizer_try(*, run: Run, text: str) -> list[str]:
-    from runs.tokenization import tokenizer_try as tokenize
     from tokenizers import Tokenizer
+
+    from runs.tokenization import tokenizer_try as tokenize
 
     with run.tokenizer_file.open("rb") as handle:
         tokenizer = Tokenizer.from_str(handle.read().decode())

@@ -4,60 +4,23 @@ for a while. Every report is counted exactly once, and the collaboration keeps s
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 from django.db.models import Max, Sum
 
 from accounts.services import token_create
 from peer_agent.spool import spool_files, spool_read
-from runs import services
-from runs.coordinator import Coordinator
-from runs.corpus import corpus_lines
-from runs.forms import preset_config
 from runs.models import ContributionEvent, TrainingSession
-from tests.factories import RunFactory, UserFactory
+from tests.e2e.agents import agent, small_run, wait_for
+from tests.factories import UserFactory
 from tests.netcut import CuttableLink
+from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def small_run(organizer):
-    config = preset_config("tiny").model_dump(mode="json")
-    config["data"].update(max_seq_length=64, shuffle_buffer=200)
-    config["tokenizer"]["vocab_size"] = 800
-    config["training"].update(target_batch_size=32, per_device_batch_size=8)
-    config["averaging"].update(matchmaking_time=1.5, averaging_timeout=15.0)
-    run = RunFactory(slug="e2e-run", status="draft", tokenizer_status="missing", organizers=[organizer], config=config)
-    services.data_file_add(run=run, actor=organizer, name="corpus.txt", content="\n".join(corpus_lines(n_lines=3000)).encode())
-    services.tokenizer_train(run_id=run.pk)
-    services.run_transition(run=run, actor=organizer, action="activate")
-    return run
-
-
-def agent(server: str, secret: str, home: Path, runtime: str) -> subprocess.Popen:
-    env = {
-        **os.environ, "PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1",
-        "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0", "PEER_AGENT_CLIENT_MODE": "off", "PEER_AGENT_REPORT_INTERVAL": "2",
-    }
-    command = [sys.executable, "-m", "peer_agent", "join", "--portal", server, "e2e-run", "--max-runtime", runtime]
-    log = open(home.parent / f"{home.name}.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(1)
-
-
-def assert_counted_exactly_once(home: Path) -> int:
+def assert_counted_exactly_once(home) -> int:
     """Every session the agent spooled: nothing pending, and the portal holds exactly what was acked."""
     total = 0
     for path in spool_files(home / "spool"):
@@ -68,15 +31,6 @@ def assert_counted_exactly_once(home: Path) -> int:
         assert (stored.aggregate(total=Sum("samples"))["total"] or 0) == summary.acked_samples
         total += summary.acked_samples
     return total
-
-
-@pytest.fixture
-def coordinator(settings, tmp_path):
-    settings.COORDINATOR_STATE_DIR = str(tmp_path / "coordinator")
-    coordinator = Coordinator(interval=1.0)
-    yield coordinator
-    for peer in coordinator.peers.values():
-        peer.shutdown()
 
 
 def test_agents_train_through_a_kill_and_a_portal_outage_and_every_report_counts_once(
@@ -112,8 +66,7 @@ def test_agents_train_through_a_kill_and_a_portal_outage_and_every_report_counts
         for process in processes.values():
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-        for child in psutil.Process().children(recursive=True):
-            child.kill()
+        children_reap()
 
     assert TrainingSession.objects.filter(user=amina).count() == 2, "the restarted agent joined as a new session"
     amina_total = assert_counted_exactly_once(homes["amina"])

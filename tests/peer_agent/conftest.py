@@ -2,17 +2,16 @@
 config, and a reaper for the processes hivemind leaves behind. Nothing here needs Django."""
 
 import random
-from contextlib import suppress
 
-import psutil
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from peer_agent.protocol import RunConfig
+from peer_agent.tokenizer import SPECIAL_TOKENS
+from tests.processes import children_reap
 
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "our neighbour", "the farmer"]
 VERBS = ["eats", "sees", "likes", "finds", "paints", "carries"]
 OBJECTS = ["an apple", "the river", "a small house", "the red ball", "some bread", "a green boat"]
@@ -20,29 +19,9 @@ OBJECTS = ["an apple", "the river", "a small house", "the red ball", "some bread
 
 @pytest.fixture
 def reap_children():
-    """Kill the child processes (DHT, averagers, p2pd) a test leaves running once its peers are shut down.
-
-    torch's shared-memory manager is spared: hivemind switches torch to the "file_system" sharing
-    strategy, and tensors freed later in this process still need the manager (killing it aborts
-    the interpreter with "Broken pipe").
-    """
+    """Kill the child processes (DHT, averagers, p2pd) a test leaves running once its peers are shut down."""
     yield
-    children = [child for child in psutil.Process().children(recursive=True) if _name(child) != "torch_shm_manager"]
-    _, alive = psutil.wait_procs(children, timeout=2)
-    for child in alive:
-        with suppress(psutil.NoSuchProcess):
-            child.terminate()
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    for child in alive:
-        with suppress(psutil.NoSuchProcess):
-            child.kill()
-
-
-def _name(process: psutil.Process) -> str:
-    try:
-        return process.name()
-    except psutil.NoSuchProcess:
-        return ""
+    children_reap()
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -252,7 +252,7 @@ def make_access(**changes) -> dict:
 def test_hivemind_access_mirrors_the_access_token_fields():
     access = HivemindAccess.model_validate(make_access())
     assert access.expiration_time == "2030-01-01 12:30:00.123456"  # signed text, kept verbatim
-    assert access.expires_at == datetime(2030, 1, 1, 12, 30, 0, 123456, tzinfo=timezone.utc)
+    assert access.expires_at == datetime(2030, 1, 1, 12, 30, 0, 123456, tzinfo=UTC)
     assert access.access_token_fields() == {"username": "vik", "public_key": PEER_KEY.encode(),
                                             "expiration_time": access.expiration_time,
                                             "signature": b"c2lnbmF0dXJl"}
@@ -298,7 +298,7 @@ def report_frame(**changes) -> dict:
 def test_a_valid_report_is_parsed():
     report = parse_client_frame(json.dumps(report_frame()))
     assert (report.session_id, report.seq, report.samples, report.loss) == (3, 1, 128, 7.25)
-    assert report.sent_at == datetime(2025, 5, 1, 12, tzinfo=timezone.utc)
+    assert report.sent_at == datetime(2025, 5, 1, 12, tzinfo=UTC)
 
 
 def test_a_report_without_loss_and_with_integer_throughput_is_valid():
@@ -308,7 +308,7 @@ def test_a_report_without_loss_and_with_integer_throughput_is_valid():
 
 def test_a_report_the_agent_builds_survives_the_wire():
     report = Report(session_id=1, seq=2, samples=0, steps=0, local_epoch=0, loss=None,
-                    samples_per_second=0.0, sent_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+                    samples_per_second=0.0, sent_at=datetime.now(UTC) - timedelta(seconds=1))
     assert parse_client_frame(report.model_dump_json()) == report
 
 
@@ -414,7 +414,7 @@ def test_live_snapshot_round_trips_through_json():
     snapshot = LiveSnapshot(
         leaderboard=[{"rank": 1, "name": "vik", "samples": 1024, "credit_provisional": 12.0,
                       "credit_verified": 100.5, "share": 0.75, "machines": 2,
-                      "last_seen": datetime(2025, 5, 1, tzinfo=timezone.utc)}],
+                      "last_seen": datetime(2025, 5, 1, tzinfo=UTC)}],
         samples_per_second=88.0, alive_peers=3, epoch=41, loss=None)
     assert snapshot.model_dump(mode="json")["type"] == "snapshot"
     assert LiveSnapshot.model_validate_json(snapshot.model_dump_json()) == snapshot

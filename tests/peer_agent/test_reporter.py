@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -262,10 +263,10 @@ def test_a_spool_in_use_by_another_agent_is_left_alone(tmp_path):
 
 
 def report(session_id: int, seq: int, samples: int = 1) -> Report:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     return Report(session_id=session_id, seq=seq, samples=samples, steps=1, local_epoch=0, loss=None,
-                  samples_per_second=1.0, sent_at=datetime.now(timezone.utc))
+                  samples_per_second=1.0, sent_at=datetime.now(UTC))
 
 
 def test_a_half_written_last_line_is_cut_off_on_open(tmp_path):

@@ -124,10 +124,22 @@ def test_reports_for_a_finished_run_are_refused(session):
     assert exchange(session.secret, [report(session.pk, 1)])[0]["code"] == "run_finished"
 
 
-def test_a_paused_run_still_counts_work_done_before_the_pause(session):
+def test_a_paused_run_counts_work_done_before_the_pause_and_tells_the_agent_to_wait(session):
     session.run.status = "paused"
     session.run.save()
-    assert exchange(session.secret, [report(session.pk, 1)]) == [{"type": "ack", "seq": 1}]
+
+    async def run() -> list[dict]:
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {session.secret}".encode())])
+        await communicator.connect()
+        await communicator.send_to(text_data=json.dumps(report(session.pk, 1)))
+        answers = [json.loads(await communicator.receive_from(timeout=10)) for _ in range(2)]
+        await communicator.disconnect()
+        return answers
+
+    ack, notice = async_to_sync(run)()
+    assert ack == {"type": "ack", "seq": 1}
+    assert (notice["type"], notice["code"], notice["seq"]) == ("error", "run_paused", None)
+    assert total(session) == 32
 
 
 @pytest.mark.parametrize("header", [None, b"Bearer nope", b"Basic abc"])

@@ -4,7 +4,6 @@ peer id across restarts; agents holding portal tokens bootstrap from it."""
 import datetime
 import time
 
-import psutil
 import pytest
 from django.conf import settings as django_settings
 from hivemind.utils.crypto import RSAPrivateKey
@@ -13,6 +12,7 @@ from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from runs.authority import access_token_sign, authority_load
 from runs.coordinator import Coordinator
 from tests.factories import RunFactory
+from tests.processes import children_reap
 from tests.runs.test_swarm_auth import running_dht
 
 pytestmark = [pytest.mark.swarm, pytest.mark.django_db(transaction=True)]
@@ -31,9 +31,7 @@ def coordinator(settings, tmp_path):
     for made in coordinators:
         for peer in made.peers.values():
             peer.shutdown()
-    for child in psutil.Process().children(recursive=True):
-        if "p2pd" in " ".join(child.cmdline()):
-            child.kill()
+    children_reap()
 
 
 def volunteer_authorizer(run, username="vik"):

@@ -1,0 +1,44 @@
+"""Starting real peer agents through the CLI against a test portal."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runs import services
+from runs.corpus import corpus_lines
+from runs.forms import preset_config
+from tests.factories import RunFactory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_run(organizer):
+    config = preset_config("tiny").model_dump(mode="json")
+    config["data"].update(max_seq_length=64, shuffle_buffer=200)
+    config["tokenizer"]["vocab_size"] = 800
+    config["training"].update(target_batch_size=32, per_device_batch_size=8)
+    config["averaging"].update(matchmaking_time=1.5, averaging_timeout=15.0)
+    run = RunFactory(slug="e2e-run", status="draft", tokenizer_status="missing", organizers=[organizer], config=config)
+    services.data_file_add(run=run, actor=organizer, name="corpus.txt", content="\n".join(corpus_lines(n_lines=3000)).encode())
+    services.tokenizer_train(run_id=run.pk)
+    services.run_transition(run=run, actor=organizer, action="activate")
+    return run
+
+
+def agent(server: str, secret: str, home: Path, runtime: str) -> subprocess.Popen:
+    env = {
+        **os.environ, "PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1",
+        "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0", "PEER_AGENT_CLIENT_MODE": "off", "PEER_AGENT_REPORT_INTERVAL": "2",
+    }
+    command = [sys.executable, "-m", "peer_agent", "join", "--portal", server, "e2e-run", "--max-runtime", runtime]
+    log = open(home.parent / f"{home.name}.log", "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
