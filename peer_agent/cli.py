@@ -131,7 +131,7 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
 def check_command(args: argparse.Namespace, console: Console) -> int:
     import tempfile
 
-    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure, reachable
+    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe, reachable
     from peer_agent.model import precision_choose, precision_describe
 
     settings = settings_from_args(args)
@@ -143,9 +143,10 @@ def check_command(args: argparse.Namespace, console: Console) -> int:
                 with tempfile.TemporaryDirectory() as scratch:
                     url = f"{settings.portal}/api/v1/runs/{settings.run}/tokenizer.json"
                     try:
-                        measurement = measure(portal, url, Path(scratch) / "tokenizer.json")
-                    except PortalRefused as exc:
-                        print(f"Bandwidth not measured: {exc.detail}")
+                        measurement = measure_probe(
+                            portal, lambda: portal.download(url, Path(scratch) / "tokenizer.json", authorize=True))
+                    except PortalError as exc:
+                        print(f"Bandwidth not measured: {exc}")
     device = device_resolve(settings.device)
     precision = precision_choose(device, config.training.precision)
     info = device_info(device, precision)

@@ -32,6 +32,7 @@ from peer_agent.portal import (
     SESSION_OVER_CODES,
     AccessRefresher,
     PortalClient,
+    PortalError,
     PortalRefused,
     PortalUnavailable,
     RunWatcher,
@@ -151,7 +152,7 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     from hivemind.utils.crypto import RSAPrivateKey
 
     from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
-    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measurement_from_download, reachable
+    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe, reachable
     from peer_agent.model import precision_choose, precision_describe
     from peer_agent.training import Trainer, TrainerSetup
 
@@ -170,14 +171,19 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     logger.info("Joined run “%s” as session %d", settings.run, joined.session_id)
     config = _config_for_machine(joined.config, settings)
     files = settings.resolved_cache_dir() / joined.run_id
-    measurement = measurement_from_download(portal.download(joined.tokenizer_url, files / "tokenizer.json", authorize=True),
-                                            "tokenizer.json")
+    tokenizer = portal.download(joined.tokenizer_url, files / "tokenizer.json", authorize=True)
+    try:
+        measurement = measure_probe(portal, lambda: tokenizer)
+    except PortalError as exc:  # the bandwidth declared is advice for load balancing: train without it
+        logger.warning("Could not time transfers to the portal: %s", exc)
+        measurement = None
     data_files = _data_files(portal, joined.data_files, files / "data") if config.data.source == "files" else None
     bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
     announce = [settings.announce] if settings.announce else None
     client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode,
                                           reachable([settings.host], announce))
-    logger.info("Bandwidth: %s; declaring %.1f Mbit/s: %s", measurement.describe(), bandwidth, source)
+    logger.info("Bandwidth: %s; declaring %.1f Mbit/s: %s", measurement.describe() if measurement else "not measured",
+                bandwidth, source)
     logger.info("Client mode %s: %s", "on" if client_mode else "off", why)
     logger.info("Training on %s in %s", device, precision_describe(precision_choose(device, config.training.precision)))
 

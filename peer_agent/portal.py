@@ -1,4 +1,5 @@
-"""The portal's JSON API as the agent uses it: who am I, join a run, refresh access, download files.
+"""The portal's JSON API as the agent uses it: who am I, join a run, refresh access, download files,
+time transfers to and from the portal's bandwidth probes.
 
 Connection errors and 5xx answers are retried with exponential backoff and jitter; a 4xx answer
 is the portal's decision and becomes :class:`PortalRefused` carrying its ``{"error": {"code",
@@ -8,6 +9,7 @@ is the portal's decision and becomes :class:`PortalRefused` carrying its ``{"err
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -71,12 +73,18 @@ class StopReason:
 
 
 @dataclass(frozen=True)
-class Download:
-    """A finished download: where it went, its size and how long the transfer took."""
+class Transfer:
+    """Bytes moved to or from the portal and how long it took, from sending the request to the last byte."""
 
-    path: Path
     size: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class Download(Transfer):
+    """A finished download of a file, and where it went."""
+
+    path: Path
 
 
 class PortalClient:
@@ -143,12 +151,24 @@ class PortalClient:
                                 size += len(chunk)
                         seconds = time.perf_counter() - started
                         partial.replace(dest)
-                        return Download(dest, size, seconds)
+                        return Download(size=size, seconds=seconds, path=dest)
                     problem = f"HTTP {response.status_code}"
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             self._wait_before_retry(attempt, f"GET {_without_query(url)}", problem)
         raise PortalUnavailable(f"could not download {_without_query(url)} from the portal: {problem}")
+
+    def probe_download(self, size: int) -> Transfer:
+        """Time a download of ``size`` random bytes from the portal (counted as they came over the wire)."""
+        response, seconds = self._timed_request("GET", "/api/v1/probe/download", authorize=True, params={"size": size})
+        return Transfer(response.num_bytes_downloaded, seconds)
+
+    def probe_upload(self, size: int) -> Transfer:
+        """Time an upload of ``size`` random bytes to the portal, until it answered that it had them all."""
+        body = os.urandom(size)
+        _, seconds = self._timed_request("POST", "/api/v1/probe/upload", authorize=True, content=body,
+                                         headers={"Content-Type": "application/octet-stream"})
+        return Transfer(size, seconds)
 
     def _auth_headers(self, url: str) -> dict[str, str]:
         if self.token is None:
@@ -158,16 +178,22 @@ class PortalClient:
         return {"Authorization": f"Bearer {self.token}"}
 
     def _request(self, method: str, path: str, *, authorize: bool = False, **kwargs: Any) -> httpx.Response:
+        return self._timed_request(method, path, authorize=authorize, **kwargs)[0]
+
+    def _timed_request(self, method: str, path: str, *, authorize: bool = False, headers: dict[str, str] | None = None,
+                       **kwargs: Any) -> tuple[httpx.Response, float]:
+        """The answer, read whole, and the seconds its (last) attempt took."""
         url = self.portal_url + path
-        headers = self._auth_headers(url) if authorize else {}
+        headers = {**(headers or {}), **(self._auth_headers(url) if authorize else {})}
         for attempt in range(1, self.attempts + 1):
+            started = time.perf_counter()
             try:
                 response = self._http.request(method, url, headers=headers, **kwargs)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
                 if response.status_code < 400:
-                    return response
+                    return response, time.perf_counter() - started
                 if response.status_code < 500:
                     raise _refusal(response)
                 problem = f"HTTP {response.status_code}"

@@ -1,8 +1,10 @@
-"""Run endpoints: the public listing, and joining, refreshing and data for peer agents."""
+"""Run endpoints: the public listing, and joining, refreshing, data and bandwidth probes for peer agents."""
 
+import functools
+import os
 from typing import Literal
 
-from django.http import FileResponse, HttpRequest
+from django.http import FileResponse, HttpRequest, HttpResponse
 from ninja import Router, Schema
 
 from accounts.auth import AgentBearer
@@ -136,6 +138,50 @@ def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     if data_file.pk != file_id:
         raise ApiError(404, "not_found", "this data link is not valid")
     return FileResponse(data_file.file.open("rb"), content_type="text/plain; charset=utf-8")
+
+
+PROBE_DOWNLOAD_MAX = 8 << 20
+PROBE_DOWNLOAD_DEFAULT = 4 << 20
+PROBE_UPLOAD_MAX = 2 << 20
+
+
+@functools.cache
+def _probe_bytes() -> bytes:
+    """Random, so that no proxy can compress the transfer and fake the rate; drawn once per process."""
+    return os.urandom(PROBE_DOWNLOAD_MAX)
+
+
+class ProbeUploadOut(Schema):
+    bytes: int
+
+
+@router.get("/probe/download", auth=AgentBearer(), summary="Bytes for an agent to time its download",
+            response={200: None})
+def probe_download(request: HttpRequest, size: int = PROBE_DOWNLOAD_DEFAULT):
+    if not 1 <= size <= PROBE_DOWNLOAD_MAX:
+        raise ApiError(400, "invalid_size", f"size must be between 1 and {PROBE_DOWNLOAD_MAX} bytes, not {size}")
+    response = HttpResponse(memoryview(_probe_bytes())[:size], content_type="application/octet-stream")
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@router.post("/probe/upload", auth=AgentBearer(), response=ProbeUploadOut,
+             summary="Receive bytes from an agent timing its upload")
+def probe_upload(request: HttpRequest):
+    """Count the raw body in chunks: ``request.body`` would raise past DATA_UPLOAD_MAX_MEMORY_SIZE."""
+    too_big = ApiError(413, "probe_too_large", f"upload at most {PROBE_UPLOAD_MAX} bytes to the probe")
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise ApiError(400, "invalid_request", "Content-Length must be a number of bytes") from None
+    if declared > PROBE_UPLOAD_MAX:
+        raise too_big
+    received = 0
+    while chunk := request.read(1 << 16):
+        received += len(chunk)
+        if received > PROBE_UPLOAD_MAX:
+            raise too_big
+    return {"bytes": received}
 
 
 class LeaderboardRowOut(Schema):

@@ -55,7 +55,8 @@ def test_agents_train_through_a_kill_and_a_portal_outage_and_every_report_counts
             120, "rahim to keep stepping alone",
         )
         processes["amina"] = agent(portal, secrets["amina"], homes["amina"], "60s")
-        wait_for(lambda: TrainingSession.objects.filter(user=amina).count() == 2, 120, "amina to rejoin")
+        wait_for(lambda: ContributionEvent.objects.filter(session__user=amina).values("session").distinct().count() == 2,
+                 180, "amina's restarted agent to train and report")
         # The portal is cut off for a while: the agents keep training and report later.
         link.cut()
         time.sleep(20)

@@ -18,6 +18,7 @@ from peer_agent import cli, join
 from peer_agent.protocol import config_from_preset
 from peer_agent.settings import SettingsError, agent_home, credentials_store, settings_resolve
 from peer_agent.spool import Spool, spool_files, spool_read
+from tests.peer_agent.test_bandwidth import ProbeRoutes
 from tests.peer_agent.test_reporter import TOKEN, ContractServer, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,10 +44,12 @@ def tokenizer_json() -> str:
 
 
 class FakePortal:
-    """The portal's agent API on loopback: me, run summary, join, tokenizer and a data file."""
+    """The portal's agent API on loopback: me, run summary, join, tokenizer, a data file and, unless
+    ``probes`` is False (an older portal), the bandwidth probes."""
 
-    def __init__(self, report_url: str = "ws://127.0.0.1:9/ws/agent/"):
+    def __init__(self, report_url: str = "ws://127.0.0.1:9/ws/agent/", probes: bool = True):
         self.status, self.report_url, self.joins, self.refused_joins = "active", report_url, [], 0
+        self.probes = ProbeRoutes(token=TOKEN) if probes else None
         self.on_refused_join = None
         self.config = config_from_preset("tiny", data={"source": "files", "path": None}).model_dump(mode="json")
         self.tokenizer = tokenizer_json().encode()
@@ -70,6 +73,8 @@ class FakePortal:
                 return False
 
             def do_GET(self):
+                if portal.probes and portal.probes.answer(self):
+                    return
                 if self.path == "/api/v1/me" and self._authorized():
                     self._send(200, {"username": "vik", "public_name": "Vik", "visibility": "public", "team": None,
                                      "token_name": "laptop", "token_run": None, "token_expires_at": "2030-01-01T00:00:00Z"})
@@ -83,6 +88,8 @@ class FakePortal:
                     self._send(404, {"error": {"code": "not_found", "detail": "no such page"}})
 
             def do_POST(self):
+                if portal.probes and portal.probes.answer(self):
+                    return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 if self.path == "/api/v1/runs/bengali-albert/join" and self._authorized():
                     if portal.status != "active":
@@ -316,8 +323,28 @@ def test_a_ban_reported_on_the_socket_ends_the_agent_with_exit_3(portal, stand_i
     assert spool_files(agent_home_dir / "spool")  # the unacknowledged reports stay on disk
 
 
-def test_check_describes_device_precision_bandwidth_and_client_mode(portal, capsys):
+def test_check_describes_device_precision_measured_bandwidth_and_client_mode(portal, capsys):
     assert cli.main(["check", "--portal", portal.url, "--token", TOKEN, "--device", "cpu", "bengali-albert"]) == 0
     out = capsys.readouterr().out
     assert "Device:       cpu" in out and "Precision:    fp32" in out
-    assert "upload not measured" in out and "Client mode:  on" in out
+    assert "Bandwidth:    download " in out and "; upload " in out and "not measured" not in out
+    assert "Mbit/s, the measured upload" in out and "Client mode:  on" in out
+    assert (portal.probes.downloads, portal.probes.uploads) == ([4 << 20], [2 << 20])
+
+
+def test_check_against_an_older_portal_times_the_tokenizer_and_says_upload_was_not_measured(capsys):
+    old = FakePortal(probes=False)
+    try:
+        assert cli.main(["check", "--portal", old.url, "--token", TOKEN, "--device", "cpu", "bengali-albert"]) == 0
+    finally:
+        old.close()
+    out = capsys.readouterr().out
+    assert "of tokenizer.json" in out and "upload not measured" in out
+    assert "Declared:     10.0 Mbit/s, the run's expected bandwidth" in out
+
+
+def test_join_declares_the_measured_upload_to_the_swarm(portal, reports, stand_in_trainer):
+    portal.report_url = reports.url
+    assert cli.main(join_args(portal, "--max-runtime", "0.5", "--bandwidth", "0.5")) == 0
+    assert stand_in_trainer.instances[0].setup.bandwidth == 0.5  # --bandwidth caps the (much faster) loopback upload
+    assert portal.probes.uploads == [2 << 20]

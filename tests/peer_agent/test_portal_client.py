@@ -7,13 +7,7 @@ import httpx
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
-from peer_agent.bandwidth import (
-    Reachability,
-    client_mode_choose,
-    declared_bandwidth,
-    measure,
-    reachable,
-)
+from peer_agent.bandwidth import Reachability, client_mode_choose, reachable
 from peer_agent.portal import AccessRefresher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
 from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
 
@@ -155,28 +149,6 @@ def test_a_refused_download_leaves_no_file(tmp_path):
         with pytest.raises(PortalRefused, match="no tokenizer yet"):
             portal.download(f"{PORTAL}/api/v1/runs/r/tokenizer.json", tmp_path / "tokenizer.json", authorize=True)
     assert not (tmp_path / "tokenizer.json").exists()
-
-
-def test_bandwidth_is_measured_from_a_timed_download(tmp_path):
-    with client(lambda request: httpx.Response(200, content=b"x" * 200_000)) as portal:
-        measured = measure(portal, f"{PORTAL}/api/v1/runs/r/tokenizer.json", tmp_path / "tokenizer.json")
-    assert measured.bytes == 200_000 and measured.download_mbps > 0 and measured.upload_mbps is None
-    assert "upload not measured" in measured.describe() and "lower bound" in measured.describe()
-
-
-def test_declared_bandwidth_prefers_the_override_then_the_runs_floor_lowered_to_a_slower_download():
-    slow = measure_stub(download_mbps=4.0)
-    fast = measure_stub(download_mbps=400.0)
-    assert declared_bandwidth(25.0, slow, 10.0)[0] == 25.0
-    assert declared_bandwidth(None, fast, 10.0)[0] == 10.0
-    assert declared_bandwidth(None, slow, 10.0)[0] == 4.0
-    assert declared_bandwidth(None, None, 10.0)[0] == 10.0
-
-
-def measure_stub(download_mbps: float):
-    from peer_agent.bandwidth import BandwidthMeasurement
-
-    return BandwidthMeasurement(download_mbps, 2_000_000, 1.0, "test")
 
 
 def test_reachability_and_client_mode():
