@@ -27,7 +27,7 @@ from peer_agent.training import TrainerSetup
 from runs.corpus import corpus_lines, corpus_write
 from runs.tokenization import tokenizer_train
 
-# A ~60k-parameter ALBERT (at the corpus's ~400-token vocabulary): a global step of 64 samples
+# A ~57k-parameter ALBERT (at the corpus's 379-token vocabulary): a global step of 64 samples
 # costs well under a second on one CPU core, so dozens of swarm steps fit in a few minutes.
 SMALL_MODEL = dict(preset="custom", hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                    embedding_size=32, max_position_embeddings=64)
