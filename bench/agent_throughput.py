@@ -37,10 +37,11 @@ from pathlib import Path
 import psutil
 import torch
 
-from bench.workload import Workload, children_reap, workload_build
+from bench.workload import Workload, workload_build
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.reporter import Reporter
 from peer_agent.training import Trainer
+from tests.processes import children_reap
 
 RUN_ID = "bench_throughput"
 TINY_MODEL = dict(preset="tiny")

@@ -54,9 +54,10 @@ from pathlib import Path
 
 import torch
 
-from bench.workload import Workload, children_reap, dropout_off, loss_evaluate, workload_build
+from bench.workload import Workload, dropout_off, loss_evaluate, workload_build
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.training import Trainer
+from tests.processes import children_reap
 
 Batch = dict[str, torch.Tensor]
 # How far apart two peers in step hold their parameters, by state compression. Measured: a few float32

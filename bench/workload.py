@@ -9,12 +9,10 @@ from __future__ import annotations
 import copy
 import zlib
 from collections.abc import Iterator
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
 from transformers import PreTrainedTokenizerFast
@@ -103,24 +101,3 @@ def loss_evaluate(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> flo
     return evaluated(**batch).loss.item()
 
 
-def children_reap() -> None:
-    """Stop the processes hivemind leaves behind (DHT, averagers, p2pd) once every peer is shut down.
-
-    torch's shared-memory manager is spared: tensors freed later in this process still need it.
-    """
-    children = [child for child in psutil.Process().children(recursive=True) if _name(child) != "torch_shm_manager"]
-    _, alive = psutil.wait_procs(children, timeout=2)
-    for child in alive:
-        with suppress(psutil.NoSuchProcess):
-            child.terminate()
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    for child in alive:
-        with suppress(psutil.NoSuchProcess):
-            child.kill()
-
-
-def _name(process: psutil.Process) -> str:
-    try:
-        return process.name()
-    except psutil.NoSuchProcess:
-        return ""
