@@ -25,7 +25,10 @@ def make_trainer(tiny_config, tokenizer, corpus_file):
 
     def make(seed, *, joins=None, client_mode=False):
         setup = TrainerSetup(
-            config=tiny_config(), run_id="test_run", client_mode=client_mode,
+            # A wider matchmaking window than the default test config: on 2 busy cores a peer can
+            # miss a 1 s window, and a round averaged alone leaves the peers apart for good.
+            config=tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0)),
+            run_id="test_run", client_mode=client_mode,
             initial_peers=[str(addr) for addr in joins.dht.get_visible_maddrs()] if joins else [],
             private_key=RSAPrivateKey(), host_maddrs=["/ip4/127.0.0.1/tcp/0"], threads=1, seed=seed,
             data_files=[str(corpus_file)], progress_refresh_s=1.0, bandwidth=100.0)
