@@ -177,3 +177,69 @@ class ReportRejection(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class SessionEpoch(models.Model):
+    """What one session contributed to one collaboration epoch: the samples its agent reported
+    (summed from its contribution events in batches) and the samples its signed DHT progress
+    record announced (read by the coordinator's monitor). Credit is *provisional* until the
+    monitor compares the two; only verified or accepted epochs earn verified credit."""
+
+    class Status(models.TextChoices):
+        PROVISIONAL = "provisional"  # reported; the monitor has not compared it yet
+        VERIFIED = "verified"  # the DHT record confirms the reported samples
+        FLAGGED = "flagged"  # the figures disagree: waits for an organizer's decision
+        ACCEPTED = "accepted"  # an organizer accepted a flagged epoch: counts as verified
+        REJECTED = "rejected"  # an organizer rejected it, or it can never be verified: no credit
+
+    session = models.ForeignKey(TrainingSession, on_delete=models.CASCADE, related_name="epochs")
+    epoch = models.PositiveIntegerField()
+    reported_samples = models.PositiveBigIntegerField(default=0)
+    announced_samples = models.PositiveBigIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROVISIONAL)
+    detail = models.CharField(max_length=500, blank=True, help_text="Why the monitor flagged it, with the figures.")
+    checked_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["session", "epoch"]
+        constraints = [models.UniqueConstraint(fields=["session", "epoch"], name="one_row_per_session_epoch")]
+        indexes = [models.Index(fields=["status"])]
+
+
+class RunSample(models.Model):
+    """The monitor's reading of a run's swarm at one moment: the series behind the run's charts,
+    its health page and the live snapshot."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField(default=timezone.now)
+    global_epoch = models.PositiveIntegerField()
+    samples_per_second = models.FloatField()
+    alive_peers = models.PositiveIntegerField()
+    client_peers = models.PositiveIntegerField(default=0)
+    samples_accumulated = models.PositiveBigIntegerField(default=0, help_text="Samples toward the next epoch.")
+    loss = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "at"]
+        indexes = [models.Index(fields=["run", "at"])]
+
+
+class Checkpoint(models.Model):
+    """The collaboration's state saved by the coordinator: a zip of a Hugging Face model directory
+    (``save_pretrained`` of model and tokenizer) with the optimizer state and metadata."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    epoch = models.PositiveIntegerField()
+    loss = models.FloatField(null=True, blank=True)
+    samples = models.PositiveBigIntegerField(default=0, help_text="Samples the collaboration had processed.")
+    file = models.FileField(upload_to="checkpoints/")
+    size = models.PositiveBigIntegerField(default=0)
+    kept = models.BooleanField(default=False, help_text="Kept for good (every n-th), beyond the recent ones.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-epoch", "-id"]
+        constraints = [models.UniqueConstraint(fields=["run", "epoch"], name="one_checkpoint_per_epoch")]
