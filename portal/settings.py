@@ -84,6 +84,9 @@ DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, coordinator) share the file in the embedded default.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    # Tests serve the portal from threads while agents report: an in-memory test database uses
+    # SQLite's shared cache, whose table locks fail at once instead of waiting out `timeout`.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"
 
