@@ -2,6 +2,7 @@
 downsampled in the database to at most n points by equal time buckets."""
 
 import datetime
+from dataclasses import dataclass
 
 from django.db.models import Avg, F, FloatField, Func, IntegerField, Max, Min, QuerySet, Value
 from django.db.models.functions import Cast, Floor, Least
@@ -98,3 +99,29 @@ def series_points(*, run: Run, since: datetime.datetime | None = None, max_point
     )
     return {"bucket_seconds": width, **_columns({key.rstrip("_"): value for key, value in row.items()} for row in rows)}
 
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of a series field: its caption, and how its latest figure reads as text (charts.js
+    writes the live figures the same way, from the same unit and digits)."""
+
+    field: str
+    caption: str
+    unit: str
+    digits: int
+
+    def latest_text(self, sample: RunSample | None) -> str:
+        if sample is None:
+            return "No readings yet."
+        value = getattr(sample, self.field)
+        figure = "—" if value is None else f"{value:.{self.digits}f}" + (f" {self.unit}" if self.unit else "")
+        return f"Latest: {figure} at {sample.at.astimezone(datetime.UTC):%H:%M:%S} UTC"
+
+
+CHARTS = {
+    "samples_per_second": Chart("samples_per_second", "Collaboration throughput (samples/s, all peers)", "samples/s", 1),
+    "loss": Chart("loss", "Training loss", "", 3),
+    "alive_peers": Chart("alive_peers", "Peers alive", "peers", 0),
+    "global_epoch": Chart("global_epoch", "Global epoch", "", 0),
+}
