@@ -122,6 +122,6 @@ class Chart:
 CHARTS = {
     "samples_per_second": Chart("samples_per_second", "Collaboration throughput (samples/s, all peers)", "samples/s", 1),
     "loss": Chart("loss", "Training loss", "", 3),
-    "alive_peers": Chart("alive_peers", "Peers alive", "peers", 0),
+    "alive_peers": Chart("alive_peers", "Peers alive", "alive", 0),
     "global_epoch": Chart("global_epoch", "Global epoch", "", 0),
 }

@@ -12,7 +12,7 @@
   const COLORS = { samples_per_second: "#2b6cb0", loss: "#c53030", alive_peers: "#2f855a", global_epoch: "#6b46c1" };
   const MARKER_COLORS = {
     join: "#38a169", leave: "#a0aec0", activated: "#2b6cb0", paused: "#b7791f", resumed: "#2b6cb0",
-    finished: "#1d2330", banned: "#c53030", unbanned: "#805ad5", checkpoint: "#6b46c1",
+    finished: "#1d2330", banned: "#c53030", unbanned: "#d53f8c", checkpoint: "#6b46c1",
   };
   // Only fields that the live snapshot has always carried (runs/leaderboard.py run_snapshot).
   const SNAPSHOT_FIELDS = { samples_per_second: "samples_per_second", alive_peers: "alive_peers", loss: "loss", global_epoch: "epoch" };

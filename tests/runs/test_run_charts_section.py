@@ -26,7 +26,7 @@ def test_each_chart_has_a_caption_and_its_latest_figure_as_text(client_for, run)
     assert "Collaboration throughput (samples/s, all peers)</figcaption>" in html
     assert ">Latest: 123.5 samples/s at 09:15:30 UTC</p>" in html
     assert ">Latest: 3.142 at 09:15:30 UTC</p>" in html
-    assert ">Latest: 4 peers at 09:15:30 UTC</p>" in html
+    assert ">Latest: 4 alive at 09:15:30 UTC</p>" in html
     assert 'aria-labelledby="chart-loss-caption chart-loss-latest"' in html
     assert '<a href="/runs/the-run/health/">Run health</a>' in html
 
