@@ -20,6 +20,14 @@
   const utcTime = (seconds) => new Date(seconds * 1000).toISOString().slice(11, 19) + " UTC";
   const utcDate = (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC");
   const widthOf = (element) => Math.max(element.clientWidth, 240);
+  // Axis times in UTC and 24 hours, as the figures' text reads; with the day when the span needs it.
+  const timeLabels = (plot, splits) => {
+    const span = splits.length ? splits[splits.length - 1] - splits[0] : 0;
+    return splits.map((split) => {
+      const iso = new Date(split * 1000).toISOString();
+      return span > 86400 ? `${iso.slice(5, 10)} ${iso.slice(11, 16)}` : iso.slice(11, 16);
+    });
+  };
 
   // The same words as runs/series.py Chart.latest_text, so that the text reads alike before and after JS.
   function latestText(figure, value, at) {
@@ -65,7 +73,7 @@
         tzDate: utcDate,
         legend: { show: false },
         scales: { x: { time: true } },
-        axes: [{}, { size: 56 }],
+        axes: [{ values: timeLabels }, { size: 56 }],
         series: [{}, { label: figure.querySelector("figcaption").textContent, stroke: COLORS[this.field] || "#2b6cb0",
           width: 2, spanGaps: true, points: { show: false } }],
         plugins: markers ? [markersPlugin(markers)] : [],
