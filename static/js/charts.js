@@ -155,7 +155,12 @@
       height: HEIGHT,
       tzDate: utcDate,
       legend: { show: true },
-      scales: { x: { time: true }, credit: {} },
+      // Half a day either side so that the first and last bars show whole; both figures from zero.
+      scales: {
+        x: { time: true, range: (plot, min, max) => [min - 43200, max + 43200] },
+        y: { range: (plot, min, max) => [0, Math.max(max, 1) * 1.1] },
+        credit: { range: (plot, min, max) => [0, Math.max(max, 1) * 1.1] },
+      },
       axes: [{}, { size: 64, label: "samples" }, { scale: "credit", side: 1, grid: { show: false }, label: "credit" }],
       series: [
         { label: "day" },

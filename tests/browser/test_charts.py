@@ -112,3 +112,25 @@ def test_the_health_page_draws_four_charts_with_the_timeline_on_the_loss(browser
     screenshot(page, "run-health")
     assert problems == []
     page.close()
+
+
+def test_the_contribution_chart_draws_a_volunteers_days_from_its_url(browser, asgi_server):
+    """`contributionChart(element, url)` for the volunteer profile page, whose contributions endpoint
+    another branch builds: here the browser answers that one URL with rows of its documented shape."""
+    days = [{"day": f"2026-11-0{day}", "samples": 1000 * day, "credit": 10.5 * day} for day in range(1, 8)]
+    page = browser.new_page(base_url=asgi_server)
+    problems = watch_console(page)
+    page.route("**/api/v1/volunteers/7/contributions", lambda route: route.fulfill(json=days))
+    page.goto("/static/vendor/README.md")  # any page of the portal's origin to host the chart
+    page.set_content(
+        '<div id="contributions" data-contribution-url="/api/v1/volunteers/7/contributions" style="width: 640px"></div>'
+        f'<script src="{asgi_server}/static/vendor/uplot/uPlot.iife.min.js"></script>'
+        f'<script src="{asgi_server}/static/js/charts.js"></script>'
+    )
+    expect(page.locator("#contributions canvas")).to_have_count(1)
+    expect(page.locator("#contributions figcaption")).to_have_text("Samples and credit per day")
+    expect(page.locator("#contributions .chart-latest")).to_have_text(
+        "28,000 samples and 294 credit over 7 days, the last on 2026-11-07."
+    )
+    assert problems == []
+    page.close()
