@@ -4,7 +4,7 @@ downsampled in the database to at most n points by equal time buckets."""
 import datetime
 from dataclasses import dataclass
 
-from django.db.models import Avg, F, FloatField, Func, IntegerField, Max, Min, QuerySet, Value
+from django.db.models import Avg, Count, F, FloatField, Func, IntegerField, Max, Min, QuerySet, Value
 from django.db.models.functions import Cast, Floor, Least
 
 from accounts.models import User
@@ -71,11 +71,10 @@ def series_points(*, run: Run, since: datetime.datetime | None = None, max_point
     samples: QuerySet[RunSample] = run.samples.all()
     if since is not None:
         samples = samples.filter(at__gte=since)
-    count = samples.count()
-    if count <= max_points:
+    span = samples.aggregate(count=Count("id"), first=Min("at"), last=Max("at"))
+    if span["count"] <= max_points:
         rows = samples.order_by("at", "id").values("at", *FIELDS)
         return {"bucket_seconds": None, **_columns(rows)}
-    span = samples.aggregate(first=Min("at"), last=Max("at"))
     first = span["first"].timestamp()
     width = max((span["last"].timestamp() - first) / max_points, 1e-6)
     # The last reading would open bucket `max_points`; Least keeps it in the last one.
@@ -83,6 +82,7 @@ def series_points(*, run: Run, since: datetime.datetime | None = None, max_point
         Cast(Floor((EpochSeconds(F("at")) - Value(first)) / Value(width)), IntegerField()),
         Value(max_points - 1),
     )
+    # Aggregates may not take the name of a model field: they carry a trailing "_" until _columns.
     rows = (
         samples.annotate(bucket=bucket)
         .values("bucket")
