@@ -6,8 +6,8 @@ import os
 from typing import Literal
 
 from django.http import FileResponse, HttpRequest, HttpResponse
-from django.utils import timezone
 from ninja import Field, Query, Router, Schema
+from pydantic import field_validator
 
 from accounts.auth import AgentBearer
 from accounts.services import token_check_scope
@@ -215,6 +215,17 @@ class SeriesQuery(Schema):
     )
 
 
+    @field_validator("since")
+    @classmethod
+    def _in_utc(cls, since: datetime.datetime | None) -> datetime.datetime | None:
+        if since is None:
+            return None
+        try:
+            return since.astimezone(datetime.UTC) if since.tzinfo else since.replace(tzinfo=datetime.UTC)
+        except OverflowError:
+            raise ValueError("the time is outside the years 1 to 9999 in UTC") from None
+
+
 class SeriesOut(Schema):
     run: str
     bucket_seconds: float | None = Field(description="Width of the time buckets, or null when the points are the raw readings.")
@@ -233,7 +244,4 @@ def run_series(request: HttpRequest, slug: str, query: Query[SeriesQuery]):
     run = Run.objects.filter(slug=slug).first()
     if run is None or not run_may_view_training(run=run, user=request.user):
         raise ApiError(404, "run_not_found", f"there is no run “{slug}” that you may see")
-    since = query.since
-    if since is not None and timezone.is_naive(since):
-        since = timezone.make_aware(since, datetime.UTC)
-    return {"run": run.slug, **series_points(run=run, since=since, max_points=query.max_points)}
+    return {"run": run.slug, **series_points(run=run, since=query.since, max_points=query.max_points)}

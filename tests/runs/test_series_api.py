@@ -73,6 +73,9 @@ def test_the_series_of_one_run_holds_no_readings_of_another(client_for, run):
     ({"max_points": 2001}, "max_points"),
     ({"max_points": "many"}, "max_points"),
     ({"since": "yesterday"}, "since"),
+    ({"since": "2026-13-01"}, "since"),
+    ({"since": "9999-12-31T23:59:59-14:00"}, "since"),  # past the year 9999 in UTC
+    ({"since": "0001-01-01T00:00:00+01:00"}, "since"),
 ])
 def test_bad_parameters_get_a_400_that_names_the_parameter(client_for, run, params, field):
     response = series(client_for(None), **params)
