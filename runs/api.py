@@ -1,11 +1,13 @@
 """Run endpoints: the public listing, and joining, refreshing, data and bandwidth probes for peer agents."""
 
+import datetime
 import functools
 import os
 from typing import Literal
 
 from django.http import FileResponse, HttpRequest, HttpResponse
-from ninja import Router, Schema
+from ninja import Field, Query, Router, Schema
+from pydantic import field_validator
 
 from accounts.auth import AgentBearer
 from accounts.services import token_check_scope
@@ -14,6 +16,7 @@ from portal.errors import ApiError
 from runs import selectors
 from runs.leaderboard import leaderboard_rows
 from runs.models import Run, TrainingSession
+from runs.series import run_may_view_training, series_points
 from runs.sessions import (
     JoinRefused,
     data_file_for_url_token,
@@ -197,3 +200,48 @@ class LeaderboardRowOut(Schema):
 def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user", window: Literal["24h", "7d", "all"] = "all"):
     rows = leaderboard_rows(run=_visible_run(slug), by=by, window=window)
     return [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
+
+
+SERIES_MAX_POINTS = 2000
+
+
+class SeriesQuery(Schema):
+    since: datetime.datetime | None = Field(
+        None, description="Readings at or after this ISO 8601 time (UTC when it names no zone)."
+    )
+    max_points: int = Field(
+        500, ge=2, le=SERIES_MAX_POINTS,
+        description="At most this many points; a longer series is averaged in equal time buckets.",
+    )
+
+
+    @field_validator("since")
+    @classmethod
+    def _in_utc(cls, since: datetime.datetime | None) -> datetime.datetime | None:
+        if since is None:
+            return None
+        try:
+            return since.astimezone(datetime.UTC) if since.tzinfo else since.replace(tzinfo=datetime.UTC)
+        except OverflowError:
+            raise ValueError("the time is outside the years 1 to 9999 in UTC") from None
+
+
+class SeriesOut(Schema):
+    run: str
+    bucket_seconds: float | None = Field(description="Width of the time buckets, or null when the points are the raw readings.")
+    at: list[float] = Field(description="Unix seconds of each point.")
+    global_epoch: list[int]
+    samples_per_second: list[float]
+    alive_peers: list[float]
+    client_peers: list[float]
+    samples_accumulated: list[float]
+    loss: list[float | None]
+
+
+@router.get("/runs/{slug}/series", response=SeriesOut, summary="A run's monitor series for its charts")
+def run_series(request: HttpRequest, slug: str, query: Query[SeriesQuery]):
+    """The coordinator monitor's readings of the swarm, as columns, downsampled to `max_points`."""
+    run = Run.objects.filter(slug=slug).first()
+    if run is None or not run_may_view_training(run=run, user=request.user):
+        raise ApiError(404, "run_not_found", f"there is no run “{slug}” that you may see")
+    return {"run": run.slug, **series_points(run=run, since=query.since, max_points=query.max_points)}
