@@ -4,7 +4,9 @@ the API's error shape."""
 
 import pytest
 import schemathesis
+from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -45,6 +47,17 @@ def _aim_at_real_objects(case, values: dict) -> None:
         params["slug"] = values["public"]
     if isinstance(params.get("session_id"), int) and params["session_id"] % 2 == 0:
         params["session_id"] = values["public_session"]
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_transaction():
+    """As Django's test client does: the WSGI handler's end-of-request hook would close the test's
+    database connection, in the middle of its transaction (PostgreSQL)."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
 
 
 def _fuzz(operation, world, mode: GenerationMode, checks: list) -> None:
