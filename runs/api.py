@@ -13,6 +13,7 @@ from accounts.auth import AgentBearer
 from accounts.services import token_check_scope
 from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
 from portal.errors import ApiError
+from portal.ratelimit import rate_limit_hit
 from runs import selectors
 from runs.leaderboard import leaderboard_rows
 from runs.models import Run, TrainingSession
@@ -84,6 +85,7 @@ def run_detail(request: HttpRequest, slug: str):
 @router.post("/runs/{slug}/join", response=JoinResponse, auth=AgentBearer(), summary="Join a run with a peer agent")
 def run_join(request: HttpRequest, slug: str, body: JoinRequest):
     """Open a training session and sign a short-lived hivemind access token for the agent's peer key."""
+    rate_limit_hit(name="join", key=str(request.auth.pk))
     run = _visible_run(slug)
     token_check_scope(token=request.auth, run=run)
     try:

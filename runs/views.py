@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
+from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
 from runs import selectors, services
 from runs.leaderboard import run_snapshot
 from runs.models import Run
@@ -75,6 +76,11 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
             messages.error(request, str(exc))
         return redirect("run-join", slug=run.slug)
     if request.method == "POST" and request.POST.get("action") == "token" and refusal is None:
+        try:
+            rate_limit_hit(name="token_create", key=str(request.user.pk))
+        except RateLimited as exc:
+            messages.error(request, f"You created many tokens in a short time; try again in {exc.retry_after} s.")
+            return rate_limited_page(render(request, "runs/run_join.html", context), exc)
         machine = (request.POST.get("machine") or "").strip()[:64] or f"{run.slug} agent"
         token, secret = token_create(
             user=request.user, name=machine, run=run, lifetime=datetime.timedelta(days=settings.AGENT_TOKEN_DEFAULT_DAYS)
