@@ -17,12 +17,13 @@ from portal.ratelimit import rate_limit_hit
 from runs import selectors
 from runs.leaderboard import leaderboard_rows
 from runs.models import Run, TrainingSession
-from runs.series import run_may_view_training, series_points
+from runs.series import series_points
 from runs.sessions import (
     JoinRefused,
     data_file_for_url_token,
     data_file_url_token,
     run_join_refusal,
+    run_may_view,
     session_open,
     session_refresh,
 )
@@ -244,6 +245,6 @@ class SeriesOut(Schema):
 def run_series(request: HttpRequest, slug: str, query: Query[SeriesQuery]):
     """The coordinator monitor's readings of the swarm, as columns, downsampled to `max_points`."""
     run = Run.objects.filter(slug=slug).first()
-    if run is None or not run_may_view_training(run=run, user=request.user):
+    if run is None or not run_may_view(run=run, user=request.user):
         raise ApiError(404, "run_not_found", f"there is no run “{slug}” that you may see")
     return {"run": run.slug, **series_points(run=run, since=query.since, max_points=query.max_points)}

@@ -1,4 +1,4 @@
-"""Reads of a run's monitor series (`RunSample`): who may see it, its latest reading, and the series
+"""Reads of a run's monitor series (`RunSample`): its latest reading, and the series
 downsampled in the database to at most n points by equal time buckets."""
 
 import datetime
@@ -7,28 +7,9 @@ from dataclasses import dataclass
 from django.db.models import Avg, Count, F, FloatField, Func, IntegerField, Max, Min, QuerySet, Value
 from django.db.models.functions import Cast, Floor, Least
 
-from accounts.models import User
 from runs.models import Run, RunSample
-from runs.sessions import run_is_organizer, run_may_view
 
 FIELDS = ["global_epoch", "samples_per_second", "alive_peers", "client_peers", "samples_accumulated", "loss"]
-
-
-def run_may_view_training(*, run: Run, user: User) -> bool:
-    """The run's training figures (series, charts, health) are for whoever may view the run; those
-    of an invite-only or allowlist run only for its organizers, invited members, listed
-    volunteers and staff."""
-    if not run_may_view(run=run, user=user):
-        return False
-    if run.visibility not in (Run.Visibility.INVITE, Run.Visibility.ALLOWLIST):
-        return True
-    if not user.is_authenticated:
-        return False
-    if user.is_staff or run_is_organizer(run=run, user=user):
-        return True
-    if run.visibility == Run.Visibility.INVITE:
-        return run.memberships.filter(user=user).exists()
-    return run.allowlist.filter(pk=user.pk).exists()
 
 
 def series_latest(*, run: Run) -> RunSample | None:

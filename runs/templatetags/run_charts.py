@@ -3,7 +3,7 @@ readers without JavaScript or sight of the canvas; `{% chart_figure %}` draws on
 
 from django import template
 
-from runs.series import CHARTS, run_may_view_training, series_latest
+from runs.series import CHARTS, series_latest
 
 register = template.Library()
 
@@ -12,13 +12,11 @@ def charts_context(*, fields: list[str], latest) -> list[dict]:
     return [{"chart": CHARTS[field], "latest_text": CHARTS[field].latest_text(latest)} for field in fields]
 
 
-@register.inclusion_tag("runs/includes/charts.html", takes_context=True)
-def run_charts(context, run):
-    visible = run_may_view_training(run=run, user=context["request"].user)
-    latest = series_latest(run=run) if visible else None
+@register.inclusion_tag("runs/includes/charts.html")
+def run_charts(run):
+    latest = series_latest(run=run)
     return {
         "run": run,
-        "visible": visible,
         "latest": latest,
         "charts": charts_context(fields=["samples_per_second", "loss", "alive_peers"], latest=latest),
     }

@@ -1,11 +1,11 @@
 """The run page's charts section: captions and the latest figures as text for readers without
-JavaScript; an invite-only run's figures only for its volunteers."""
+JavaScript."""
 
 import datetime
 
 import pytest
 
-from runs.models import Run, RunMembership, RunSample
+from runs.models import RunSample
 from tests.factories import RunFactory
 
 AT = datetime.datetime(2026, 11, 1, 9, 15, 30, tzinfo=datetime.UTC)
@@ -36,12 +36,3 @@ def test_a_run_without_readings_says_so(client_for, organizer):
     html = client_for(None).get("/runs/quiet/").content.decode()
     assert "No readings from the coordinator's monitor yet." in html
     assert html.count(">No readings yet.</p>") == 3
-
-
-def test_an_invite_only_runs_charts_are_for_its_volunteers(client_for, run, volunteer, outsider):
-    Run.objects.filter(pk=run.pk).update(visibility=Run.Visibility.INVITE)
-    RunMembership.objects.create(run=run, user=volunteer)
-    html = client_for(outsider).get("/runs/the-run/").content.decode()
-    assert "This run's training figures are for its volunteers." in html
-    assert "data-series-url" not in html and "123.5" not in html
-    assert "data-series-url" in client_for(volunteer).get("/runs/the-run/").content.decode()

@@ -78,6 +78,8 @@ PAGES = [
     ("/runs/{public}/status/pause/",              "POST", L,    403,   403,  403,   302,  403,  403),
     ("/runs/{invite}/status/finish/",             "POST", L,    403,   403,  403,   302,  403,  403),
     ("/runs/{public}/status/pause/",              "GET",  405,  405,   405,  405,   405,  405,  405),
+    ("/runs/{public}/health/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/health/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/agent/{wheel}",                            "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/admin/",                                   "GET",  A,    A,     A,    A,     A,    A,    200),
     ("/admin/runs/run/",                          "GET",  A,    A,     A,    A,     A,    A,    200),
@@ -108,6 +110,8 @@ API = [
     ("/api/v1/probe/upload",                         "POST", 401, 200,  200, 200,  200, 200, 200,   401,    200),
     ("/api/v1/runs/{public}/leaderboard",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{invite}/leaderboard",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
 ]
 
 # What a POST carries, by path template; a POST whose path is not here sends an empty form.
