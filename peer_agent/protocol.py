@@ -339,6 +339,9 @@ class JoinResponse(_Schema):
     tokenizer_url: str = Field(pattern=r"^https?://\S+$", max_length=2000, description="The run's tokenizer.json.")
     data_files: list[Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=2000)]] = Field(
         default_factory=list, max_length=1000, description="Signed URLs of the run's uploaded text files.")
+    checkpoint_url: str | None = Field(None, pattern=r"^https?://\S+$", max_length=2000, description=(
+        "Signed URL of the run's newest checkpoint (a zip), if any: an agent that finds no peer to "
+        "download the collaboration's state from starts from it."))
 
 
 class RefreshResponse(_Schema):
