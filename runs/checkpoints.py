@@ -145,8 +145,20 @@ class Checkpointer:
         self._closed = False
 
     def tick(self) -> None:
+        """Start a look at the swarm in the background, unless one is running or it is too early.
+
+        Call it from the main thread: the first tick starts the state averager's process, and
+        hivemind sets signal handlers when it does, which only the main thread may.
+        """
         if self._closed or (self._worker and self._worker.is_alive()) or time.monotonic() < self._next_check:
             return
+        if self._averager is None:
+            try:
+                self._averager_build(Run.objects.get(pk=self.run_pk))
+            except Exception:
+                logger.exception("run %s: cannot prepare checkpoints; trying again in %.0f s", self.slug, self.retry_period)
+                self._next_check = time.monotonic() + self.retry_period
+                return
         self._worker = threading.Thread(target=self._check, name=f"checkpointer {self.slug}", daemon=True)
         self._worker.start()
 
@@ -186,7 +198,8 @@ class Checkpointer:
         with self._lock:
             if self._closed:
                 return self.check_period
-            epoch = self._state_download(run)
+            self._averager.load_state_from_peers(timeout=STATE_DOWNLOAD_TIMEOUT_S)
+            epoch = self._averager.local_epoch
             if epoch <= last_epoch:
                 logger.info("run %s: no peer shared a state newer than epoch %d; trying again in %.0f s",
                             self.slug, last_epoch, self.retry_period)
@@ -202,14 +215,8 @@ class Checkpointer:
                     checkpoint.size / 1e6, ", kept for good" if checkpoint.kept else "")
         return self.check_period
 
-    def _state_download(self, run: Run) -> int:
-        """Download the newest state a peer shares into the model; the averager's epoch afterwards."""
-        if self._averager is None:
-            self._averager_build(run)
-        self._averager.load_state_from_peers(timeout=STATE_DOWNLOAD_TIMEOUT_S)
-        return self._averager.local_epoch
-
     def _averager_build(self, run: Run) -> None:
+        """The model, tokenizer and state averager that downloads into them, built once per run."""
         from hivemind.optim.state_averager import TrainingStateAverager
 
         from peer_agent.model import model_build

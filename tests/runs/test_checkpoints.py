@@ -144,7 +144,8 @@ def test_the_join_answer_links_the_newest_checkpoint_for_the_agent_alone(client,
     run = RunFactory(slug="the-run", visibility="invite", organizers=[organizer])
     RunMembership.objects.create(run=run, user=volunteer)
     secret = token_create(user=volunteer, name="laptop")[1]
-    assert JoinResponse.model_validate(post(client, "/api/v1/runs/the-run/join", secret, join_body()).json()).checkpoint_url is None
+    before = post(client, "/api/v1/runs/the-run/join", secret, join_body()).json()
+    assert JoinResponse.model_validate(before).checkpoint_url is None
 
     save(run, tmp_path, 5)
     save(run, tmp_path, 10)
