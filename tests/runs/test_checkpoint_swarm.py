@@ -18,7 +18,6 @@ from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.checkpoint import checkpoint_metadata, checkpoint_unzip
 from peer_agent.device import device_info
 from peer_agent.join import _checkpoint_fetch
-from peer_agent.metrics import LocalMetrics, metrics_publish, metrics_validators
 from peer_agent.portal import PortalClient
 from peer_agent.protocol import JoinRequest, RunConfig
 from peer_agent.tokenizer import tokenizer_load
@@ -31,8 +30,6 @@ from runs.forms import preset_config
 from runs.models import Checkpoint
 from tests.factories import RunFactory
 from tests.processes import children_reap
-from tests.runs.test_coordinator import volunteer_authorizer
-from tests.runs.test_swarm_auth import running_dht
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(420), pytest.mark.django_db(transaction=True)]
 
@@ -76,7 +73,7 @@ def coordinator(settings, tmp_path):
 def make_trainer(run):
     trainers = []
 
-    def make(*, checkpoint_fetch=None, initial_peers=None) -> Trainer:
+    def make(*, checkpoint_fetch=None, initial_peers=None, client_mode=False) -> Trainer:
         run.refresh_from_db()
         key = RSAPrivateKey()
         authority = authority_load(encrypted=run.authority_private_key, secret=django_settings.AUTHORITY_ENCRYPTION_KEY)
@@ -85,7 +82,8 @@ def make_trainer(run):
                                         lifetime=datetime.timedelta(minutes=10))
         setup = TrainerSetup(
             config=RunConfig.model_validate(run.config), run_id=run.hivemind_run_id,
-            initial_peers=initial_peers or run.initial_peers, private_key=key, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            initial_peers=initial_peers or run.initial_peers, private_key=key, client_mode=client_mode,
+            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
             authorizer=PortalAuthorizer(key, rsa_public_key_parse(run.authority_public_key), fetch_token),
             threads=1, data_files=[run.data_files.get().file.path], progress_refresh_s=1.0, checkpoint_fetch=checkpoint_fetch)
         trainers.append(Trainer(setup, tokenizer_load(run.tokenizer_file.path)))
@@ -156,15 +154,12 @@ def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_s
     assert second.optimizer.local_epoch == checkpoint.epoch + 1, "its epochs continue from the checkpoint's"
 
 
-def test_the_checkpointer_retries_while_no_peer_shares_its_state(run, coordinator, caplog):
-    """Peers announce epoch 4 in their metrics, but none of them serves its state (clients only):
-    the checkpointer saves nothing, says why, and keeps trying."""
-    key = RSAPrivateKey()
+def test_the_checkpointer_retries_while_no_peer_shares_its_state(run, coordinator, make_trainer, caplog):
+    """The only peer trains in client mode, which never serves its state: the checkpointer sees
+    the epochs go by, saves nothing, says why, and keeps trying."""
     caplog.set_level(logging.INFO, logger="runs.checkpoints")
-    with running_dht(initial_peers=run.initial_peers, authorizer=volunteer_authorizer(run),
-                     record_validators=metrics_validators(run.hivemind_run_id, key)) as peer:
-        metrics = LocalMetrics(step=4, samples_per_second=10.0, samples_accumulated=16, loss=3.0, mini_steps=4)
-        assert metrics_publish(peer, run.hivemind_run_id, key, metrics).result()
-        train_until(None, coordinator, lambda: caplog.text.count("no peer shared a state newer than epoch 0") >= 2,
-                    "two attempts to download the state")
+    client = make_trainer(client_mode=True)
+    train_until(client, coordinator, lambda: caplog.text.count("no peer shared a state newer than epoch 0") >= 2,
+                "two attempts to download the state")
+    assert client.optimizer.local_epoch >= 2
     assert not Checkpoint.objects.filter(run=run).exists()
