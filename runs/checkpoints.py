@@ -154,7 +154,11 @@ class Checkpointer:
             return
         if self._averager is None:
             try:
-                self._averager_build(Run.objects.get(pk=self.run_pk))
+                run = Run.objects.get(pk=self.run_pk)
+                if run.tokenizer_status != Run.TokenizerStatus.READY:  # the model's vocabulary is not known yet
+                    self._next_check = time.monotonic() + self.retry_period
+                    return
+                self._averager_build(run)
             except Exception:
                 logger.exception("run %s: cannot prepare checkpoints; trying again in %.0f s", self.slug, self.retry_period)
                 self._next_check = time.monotonic() + self.retry_period

@@ -129,7 +129,7 @@ def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_s
     assert checkpoint_metadata(directory).epoch == checkpoint.epoch
 
     model, loading = AlbertForMaskedLM.from_pretrained(directory, output_loading_info=True)
-    assert loading["missing_keys"] == set() or not loading["missing_keys"], "the masked-LM head is all there"
+    assert not loading["missing_keys"], "the masked-LM head is all there"
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     filled = pipeline("fill-mask", model=model, tokenizer=tokenizer, device="cpu")(f"আমি {tokenizer.mask_token} গান গাই")
     assert filled and isinstance(filled[0]["token_str"], str) and filled[0]["token"] in tokenizer.get_vocab().values()
