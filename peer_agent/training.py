@@ -156,8 +156,8 @@ class Trainer:
                 # mistakes that for calling the scheduler and the optimizer in the wrong order.
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
                 self.optimizer.load_state_from_peers()
-            if self.optimizer.local_epoch == 0 and setup.checkpoint_fetch is not None:
-                self._checkpoint_resume(setup.checkpoint_fetch)
+                if self.optimizer.local_epoch == 0 and setup.checkpoint_fetch is not None:
+                    self._checkpoint_resume(setup.checkpoint_fetch)
         except BaseException:
             self.shutdown()
             raise

@@ -9,6 +9,7 @@ import re
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +34,10 @@ CHECK_PERIOD_S = 15.0  # how often the checkpointer reads the swarm's epoch
 RETRY_PERIOD_S = 60.0  # after a failed or fruitless attempt (no peer online to download from)
 STATE_DOWNLOAD_TIMEOUT_S = 600.0
 _NUMBER = re.compile(r"^(\d+)-epoch")
+
+# hivemind fast-forwards the schedule to the downloaded epoch without an optimizer step; torch
+# mistakes that for calling the scheduler and the optimizer in the wrong order.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`", module="torch.optim.lr_scheduler")
 
 
 @dataclass(frozen=True)
