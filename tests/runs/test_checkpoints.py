@@ -7,10 +7,13 @@ import zipfile
 
 import pytest
 from django.urls import reverse
+from hivemind.utils.crypto import RSAPrivateKey
 
 from accounts.services import token_create
 from peer_agent.checkpoint import CheckpointMetadata
-from peer_agent.protocol import JoinResponse
+from peer_agent.join import _checkpoint_fetch
+from peer_agent.portal import PortalClient
+from peer_agent.protocol import JoinRequest, JoinResponse
 from runs.checkpoints import CheckpointPolicy, checkpoint_number, checkpoint_save, checkpoints_to_delete
 from runs.models import Checkpoint, Run, RunMembership
 from runs.services import run_ban
@@ -174,3 +177,42 @@ def test_a_checkpoint_link_dies_with_its_checkpoint(client, volunteer, tmp_path)
     gone = client.get(url.removeprefix("http://testserver"))
     assert gone.status_code == 404
     assert "newer checkpoint" in json.loads(gone.content)["error"]["detail"]
+
+
+@pytest.fixture
+def joined(asgi_server, volunteer):
+    """``joined(run)``: a portal client of the volunteer's agent and its join answer, over real HTTP."""
+    clients = []
+
+    def join(run: Run):
+        portal = PortalClient(asgi_server, token_create(user=volunteer, name="laptop")[1])
+        clients.append(portal)
+        request = JoinRequest(peer_public_key=RSAPrivateKey().get_public_key().to_bytes().decode(), agent_version="test",
+                              device={"kind": "cpu", "name": "test CPU"})
+        return portal, portal.join(run.slug, request)
+
+    yield join
+    for portal in clients:
+        portal.close()
+
+
+def test_the_agent_downloads_the_newest_checkpoint_once(joined, tmp_path):
+    run = RunFactory(slug="the-run")
+    save(run, tmp_path, 5)
+    portal, answer = joined(run)
+    first = _checkpoint_fetch(portal, answer.checkpoint_url, tmp_path / "agent")
+    assert (first / "model.safetensors").read_bytes() == b"weights of epoch 5"
+    (first / "model.safetensors").write_bytes(b"touched")
+    assert _checkpoint_fetch(portal, answer.checkpoint_url, tmp_path / "agent") == first
+    assert (first / "model.safetensors").read_bytes() == b"weights of epoch 5", "unzipped again from the kept download"
+
+
+def test_the_agent_starts_afresh_when_the_checkpoint_is_gone_or_broken(joined, tmp_path):
+    run = RunFactory(slug="the-run")
+    checkpoint = save(run, tmp_path, 5)
+    portal, answer = joined(run)
+    with checkpoint.file.open("wb") as file:
+        file.write(b"not a zip")
+    assert _checkpoint_fetch(portal, answer.checkpoint_url, tmp_path / "broken") is None
+    checkpoint.delete()
+    assert _checkpoint_fetch(portal, answer.checkpoint_url, tmp_path / "gone") is None
