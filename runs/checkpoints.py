@@ -37,7 +37,7 @@ _NUMBER = re.compile(r"^(\d+)-epoch")
 
 # hivemind fast-forwards the schedule to the downloaded epoch without an optimizer step; torch
 # mistakes that for calling the scheduler and the optimizer in the wrong order.
-warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`", module="torch.optim.lr_scheduler")
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,10 @@ def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_s
     assert resumed.keys() == saved.keys()
     assert all(torch.equal(resumed[name], saved[name]) for name in saved), "the new peer starts from the checkpoint"
     assert second.optimizer.local_epoch == checkpoint.epoch
+    saved_state = torch.load(directory / "optimizer.pt", weights_only=True)["state"]
+    resumed_state = second.optimizer.opt.state_dict()["state"]
+    assert all(torch.equal(resumed_state[index]["exp_avg_sq"], saved_state[index]["exp_avg_sq"])
+               for index in resumed_state), "and from its LAMB statistics"
     epoch_before = second.optimizer.local_epoch
     train_until(second, coordinator, lambda: second.optimizer.local_epoch > epoch_before, "the resumed peer's next epoch")
     assert second.optimizer.local_epoch == checkpoint.epoch + 1, "its epochs continue from the checkpoint's"
