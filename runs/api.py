@@ -1,4 +1,4 @@
-"""Run endpoints: the public listing, and joining, refreshing, data and bandwidth probes for peer agents."""
+"""Run endpoints: the public listing and checkpoints, and joining, refreshing, data and bandwidth probes for peer agents."""
 
 import datetime
 import functools
@@ -6,6 +6,7 @@ import os
 from typing import Literal
 
 from django.http import FileResponse, HttpRequest, HttpResponse
+from django.urls import reverse
 from ninja import Field, Query, Router, Schema
 from pydantic import field_validator
 
@@ -16,13 +17,16 @@ from portal.errors import ApiError
 from portal.ratelimit import rate_limit_hit
 from runs import selectors
 from runs.leaderboard import leaderboard_rows
-from runs.models import Run, TrainingSession
+from runs.models import Checkpoint, Run, TrainingSession
 from runs.series import series_points
 from runs.sessions import (
     JoinRefused,
+    checkpoint_for_url_token,
+    checkpoint_url_token,
     data_file_for_url_token,
     data_file_url_token,
     run_join_refusal,
+    run_may_download_checkpoints,
     run_may_view,
     session_open,
     session_refresh,
@@ -108,7 +112,15 @@ def run_join(request: HttpRequest, slug: str, body: JoinRequest):
             _absolute(request, f"/api/v1/data/{data_file_url_token(session=session, data_file=data_file)}/{data_file.pk}.txt")
             for data_file in run.data_files.all()
         ],
+        "checkpoint_url": _checkpoint_url(request, session, run.checkpoints.first()),
     }
+
+
+def _checkpoint_url(request: HttpRequest, session: TrainingSession, checkpoint: Checkpoint | None) -> str | None:
+    if checkpoint is None:
+        return None
+    url_token = checkpoint_url_token(session=session, checkpoint=checkpoint)
+    return _absolute(request, f"/api/v1/checkpoints/{url_token}/{checkpoint.pk}.zip")
 
 
 @router.post("/sessions/{session_id}/refresh", response=RefreshResponse, auth=AgentBearer(), summary="Refresh hivemind access")
@@ -144,6 +156,42 @@ def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     if data_file.pk != file_id:
         raise ApiError(404, "not_found", "this data link is not valid")
     return FileResponse(data_file.file.open("rb"), content_type="text/plain; charset=utf-8")
+
+
+@router.get("/checkpoints/{url_token}/{checkpoint_id}.zip", response={200: None},
+            summary="A run's checkpoint (signed link from the join answer)")
+def checkpoint_download_signed(request: HttpRequest, url_token: str, checkpoint_id: int):
+    try:
+        checkpoint = checkpoint_for_url_token(url_token=url_token)
+    except JoinRefused as refusal:
+        raise _refused(refusal) from None
+    if checkpoint.pk != checkpoint_id:
+        raise ApiError(404, "not_found", "this checkpoint link is not valid")
+    return FileResponse(checkpoint.file.open("rb"), as_attachment=True, content_type="application/zip",
+                        filename=f"{checkpoint.run.slug}-epoch{checkpoint.epoch}.zip")
+
+
+class CheckpointOut(Schema):
+    epoch: int
+    loss: float | None
+    samples: int
+    size: int
+    kept: bool
+    created_at: str
+    download_url: str
+
+
+@router.get("/runs/{slug}/checkpoints", response=list[CheckpointOut], summary="A run's checkpoints, newest first")
+def run_checkpoints(request: HttpRequest, slug: str):
+    run = _visible_run(slug)
+    if not run_may_download_checkpoints(run=run, user=request.user):
+        raise ApiError(404, "run_not_found", f"there is no run “{slug}”; check its name on the portal's runs page")
+    return [
+        {"epoch": checkpoint.epoch, "loss": checkpoint.loss, "samples": checkpoint.samples, "size": checkpoint.size,
+         "kept": checkpoint.kept, "created_at": checkpoint.created_at.isoformat(),
+         "download_url": _absolute(request, reverse("run-checkpoint", args=[run.slug, checkpoint.epoch]))}
+        for checkpoint in run.checkpoints.all()
+    ]
 
 
 PROBE_DOWNLOAD_MAX = 8 << 20
