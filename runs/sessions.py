@@ -35,7 +35,7 @@ def run_may_view(*, run: Run, user: User) -> bool:
 
 def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
     """Public and unlisted runs share their checkpoints with whoever sees the run; invite-only and
-    allowlisted runs only with the people who may train in them (and staff)."""
+    allowlisted runs only with the people who may train in them (and staff): not with the banned."""
     if not run_may_view(run=run, user=user):
         return False
     if run.visibility in (Run.Visibility.PUBLIC, Run.Visibility.UNLISTED) or user.is_staff:
@@ -44,6 +44,8 @@ def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
         return False
     if run_is_organizer(run=run, user=user):
         return True
+    if RunBan.objects.filter(run=run, user=user).exists():
+        return False
     if run.visibility == Run.Visibility.INVITE:
         return run.memberships.filter(user=user).exists()
     return run.allowlist.filter(pk=user.pk).exists()

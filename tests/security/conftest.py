@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from accounts.services import team_create, token_create, token_revoke
 from runs.authority import authority_generate
-from runs.models import Run, RunMembership, TrainingSession
+from runs.models import Checkpoint, Run, RunMembership, TrainingSession
 from runs.services import data_file_add, run_ban
-from runs.sessions import data_file_url_token
+from runs.sessions import checkpoint_url_token, data_file_url_token
 from tests.factories import RunFactory, UserFactory
 from tests.runs.test_join_api import join_body
 
@@ -71,6 +71,8 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     team = team_create(founder=volunteer, name="Dhaka Compute")
     data_file = data_file_add(run=invite, actor=organizer, name="bn.txt", content=b"a line\n")
     invite_session = _session(invite, volunteer, None)
+    checkpoints = {run: Checkpoint.objects.create(run=run, epoch=3, size=2, file=ContentFile(b"PK", name="epoch-3.zip"))
+                   for run in (public, invite)}
     (settings.MEDIA_ROOT / "agent").mkdir(parents=True, exist_ok=True)
     (settings.MEDIA_ROOT / "agent" / "peer_agent-0.1.0-py3-none-any.whl").write_bytes(b"PK")
     values = {
@@ -78,5 +80,7 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
         "data_file": data_file.pk, "wheel": "peer_agent-0.1.0-py3-none-any.whl",
         "public_session": _session(public, volunteer, None).pk, "invite_session": invite_session.pk,
         "invite_data_link": f"{data_file_url_token(session=invite_session, data_file=data_file)}/{data_file.pk}.txt",
+        "invite_checkpoint_link": (f"{checkpoint_url_token(session=invite_session, checkpoint=checkpoints[invite])}"
+                                   f"/{checkpoints[invite].pk}.zip"),
     }
     return World(users, tokens, values)

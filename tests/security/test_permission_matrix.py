@@ -80,6 +80,8 @@ PAGES = [
     ("/runs/{public}/status/pause/",              "GET",  405,  405,   405,  405,   405,  405,  405),
     ("/runs/{public}/health/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/runs/{invite}/health/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{public}/checkpoints/epoch-3.zip",    "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/checkpoints/epoch-3.zip",    "GET",  404,  404,   200,  404,   200,  404,  200),
     ("/agent/{wheel}",                            "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/admin/",                                   "GET",  A,    A,     A,    A,     A,    A,    200),
     ("/admin/runs/run/",                          "GET",  A,    A,     A,    A,     A,    A,    200),
@@ -110,6 +112,9 @@ API = [
     ("/api/v1/probe/upload",                         "POST", 401, 200,  200, 200,  200, 200, 200,   401,    200),
     ("/api/v1/runs/{public}/leaderboard",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{invite}/leaderboard",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/checkpoints",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/checkpoints",            "GET",  404, 404,  404, 404,  404, 404, 404,   404,    404),
+    ("/api/v1/checkpoints/{invite_checkpoint_link}", "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{public}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{invite}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
 ]
