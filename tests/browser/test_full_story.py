@@ -1,11 +1,14 @@
 """The whole product as its users meet it, in one story: an organizer sets up a run in the browser,
 a volunteer signs up and runs the join command the page shows, the live leaderboard fills without a
-reload, the organizer pauses and resumes the run and the agents follow."""
+reload, the organizer pauses and resumes the run and the agents follow, and downloads the checkpoint
+the coordinator saved."""
 
 import os
 import re
 import signal
 import time
+import zipfile
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -13,7 +16,7 @@ from playwright.sync_api import expect
 from accounts.models import User
 from accounts.services import token_create
 from runs.corpus import corpus_write
-from runs.models import ContributionEvent, Run, TrainingSession
+from runs.models import Checkpoint, ContributionEvent, Run, TrainingSession
 from tests.browser.test_run_pages import log_in
 from tests.e2e.agents import agent, wait_for
 from tests.e2e.conftest import coordinator  # noqa: F401 - the fixture
@@ -35,7 +38,8 @@ def organizer_creates_a_run(page, corpus) -> None:
     # Small enough for two agents on two cores: an epoch every few seconds.
     for field, value in {"data__max_seq_length": "64", "tokenizer__vocab_size": "800",
                          "training__target_batch_size": "32", "training__per_device_batch_size": "8",
-                         "averaging__matchmaking_time": "1.5", "averaging__averaging_timeout": "15"}.items():
+                         "averaging__matchmaking_time": "1.5", "averaging__averaging_timeout": "15",
+                         "averaging__checkpoint_every_epochs": "2"}.items():
         page.fill(f"#id_{field}", value)
     page.get_by_role("button", name="Create draft run").click()
     expect(page.locator("#run-status")).to_have_text("Draft")
@@ -129,6 +133,20 @@ def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_ser
             wait_for(lambda resumed=resumed: ContributionEvent.objects.filter(session=resumed).exists(), 120,
                      f"{name}'s reports after resuming")
         assert User.objects.get(username="rumana").training_sessions.count() == 2
+
+        # The coordinator saves the collaboration's state every 2 epochs; the organizer downloads it.
+        def checkpoint_saved() -> bool:
+            coordinator.sync()  # ticks the checkpointer (on this, the main thread, as the command does)
+            return Checkpoint.objects.filter(run__slug=SLUG).exists()
+
+        wait_for(checkpoint_saved, 300, "a checkpoint")
+        olga = organizer_returns(browser, asgi_server, organizer)
+        with olga.expect_download() as download:
+            olga.locator("#checkpoints").get_by_role("link", name="Download").first.click()
+        saved = tmp_path / "checkpoint.zip"
+        download.value.save_as(saved)
+        with zipfile.ZipFile(saved) as archive:
+            assert {"config.json", "metadata.json", "tokenizer.json"} <= {Path(name).name for name in archive.namelist()}
         screenshot(olga, "story-run-page-organizer")
     finally:
         for process in agents.values():
