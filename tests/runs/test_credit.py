@@ -157,11 +157,12 @@ def test_verified_and_provisional_credit_follow_the_monitor_and_organizers(db, c
     run, vik = RunFactory(), UserFactory()
     session = session_for(run, vik)
     report(session, 1000)
+    epoch = SessionEpoch.objects.create
     epochs = {
-        1: SessionEpoch.objects.create(session=session, epoch=1, reported_samples=100, announced_samples=80, status="verified", checked_at=NOW),
-        2: SessionEpoch.objects.create(session=session, epoch=2, reported_samples=50, status="accepted", decided_at=NOW),
-        3: SessionEpoch.objects.create(session=session, epoch=3, reported_samples=30, status="rejected", decided_at=NOW),
-        4: SessionEpoch.objects.create(session=session, epoch=4, reported_samples=20, announced_samples=5, status="flagged", checked_at=NOW),
+        1: epoch(session=session, epoch=1, reported_samples=100, announced_samples=80, status="verified", checked_at=NOW),
+        2: epoch(session=session, epoch=2, reported_samples=50, status="accepted", decided_at=NOW),
+        3: epoch(session=session, epoch=3, reported_samples=30, status="rejected", decided_at=NOW),
+        4: epoch(session=session, epoch=4, reported_samples=20, announced_samples=5, status="flagged", checked_at=NOW),
     }
     credit_rollup()
     cps = credit.run_credit_per_sample(run)
