@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, Count, F, FloatField, Max, Q, Sum, When
+from django.db.models import Case, Count, Exists, F, FloatField, Max, OuterRef, Q, Sum, When
 from django.db.models.functions import Least, TruncHour
 from django.utils import timezone
 
@@ -36,6 +36,7 @@ COMPUTE_SECONDS_PER_REPORT_CAP = 600.0
 # may have committed after it. Recomputing a pair twice is harmless.
 EPOCH_CHANGES_OVERLAP = datetime.timedelta(minutes=2)
 CHUNK = 2000
+_has_events = Exists(ContributionEvent.objects.filter(session=OuterRef("pk")))
 
 
 def albert_parameter_count(*, dimensions: dict[str, int], vocab_size: int) -> int:
@@ -176,10 +177,10 @@ def _credit_per_sample_of(run_ids: Iterable[int]) -> dict[int, float]:
 def _buckets_add(groups: list[dict]) -> None:
     cps = _credit_per_sample_of(group["run_id"] for group in groups)
     hours = {group["hour"] for group in groups}
-    existing = {
-        (bucket.run_id, bucket.user_id, bucket.hour): bucket
-        for bucket in CreditHour.objects.filter(hour__in=hours, run_id__in=cps.keys())
-    }
+    existing = {}
+    for runs, users in _chunks({(group["run_id"], group["user_id"]) for group in groups}):
+        for bucket in CreditHour.objects.filter(run_id__in=runs, user_id__in=users, hour__in=hours):
+            existing[(bucket.run_id, bucket.user_id, bucket.hour)] = bucket
     for group in groups:
         key = (group["run_id"], group["user_id"], group["hour"])
         bucket = existing.setdefault(key, CreditHour(run_id=key[0], user_id=key[1], hour=key[2]))
@@ -220,6 +221,15 @@ def _totals_add(groups: list[dict], *, now: datetime.datetime) -> set[tuple[int,
         batch_size=CHUNK,
     )
     return set(added)
+
+
+def _upsert(model, rows: list, unique_fields: list[str], update_fields: list[str]) -> None:
+    """Write back rows read earlier: INSERT … ON CONFLICT DO UPDATE is one statement per chunk on
+    SQLite and PostgreSQL, where bulk_update's CASE per row grows slow with thousands of rows."""
+    for row in rows:
+        row.pk = None
+    model.objects.bulk_create(rows, update_conflicts=True, unique_fields=unique_fields, update_fields=update_fields,
+                              batch_size=CHUNK)
 
 
 def _run_credits(pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], RunCredit]:
@@ -263,7 +273,7 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime) ->
             samples_7d=Sum("samples"), credit_7d=Sum("credit"),
         ):
             windows[(row["run_id"], row["user_id"])] = row
-        sessions = TrainingSession.objects.filter(run_id__in=runs, user_id__in=users, events__isnull=False)
+        sessions = TrainingSession.objects.filter(run_id__in=runs, user_id__in=users).filter(_has_events)
         for row in sessions.values("run_id", "user_id").annotate(machines=Count("token", distinct=True)):
             machines[(row["run_id"], row["user_id"])] = row["machines"]
     for key, total in totals.items():
@@ -278,7 +288,7 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime) ->
         total.samples_24h, total.credit_24h = window.get("samples_24h") or 0, window.get("credit_24h") or 0.0
         total.samples_7d, total.credit_7d = window.get("samples_7d") or 0, window.get("credit_7d") or 0.0
         total.machines = machines.get(key, 0)
-    RunCredit.objects.bulk_update(list(totals.values()), DERIVED_FIELDS, batch_size=500)
+    _upsert(RunCredit, list(totals.values()), ["run", "user"], DERIVED_FIELDS)
     volunteer_credit_refresh(user_ids={user_id for _, user_id in pairs}, now=now)
 
 
@@ -319,7 +329,7 @@ def volunteer_credit_refresh(*, user_ids: set[int], now: datetime.datetime) -> N
                 setattr(row, field, getattr(row, field) + getattr(total, field))
             row.recent_average_credit += rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
             row.last_seen_at = max(filter(None, [row.last_seen_at, total.last_seen_at]), default=None)
-        sessions = TrainingSession.objects.filter(user_id__in=chunk, events__isnull=False)
+        sessions = TrainingSession.objects.filter(user_id__in=chunk).filter(_has_events)
         for row in sessions.values("user_id").annotate(machines=Count("token", distinct=True)):
             if row["user_id"] in rows:
                 rows[row["user_id"]].machines = row["machines"]
@@ -379,6 +389,6 @@ def credit_rac_decay() -> int:
             for row in batch:
                 row.recent_average_credit, row.rac_updated_at = rac_update(
                     average=row.recent_average_credit, updated_at=row.rac_updated_at, work=0.0, now=now)
-            model.objects.bulk_update(batch, ["recent_average_credit", "rac_updated_at"], batch_size=500)
+            _upsert(model, batch, ["run", "user"] if model is RunCredit else ["user"], ["recent_average_credit", "rac_updated_at"])
             decayed += len(batch)
     return decayed
