@@ -279,9 +279,9 @@ class RunCredit(CreditFigures):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "user"], name="one_credit_per_run_user")]
         indexes = [
-            models.Index(fields=["run", "-credit"], name="run_credit_board_all"),
-            models.Index(fields=["run", "-credit_24h"], name="run_credit_board_24h"),
-            models.Index(fields=["run", "-credit_7d"], name="run_credit_board_7d"),
+            models.Index(fields=["run", "-credit", "user"], name="run_credit_board_all"),
+            models.Index(fields=["run", "-credit_24h", "user"], name="run_credit_board_24h"),
+            models.Index(fields=["run", "-credit_7d", "user"], name="run_credit_board_7d"),
         ]
 
 
@@ -292,9 +292,9 @@ class VolunteerCredit(CreditFigures):
 
     class Meta:
         indexes = [
-            models.Index(fields=["-credit"], name="volunteer_credit_board_all"),
-            models.Index(fields=["-credit_24h"], name="volunteer_credit_board_24h"),
-            models.Index(fields=["-credit_7d"], name="volunteer_credit_board_7d"),
+            models.Index(fields=["-credit", "user"], name="volunteer_credit_board_all"),
+            models.Index(fields=["-credit_24h", "user"], name="volunteer_credit_board_24h"),
+            models.Index(fields=["-credit_7d", "user"], name="volunteer_credit_board_7d"),
         ]
 
 
