@@ -9,7 +9,8 @@ events by volunteer at request time), timed ``--baseline-repeats`` times in the 
 
 ERASES the database's volunteers, runs and events first: point DATABASE_URL at a scratch database.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:55433/credit .venv/bin/python -m bench.leaderboard --volunteers 100000 --events 10000000
+    DATABASE_URL=postgres://postgres@127.0.0.1:55433/credit .venv/bin/python -m bench.leaderboard \
+        --volunteers 100000 --events 10000000
 """
 
 import argparse

@@ -389,6 +389,7 @@ def credit_rac_decay() -> int:
             for row in batch:
                 row.recent_average_credit, row.rac_updated_at = rac_update(
                     average=row.recent_average_credit, updated_at=row.rac_updated_at, work=0.0, now=now)
-            _upsert(model, batch, ["run", "user"] if model is RunCredit else ["user"], ["recent_average_credit", "rac_updated_at"])
+            unique_fields = ["run", "user"] if model is RunCredit else ["user"]
+            _upsert(model, batch, unique_fields, ["recent_average_credit", "rac_updated_at"])
             decayed += len(batch)
     return decayed
