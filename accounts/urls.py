@@ -7,6 +7,7 @@ urlpatterns = [
     path("accounts/profile/", views.profile, name="profile"),
     path("accounts/login/", views.LoginView.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("volunteers/<str:key>/", views.volunteer_detail, name="volunteer-detail"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("teams/", views.team_list, name="teams"),

@@ -4,7 +4,7 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -49,6 +49,27 @@ def profile(request: HttpRequest) -> HttpResponse:
         messages.success(request, "Your profile was saved.")
         return redirect("profile")
     return render(request, "accounts/profile.html", {"form": form})
+
+
+def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
+    """A volunteer's runs and credit; their machines only to themselves. Hidden: only the owner."""
+    from runs.models import VolunteerCredit
+    from runs.volunteers import volunteer_for_profile, volunteer_machines, volunteer_runs
+
+    volunteer = volunteer_for_profile(key=key, viewer=request.user)
+    if volunteer is None:
+        raise Http404("no such volunteer")
+    is_owner = request.user.is_authenticated and request.user.pk == volunteer.pk
+    context = {
+        "volunteer": volunteer,
+        "name": volunteer.public_name or volunteer.username,
+        "key": key,
+        "is_owner": is_owner,
+        "totals": VolunteerCredit.objects.filter(user=volunteer).first(),
+        "runs": volunteer_runs(user=volunteer, viewer=request.user),
+        "machines": volunteer_machines(user=volunteer) if is_owner else None,
+    }
+    return render(request, "accounts/volunteer_detail.html", context)
 
 
 def team_list(request: HttpRequest) -> HttpResponse:

@@ -8,6 +8,7 @@ PostgreSQL and Redis; see docs/deploy.md for production.
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_int, env_list, env_rate, env_str
@@ -129,6 +130,19 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(_CELERY_DIR / "beat-schedule")
 CELERY_TIMEZONE = "UTC"
+# Credit and leaderboards (runs/credit.py): events are rolled up in batches, never counted per report.
+CREDIT_ROLLUP_BATCH = env_int("CREDIT_ROLLUP_BATCH", 10000, minimum=1)
+# Events younger than this wait for the next pass, so that an insert still committing is never skipped.
+CREDIT_ROLLUP_SETTLE_SECONDS = env_int("CREDIT_ROLLUP_SETTLE_SECONDS", 2, minimum=0)
+CREDIT_ROLLUP_EVERY_SECONDS = env_int("CREDIT_ROLLUP_EVERY_SECONDS", 10, minimum=1)
+# A session that has not reported for this long is closed (its agent crashed or lost the network).
+SESSION_SILENT_CLOSE_SECONDS = env_int("SESSION_SILENT_CLOSE_SECONDS", 900, minimum=60)
+CELERY_BEAT_SCHEDULE = {
+    "credit-rollup": {"task": "runs.tasks.credit_rollup_task", "schedule": float(CREDIT_ROLLUP_EVERY_SECONDS)},
+    "credit-rac-decay": {"task": "runs.tasks.credit_rac_decay_task", "schedule": 3600.0},
+    "sessions-close-silent": {"task": "runs.tasks.sessions_close_silent_task", "schedule": 60.0},
+    "stats-dump-daily": {"task": "runs.tasks.stats_dump_task", "schedule": crontab(minute=5, hour=0)},
+}
 
 # --- auth --------------------------------------------------------------------------------------
 

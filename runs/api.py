@@ -16,7 +16,8 @@ from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
 from portal.errors import ApiError
 from portal.ratelimit import rate_limit_hit
 from runs import selectors
-from runs.leaderboard import leaderboard_rows
+from runs.exports import stats_dumps
+from runs.leaderboard import PAGE_MAX, leaderboard_row_json, leaderboard_rows
 from runs.models import Checkpoint, Run, TrainingSession
 from runs.series import series_points
 from runs.sessions import (
@@ -31,6 +32,7 @@ from runs.sessions import (
     session_open,
     session_refresh,
 )
+from runs.volunteers import volunteer_daily, volunteer_for_profile
 
 router = Router(tags=["runs"])
 
@@ -241,16 +243,73 @@ def probe_upload(request: HttpRequest):
 class LeaderboardRowOut(Schema):
     rank: int
     name: str
+    profile_url: str | None
     samples: int
+    credit: float
+    credit_provisional: float
+    credit_verified: float
+    recent_average_credit: float
+    compute_seconds: float
     share: float
-    last_seen: str
+    last_seen: str | None
     machines: int
 
 
+Page = Query[int, {"ge": 1, "le": PAGE_MAX}]
+Offset = Query[int, {"ge": 0, "le": 10_000_000}]
+
+
+def _board(run: Run | None, by: str, window: str, limit: int, offset: int) -> list[dict]:
+    return [leaderboard_row_json(row) for row in leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)]
+
+
 @router.get("/runs/{slug}/leaderboard", response=list[LeaderboardRowOut], summary="A run's leaderboard")
-def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user", window: Literal["24h", "7d", "all"] = "all"):
-    rows = leaderboard_rows(run=_visible_run(slug), by=by, window=window)
-    return [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
+def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user",
+                    window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
+    """Credit is in GFLOP of training (see docs/volunteers.md); share is of the board's credit."""
+    return _board(_visible_run(slug), by, window, limit, offset)
+
+
+@router.get("/leaderboard", response=list[LeaderboardRowOut], summary="The leaderboard across all runs")
+def leaderboard(request: HttpRequest, by: Literal["user", "team"] = "user",
+                window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
+    return _board(None, by, window, limit, offset)
+
+
+class ContributionDayOut(Schema):
+    day: str
+    samples: int
+    credit: float
+
+
+@router.get("/volunteers/{key}/contributions", response=list[ContributionDayOut],
+            summary="A volunteer's samples and credit per day, across runs")
+def volunteer_contributions(request: HttpRequest, key: str):
+    user = volunteer_for_profile(key=key, viewer=request.user)
+    if user is None:
+        raise ApiError(404, "volunteer_not_found", f"there is no volunteer “{key[:64]}” with a public profile")
+    return volunteer_daily(user=user)
+
+
+class StatsFileOut(Schema):
+    name: str
+    size: int
+    url: str
+
+
+class StatsDumpOut(Schema):
+    day: str
+    files: list[StatsFileOut]
+
+
+@router.get("/stats", response=list[StatsDumpOut], summary="Daily statistics dumps (gzip JSON and CSV)")
+def stats_list(request: HttpRequest):
+    return [
+        {"day": dump["day"], "files": [
+            {**file, "url": _absolute(request, reverse("stats-file", args=[dump["day"], file["name"]]))} for file in dump["files"]
+        ]}
+        for dump in stats_dumps()
+    ]
 
 
 SERIES_MAX_POINTS = 2000

@@ -1,70 +1,141 @@
-"""Leaderboards and the live snapshot of a run, computed from the contribution events."""
+"""Leaderboards and the live snapshot of a run, read from the rollup's aggregates (runs/credit.py):
+never an aggregation over the contribution events, so a board costs the same with 10 or 10M."""
 
 import datetime
 
 from django.db.models import Count, Max, Sum
+from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import Team, User
-from runs.models import ContributionEvent, Run
+from accounts.models import User
+from runs.credit import rac_now
+from runs.models import ContributionEvent, Run, RunCredit, RunSample, VolunteerCredit
 
-WINDOWS = {"24h": datetime.timedelta(hours=24), "7d": datetime.timedelta(days=7), "all": None}
+# window -> (samples column, credit column) of the aggregates
+WINDOWS = {"24h": ("samples_24h", "credit_24h"), "7d": ("samples_7d", "credit_7d"), "all": ("samples", "credit")}
+BY = ("user", "team")
 ALIVE_AFTER = datetime.timedelta(seconds=60)
+PAGE_MAX = 500
 
 
-def _events(*, run: Run, window: str):
-    events = ContributionEvent.objects.filter(session__run=run)
-    if WINDOWS[window] is not None:
-        events = events.filter(received_at__gte=timezone.now() - WINDOWS[window])
-    return events
+def volunteer_profile_key(user: User) -> str | None:
+    """The name a volunteer's profile is found by: the pseudonym of an anonymous volunteer (never
+    the username, which would unmask them), none for a hidden one."""
+    if user.visibility == User.Visibility.HIDDEN:
+        return None
+    return user.pseudonym if user.visibility == User.Visibility.ANONYMOUS else user.username
 
 
-def leaderboard_rows(*, run: Run, by: str = "user", window: str = "all") -> list[dict]:
-    """Ranked rows: name, samples, share, last seen, machines. Hidden volunteers count toward
-    the run's total (and their team's) but never appear by name."""
-    key = "session__user" if by == "user" else "session__user__team"
-    grouped = (
-        _events(run=run, window=window)
-        .values(key)
-        .annotate(samples=Sum("samples"), last_seen=Max("received_at"), machines=Count("session__token", distinct=True))
-        .order_by("-samples")
-    )
-    grouped = list(grouped)
-    total = sum(row["samples"] for row in grouped) or 1
-    names = _names(by=by, ids=[row[key] for row in grouped])
-    rows = []
-    for row in grouped:
-        name = names.get(row[key])
-        if name is None:
-            continue
-        rows.append({
-            "rank": len(rows) + 1,
-            "name": name,
-            "samples": row["samples"],
-            "share": row["samples"] / total,
-            "last_seen": row["last_seen"],
-            "machines": row["machines"],
-        })
+def _totals(run: Run | None):
+    return RunCredit.objects.filter(run=run) if run is not None else VolunteerCredit.objects.all()
+
+
+def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", limit: int = 100, offset: int = 0) -> list[dict]:
+    """Ranked rows of one run's board, or of all runs' when ``run`` is None: name, samples, credit
+    (provisional and verified), share of the board's credit, RAC, compute time, last seen,
+    machines. Hidden volunteers count toward the total and their team's row but never appear."""
+    samples_column, credit_column = WINDOWS[window]
+    totals = _totals(run).filter(**{f"{samples_column}__gt": 0})
+    board = totals.aggregate(credit=Sum(credit_column))["credit"] or 0.0
+    if by == "team":
+        rows = _team_rows(totals, samples_column, credit_column, limit=limit, offset=offset)
+    else:
+        rows = _user_rows(totals, samples_column, credit_column, limit=limit, offset=offset)
+    for rank, row in enumerate(rows, start=offset + 1):
+        row["rank"] = rank
+        row["share"] = row["credit"] / board if board else 0.0
     return rows
 
 
-def _names(*, by: str, ids: list) -> dict:
-    if by == "team":
-        return {team.pk: team.name for team in Team.objects.filter(pk__in=[i for i in ids if i])}
-    return {user.pk: user.public_name for user in User.objects.filter(pk__in=ids) if user.public_name}
-
-
-def run_snapshot(*, run: Run) -> dict:
-    """What the live page shows: the board and the collaboration's pace right now."""
+def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, offset: int) -> list[dict]:
+    visible = (
+        totals.exclude(user__visibility=User.Visibility.HIDDEN)
+        .select_related("user")
+        .only(samples_column, credit_column, "credit_provisional", "credit_verified", "recent_average_credit",
+              "rac_updated_at", "compute_seconds", "machines", "last_seen_at",
+              "user__username", "user__display_name", "user__visibility", "user__pseudonym")
+        .order_by(f"-{credit_column}", "user_id")[offset:offset + limit]
+    )
     now = timezone.now()
+    return [
+        {
+            "name": total.user.public_name,
+            "profile_url": reverse("volunteer-detail", args=[volunteer_profile_key(total.user)]),
+            "samples": getattr(total, samples_column),
+            "credit": getattr(total, credit_column),
+            "credit_provisional": total.credit_provisional,
+            "credit_verified": total.credit_verified,
+            "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
+            "compute_seconds": total.compute_seconds,
+            "last_seen": total.last_seen_at,
+            "machines": total.machines,
+        }
+        for total in visible
+    ]
+
+
+def _team_rows(totals, samples_column: str, credit_column: str, *, limit: int, offset: int) -> list[dict]:
+    teams = (
+        totals.exclude(user__team=None)
+        .values("user__team_id", "user__team__name", "user__team__slug")
+        .annotate(samples=Sum(samples_column), credit=Sum(credit_column), credit_provisional=Sum("credit_provisional"),
+                  credit_verified=Sum("credit_verified"), recent_average_credit=Sum("recent_average_credit"),
+                  compute_seconds=Sum("compute_seconds"), last_seen=Max("last_seen_at"), machines=Sum("machines"),
+                  members=Count("user_id"))
+        .order_by("-credit", "user__team_id")[offset:offset + limit]
+    )
+    return [
+        {
+            "name": team["user__team__name"],
+            "profile_url": reverse("team-detail", args=[team["user__team__slug"]]),
+            "samples": team["samples"],
+            "credit": team["credit"],
+            "credit_provisional": team["credit_provisional"],
+            "credit_verified": team["credit_verified"],
+            # Stored RACs, not decayed to this moment: a sum over many rows stays one query.
+            "recent_average_credit": team["recent_average_credit"],
+            "compute_seconds": team["compute_seconds"],
+            "last_seen": team["last_seen"],
+            "machines": team["machines"],
+            "members": team["members"],
+        }
+        for team in teams
+    ]
+
+
+def leaderboard_row_json(row: dict) -> dict:
+    return {**row, "last_seen": row["last_seen"].isoformat() if row["last_seen"] else None}
+
+
+def _pace(run: Run, now: datetime.datetime) -> dict:
+    """The collaboration's pace: the monitor's newest reading of the swarm when it is fresh, else
+    what the agents reported in the last minute."""
+    sample = RunSample.objects.filter(run=run, at__gte=now - ALIVE_AFTER).order_by("-at").first()
+    if sample is not None:
+        return {"samples_per_second": round(sample.samples_per_second, 2), "alive_peers": sample.alive_peers,
+                "epoch": sample.global_epoch, "loss": sample.loss, "pace_source": "monitor"}
     recent = ContributionEvent.objects.filter(session__run=run, received_at__gte=now - ALIVE_AFTER)
     latest = recent.values("session").annotate(rate=Max("samples_per_second"), epoch=Max("local_epoch"))
     last_loss = recent.exclude(loss=None).order_by("-received_at").values_list("loss", flat=True).first()
     return {
-        "type": "snapshot",
-        "leaderboard": [{**row, "last_seen": row["last_seen"].isoformat()} for row in leaderboard_rows(run=run)[:50]],
         "samples_per_second": round(sum(row["rate"] for row in latest), 2),
         "alive_peers": len(latest),
         "epoch": max((row["epoch"] for row in latest), default=None),
         "loss": last_loss,
+        "pace_source": "reports",
+    }
+
+
+def run_snapshot(*, run: Run) -> dict:
+    """What the live page shows: the board and the collaboration's pace right now."""
+    rows = leaderboard_rows(run=run, limit=50)
+    totals = RunCredit.objects.filter(run=run, samples__gt=0).aggregate(
+        samples_total=Sum("samples"), credit_verified_total=Sum("credit_verified"),
+        credit_provisional_total=Sum("credit_provisional"), volunteers=Count("user_id"),
+    )
+    return {
+        "type": "snapshot",
+        "leaderboard": [leaderboard_row_json(row) for row in rows],
+        "totals": {key.removesuffix("_total"): value or 0 for key, value in totals.items()},
+        **_pace(run, timezone.now()),
     }

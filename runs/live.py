@@ -2,16 +2,19 @@
 
 import asyncio
 import json
+import logging
 import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError
 
 from runs.leaderboard import run_snapshot
 from runs.models import Run
 from runs.sessions import run_may_view
 
+logger = logging.getLogger(__name__)
 PUSH_INTERVAL = 0.5
 
 # One snapshot per run per interval in this process, however many people watch.
@@ -49,7 +52,13 @@ class RunLiveConsumer(AsyncWebsocketConsumer):
     async def _push(self) -> None:
         sent = None
         while True:
-            text = await snapshot_text(self.run)
+            try:
+                text = await snapshot_text(self.run)
+            except DatabaseError:
+                # A transient failure (a locked SQLite table, a restarted database) must not end
+                # the viewer's feed for good: the next interval tries again.
+                logger.warning("live snapshot of run %s failed; retrying", self.run.slug, exc_info=True)
+                text = sent
             if text != sent:
                 await self.send(text)
                 sent = text

@@ -243,3 +243,82 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["-epoch", "-id"]
         constraints = [models.UniqueConstraint(fields=["run", "epoch"], name="one_checkpoint_per_epoch")]
+
+
+
+class CreditFigures(models.Model):
+    """A volunteer's totals: what the leaderboards read. Written only by the rollup
+    (runs/credit.py), in batches, never per report."""
+
+    samples = models.PositiveBigIntegerField(default=0, help_text="All samples reported.")
+    samples_verified = models.PositiveBigIntegerField(default=0)
+    samples_rejected = models.PositiveBigIntegerField(default=0)
+    credit_provisional = models.FloatField(default=0)
+    credit_verified = models.FloatField(default=0)
+    credit = models.FloatField(default=0, help_text="Provisional + verified: reported credit less rejected.")
+    samples_24h = models.PositiveBigIntegerField(default=0)
+    credit_24h = models.FloatField(default=0)
+    samples_7d = models.PositiveBigIntegerField(default=0)
+    credit_7d = models.FloatField(default=0)
+    compute_seconds = models.FloatField(default=0, help_text="Time the volunteer's agents spent training.")
+    recent_average_credit = models.FloatField(default=0, help_text="BOINC RAC: credit per day, half-life one week.")
+    rac_updated_at = models.DateTimeField(null=True, blank=True)
+    machines = models.PositiveIntegerField(default=0, help_text="Distinct agent tokens that reported.")
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class RunCredit(CreditFigures):
+    """A volunteer's totals in one run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="credits")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="run_credits")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "user"], name="one_credit_per_run_user")]
+        indexes = [
+            models.Index(fields=["run", "-credit", "user"], name="run_credit_board_all"),
+            models.Index(fields=["run", "-credit_24h", "user"], name="run_credit_board_24h"),
+            models.Index(fields=["run", "-credit_7d", "user"], name="run_credit_board_7d"),
+        ]
+
+
+class VolunteerCredit(CreditFigures):
+    """A volunteer's totals across all runs (credit is comparable across runs; samples are not)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="credit")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["-credit", "user"], name="volunteer_credit_board_all"),
+            models.Index(fields=["-credit_24h", "user"], name="volunteer_credit_board_24h"),
+            models.Index(fields=["-credit_7d", "user"], name="volunteer_credit_board_7d"),
+        ]
+
+
+class CreditHour(models.Model):
+    """Samples and credit one volunteer reported in one run during one hour: the 24 h and 7 d
+    windows and the daily history of a profile are sums of these."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField(help_text="Start of the hour (UTC).")
+    samples = models.PositiveBigIntegerField(default=0)
+    credit = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "user", "hour"], name="one_credit_hour")]
+        indexes = [models.Index(fields=["hour"]), models.Index(fields=["user", "hour"])]
+
+
+class CreditRollup(models.Model):
+    """The rollup's progress (one row): every contribution event with an id up to ``event_id``
+    is in the aggregates. Moved in the same transaction as the aggregates, so a crash never
+    counts an event twice nor loses one."""
+
+    event_id = models.BigIntegerField(default=0)
+    epochs_checked_at = models.DateTimeField(null=True, blank=True, help_text="SessionEpoch changes seen up to here.")
+    windows_hour = models.DateTimeField(null=True, blank=True, help_text="Hour at which the 24 h / 7 d columns were last aged.")
+    updated_at = models.DateTimeField(null=True, blank=True)

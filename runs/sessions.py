@@ -5,6 +5,7 @@ import datetime
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import AgentToken, User
@@ -148,3 +149,10 @@ def checkpoint_for_url_token(*, url_token: str) -> Checkpoint:
     if refusal and refusal.code != "run_paused":
         raise refusal
     return checkpoint
+
+
+def sessions_close_silent(*, silent_for: datetime.timedelta) -> int:
+    """End the sessions whose agent has not been heard from for ``silent_for`` (a crash, a lost
+    network): they end when they were last seen. Returns how many were closed."""
+    cutoff = timezone.now() - silent_for
+    return TrainingSession.objects.filter(ended_at=None, last_seen_at__lt=cutoff).update(ended_at=F("last_seen_at"))

@@ -1,8 +1,34 @@
-from celery import shared_task
+import datetime
 
-from runs import services
+from celery import shared_task
+from django.conf import settings
+
+from runs import credit, exports, services, sessions
 
 
 @shared_task(acks_late=True)
 def tokenizer_train_task(run_id: int) -> None:
     services.tokenizer_train(run_id=run_id)
+
+
+@shared_task(ignore_result=True)
+def credit_rollup_task() -> int:
+    """Every ~10 s: contribution events into the leaderboards' aggregates (exactly once)."""
+    return credit.credit_rollup()
+
+
+@shared_task(ignore_result=True)
+def credit_rac_decay_task() -> int:
+    """Hourly: recent average credit of idle volunteers decays."""
+    return credit.credit_rac_decay()
+
+
+@shared_task(ignore_result=True)
+def sessions_close_silent_task() -> int:
+    return sessions.sessions_close_silent(silent_for=datetime.timedelta(seconds=settings.SESSION_SILENT_CLOSE_SECONDS))
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def stats_dump_task(day: str | None = None) -> str:
+    """Daily: users, teams and per-run credit as gzip JSON and CSV under MEDIA_ROOT/stats/<day>/."""
+    return str(exports.stats_dump(day=datetime.date.fromisoformat(day) if day else None))

@@ -18,5 +18,8 @@ urlpatterns = [
     path("runs/<slug:slug>/tokenizer/train/", organizer_views.tokenizer_train, name="run-tokenizer-train"),
     path("runs/<slug:slug>/tokenizer/upload/", organizer_views.tokenizer_upload, name="run-tokenizer-upload"),
     path("runs/<slug:slug>/status/<str:action>/", organizer_views.run_action, name="run-action"),
+    path("leaderboard/", views.leaderboard, name="leaderboard"),
+    path("stats/", views.stats_list, name="stats"),
+    path("stats/<str:day>/<str:name>", views.stats_file, name="stats-file"),
     path("agent/<str:filename>", views.agent_wheel, name="agent-wheel"),
 ]

@@ -12,8 +12,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
-from runs import selectors, services
-from runs.leaderboard import run_snapshot
+from runs import exports, selectors, services
+from runs.leaderboard import BY, WINDOWS, leaderboard_rows, run_snapshot
 from runs.models import Run
 from runs.sessions import run_is_organizer, run_join_refusal, run_may_download_checkpoints, run_may_view
 
@@ -114,3 +114,22 @@ def agent_wheel(request: HttpRequest, filename: str) -> FileResponse:
     if wheel is None or wheel.name != filename:
         raise Http404("no such agent build; the join page links the current one")
     return FileResponse(wheel.open("rb"), as_attachment=True, filename=wheel.name, content_type="application/octet-stream")
+
+
+def leaderboard(request: HttpRequest) -> HttpResponse:
+    """The board across all runs, by volunteer or team, over a window (bad choices fall back)."""
+    by = request.GET.get("by") if request.GET.get("by") in BY else "user"
+    window = request.GET.get("window") if request.GET.get("window") in WINDOWS else "all"
+    rows = leaderboard_rows(run=None, by=by, window=window, limit=100)
+    return render(request, "runs/leaderboard.html", {"rows": rows, "by": by, "window": window, "windows": list(WINDOWS)})
+
+
+def stats_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "runs/stats.html", {"dumps": exports.stats_dumps()})
+
+
+def stats_file(request: HttpRequest, day: str, name: str) -> FileResponse:
+    path = exports.stats_file(day=day, name=name)
+    if path is None:
+        raise Http404("no such statistics file; the stats page lists them")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=f"{day}-{name}", content_type="application/gzip")

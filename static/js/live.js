@@ -15,7 +15,7 @@
     figure("live-loss", snapshot.loss === null ? "—" : snapshot.loss.toFixed(3));
     if (snapshot.leaderboard.length === 0) {
       const empty = cell("No contributions yet.");
-      empty.colSpan = 6;
+      empty.colSpan = 7;
       empty.className = "empty";
       const tr = document.createElement("tr");
       tr.append(empty);
@@ -25,7 +25,13 @@
     body.replaceChildren(...snapshot.leaderboard.map((row) => {
       const tr = document.createElement("tr");
       tr.dataset.name = row.name;
-      tr.append(cell(row.rank), cell(row.name), cell(row.samples.toLocaleString()),
+      const name = document.createElement("td");
+      const link = document.createElement("a");
+      link.href = row.profile_url;
+      link.textContent = row.name;
+      name.append(link);
+      const credit = `${Math.round(row.credit).toLocaleString()} (${Math.round(row.credit_verified).toLocaleString()})`;
+      tr.append(cell(row.rank), name, cell(row.samples.toLocaleString()), cell(credit),
         cell(`${(row.share * 100).toFixed(1)}%`), cell(row.machines), cell(new Date(row.last_seen).toLocaleTimeString()));
       return tr;
     }));

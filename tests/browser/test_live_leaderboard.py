@@ -1,4 +1,5 @@
-"""The live run page in a real browser: a report arrives, the leaderboard row changes without reload."""
+"""The live run page in a real browser: a report arrives, the rollup counts it (Celery beat runs it every
+10 s in production; here the test runs it), the leaderboard row changes without reload."""
 
 import datetime
 import json
@@ -8,6 +9,7 @@ from playwright.sync_api import expect
 from websockets.sync.client import connect
 
 from accounts.services import token_create
+from runs.credit import credit_rollup
 from runs.models import TrainingSession
 from tests.factories import RunFactory
 
@@ -22,7 +24,8 @@ def send_report(server: str, secret: str, session_id: int, seq: int, samples: in
         return json.loads(socket.recv(timeout=10))
 
 
-def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server, volunteer, screenshot):
+def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server, volunteer, screenshot, settings):
+    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
     run = RunFactory(slug="live-demo", name="Live demo")
     token, secret = token_create(user=volunteer, name="laptop")
     session = TrainingSession.objects.create(
@@ -36,10 +39,12 @@ def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server,
     page.evaluate("window.__not_reloaded = true")
 
     assert send_report(asgi_server, secret, session.pk, 1, 96) == {"type": "ack", "seq": 1}
+    assert credit_rollup() == 1
     row = page.locator("#leaderboard tr[data-name='vik']")
     expect(row).to_contain_text("96")
     expect(page.locator("#live-epoch")).to_have_text("4")
     assert send_report(asgi_server, secret, session.pk, 2, 32) == {"type": "ack", "seq": 2}
+    assert credit_rollup() == 1
     expect(row).to_contain_text("128")
     assert page.evaluate("window.__not_reloaded") is True
     screenshot(page, "live-leaderboard")

@@ -1,4 +1,4 @@
-"""Leaderboards from the contribution events, respecting each volunteer's visibility; the live feed."""
+"""Leaderboards from the rolled-up contribution events, respecting each volunteer's visibility; the live feed."""
 
 import datetime
 import json
@@ -9,6 +9,7 @@ from channels.testing import WebsocketCommunicator
 
 from accounts.services import team_create, token_create
 from portal.asgi import application
+from runs.credit import credit_rollup
 from runs.models import ContributionEvent, TrainingSession
 from tests.factories import RunFactory, UserFactory
 
@@ -26,6 +27,11 @@ def contribute(run, user, samples: int, *, seq: int = 1, ago: datetime.timedelta
     )
 
 
+@pytest.fixture(autouse=True)
+def _rollup_takes_every_event(settings):
+    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
+
+
 @pytest.fixture
 def board(db):
     run = RunFactory(slug="board-run")
@@ -41,6 +47,7 @@ def board(db):
     contribute(run, shy, 100)
     contribute(run, ghost, 50)
     contribute(run, vik, 1000, seq=2, ago=datetime.timedelta(days=3))
+    credit_rollup()
     return run, shy
 
 
@@ -73,6 +80,7 @@ def test_a_bad_window_is_a_400(client, board):
 def test_the_live_feed_pushes_a_snapshot_with_the_board():
     run = RunFactory(slug="live-run")
     contribute(run, UserFactory(username="amina"), 64)
+    credit_rollup()
 
     async def first_snapshot():
         communicator = WebsocketCommunicator(application, "/ws/runs/live-run/live/", headers=[(b"origin", b"http://127.0.0.1")])

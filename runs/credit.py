@@ -1,0 +1,395 @@
+"""Credit: what a volunteer's reported samples are worth, and the rollup that turns the append-only
+contribution events into the totals the leaderboards read.
+
+Unit: one credit is one GFLOP of training compute (forward + backward, the usual 6 × parameters
+per token), so credit is comparable across runs of different model sizes and sequence lengths.
+"""
+
+import datetime
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, Count, Exists, F, FloatField, Max, OuterRef, Q, Sum, When
+from django.db.models.functions import Least, TruncHour
+from django.utils import timezone
+
+from peer_agent.protocol import RunConfig
+from runs.models import (
+    ContributionEvent,
+    CreditHour,
+    CreditRollup,
+    Run,
+    RunCredit,
+    SessionEpoch,
+    TrainingSession,
+    VolunteerCredit,
+)
+
+RAC_HALF_LIFE = datetime.timedelta(days=7)
+DAY_SECONDS = 86400.0
+# A report claims samples/samples_per_second seconds of training; no report covers more than this.
+COMPUTE_SECONDS_PER_REPORT_CAP = 600.0
+# Re-read SessionEpoch changes this far back: a monitor write stamped just before our last pass
+# may have committed after it. Recomputing a pair twice is harmless.
+EPOCH_CHANGES_OVERLAP = datetime.timedelta(minutes=2)
+CHUNK = 2000
+_has_events = Exists(ContributionEvent.objects.filter(session=OuterRef("pk")))
+
+
+def albert_parameter_count(*, dimensions: dict[str, int], vocab_size: int) -> int:
+    """Parameters of ``transformers.AlbertForMaskedLM`` of this shape: embeddings, one shared
+    transformer layer (ALBERT reuses it in every layer) and the masked-LM head, whose decoder is
+    tied to the word embeddings."""
+    E, H, I = dimensions["embedding_size"], dimensions["hidden_size"], dimensions["intermediate_size"]  # noqa: E741
+    P, V = dimensions["max_position_embeddings"], vocab_size
+    embeddings = V * E + P * E + 2 * E + 2 * E  # words, positions, 2 token types, LayerNorm
+    mapping_in = E * H + H
+    attention = 4 * (H * H + H) + 2 * H  # query, key, value, output dense; LayerNorm
+    feed_forward = (H * I + I) + (I * H + H) + 2 * H  # ffn, ffn_output, LayerNorm
+    mlm_head = 2 * E + V + H * E + E  # LayerNorm, output bias, dense (decoder weight is tied)
+    return embeddings + mapping_in + attention + feed_forward + mlm_head
+
+
+def credit_per_sample(config: RunConfig) -> float:
+    """Credit of one training sample: 6 × parameters × tokens per sample / 1e9 (GFLOP)."""
+    parameters = albert_parameter_count(dimensions=config.model.dimensions(), vocab_size=config.tokenizer.vocab_size)
+    return 6 * parameters * config.data.max_seq_length / 1e9
+
+
+def run_credit_per_sample(run: Run) -> float:
+    return credit_per_sample(RunConfig.model_validate(run.config))
+
+
+def rac_update(*, average: float, updated_at: datetime.datetime | None, work: float,
+               now: datetime.datetime) -> tuple[float, datetime.datetime]:
+    """BOINC's recent average credit (``update_average`` in boinc/lib/util.cpp), in credit per day.
+
+    With ``diff`` the seconds since the last update and ``weight = exp(-diff·ln2 / half_life)``::
+
+        average = average · weight + (1 − weight) · work / (diff / 86400)      if 1 − weight > 1e-6
+        average = average · weight + work · ln2 · 86400 / half_life            otherwise
+
+    The half-life is one week: a volunteer who stops has half the RAC a week later. BOINC's first
+    update divides by the work's own duration; we have none, so the first update takes the
+    second branch, as if the previous update had just happened.
+    """
+    if updated_at is None:
+        return work * math.log(2) * DAY_SECONDS / RAC_HALF_LIFE.total_seconds(), now
+    diff = max((now - updated_at).total_seconds(), 0.0)
+    weight = math.exp(-diff * math.log(2) / RAC_HALF_LIFE.total_seconds())
+    average *= weight
+    if 1.0 - weight > 1e-6:
+        average += (1.0 - weight) * work / (diff / DAY_SECONDS)
+    else:
+        average += work * math.log(2) * DAY_SECONDS / RAC_HALF_LIFE.total_seconds()
+    return average, now
+
+
+def rac_now(*, average: float, updated_at: datetime.datetime | None, now: datetime.datetime | None = None) -> float:
+    """The recent average credit decayed to ``now`` (what a board shows between updates)."""
+    if updated_at is None:
+        return average
+    return rac_update(average=average, updated_at=updated_at, work=0.0, now=now or timezone.now())[0]
+
+
+def _hour(moment: datetime.datetime) -> datetime.datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def window_starts(now: datetime.datetime) -> dict[str, datetime.datetime]:
+    """First hourly bucket inside each window: the current hour and the 23 (or 167) before it."""
+    return {"24h": _hour(now) - datetime.timedelta(hours=23), "7d": _hour(now) - datetime.timedelta(hours=7 * 24 - 1)}
+
+
+# --- the rollup ---------------------------------------------------------------------------------
+
+
+def credit_rollup(*, batch_size: int | None = None, max_batches: int = 100) -> int:
+    """Bring the aggregates up to date: consume new contribution events in bounded batches, then
+    apply SessionEpoch changes and age the 24 h / 7 d windows. Returns the events consumed.
+    Safe to run concurrently and repeatedly: each batch locks the watermark row."""
+    batch_size = batch_size or settings.CREDIT_ROLLUP_BATCH
+    consumed = 0
+    for _ in range(max_batches):
+        count = credit_rollup_batch(batch_size=batch_size)
+        consumed += count
+        if count < batch_size:
+            break
+    credit_epochs_refresh()
+    credit_windows_age()
+    return consumed
+
+
+def _watermark() -> CreditRollup:
+    CreditRollup.objects.get_or_create(pk=1)
+    return CreditRollup.objects.select_for_update().get(pk=1)
+
+
+def _batch_upper_id(*, after: int, batch_size: int, now: datetime.datetime) -> int | None:
+    """The last event id of the next batch. Events newer than the settle delay end the batch:
+    an event whose insert has not committed yet has a smaller id than some committed ones, and
+    the watermark must not pass it."""
+    pending = ContributionEvent.objects.filter(id__gt=after)
+    settle = now - datetime.timedelta(seconds=settings.CREDIT_ROLLUP_SETTLE_SECONDS)
+    unsettled = pending.filter(received_at__gt=settle).order_by("id").values_list("id", flat=True).first()
+    if unsettled is not None:
+        pending = pending.filter(id__lt=unsettled)
+    nth = pending.order_by("id").values_list("id", flat=True)[batch_size - 1:batch_size].first()
+    return nth if nth is not None else pending.aggregate(last=Max("id"))["last"]
+
+
+def credit_rollup_batch(*, batch_size: int) -> int:
+    """Add the next events after the watermark to hourly buckets and totals, and move the
+    watermark, in one transaction: all of it happens, or none."""
+    now = timezone.now()
+    with transaction.atomic():
+        mark = _watermark()
+        upper = _batch_upper_id(after=mark.event_id, batch_size=batch_size, now=now)
+        if upper is None:
+            return 0
+        events = ContributionEvent.objects.filter(id__gt=mark.event_id, id__lte=upper)
+        count = events.count()
+        groups = list(
+            events.values(run_id=F("session__run_id"), user_id=F("session__user_id"), hour=TruncHour("received_at"))
+            .annotate(reported=Sum("samples"), last_seen=Max("received_at"), compute=Sum(_report_seconds()))
+        )
+        _buckets_add(groups)
+        pairs = _totals_add(groups, now=now)
+        run_credit_derive(pairs=pairs, now=now)
+        mark.event_id = upper
+        mark.updated_at = now
+        mark.save(update_fields=["event_id", "updated_at"])
+    return count
+
+
+def _report_seconds():
+    seconds = Least(F("samples") * 1.0 / F("samples_per_second"), COMPUTE_SECONDS_PER_REPORT_CAP, output_field=FloatField())
+    return Case(When(samples_per_second__gt=0, then=seconds), default=0.0, output_field=FloatField())
+
+
+def _credit_per_sample_of(run_ids: Iterable[int]) -> dict[int, float]:
+    return {run.pk: run_credit_per_sample(run) for run in Run.objects.filter(pk__in=set(run_ids)).only("config")}
+
+
+def _buckets_add(groups: list[dict]) -> None:
+    cps = _credit_per_sample_of(group["run_id"] for group in groups)
+    hours = {group["hour"] for group in groups}
+    existing = {}
+    for runs, users in _chunks({(group["run_id"], group["user_id"]) for group in groups}):
+        for bucket in CreditHour.objects.filter(run_id__in=runs, user_id__in=users, hour__in=hours):
+            existing[(bucket.run_id, bucket.user_id, bucket.hour)] = bucket
+    for group in groups:
+        key = (group["run_id"], group["user_id"], group["hour"])
+        bucket = existing.setdefault(key, CreditHour(run_id=key[0], user_id=key[1], hour=key[2]))
+        bucket.samples += group["reported"]
+        bucket.credit += group["reported"] * cps[group["run_id"]]
+    for bucket in existing.values():
+        bucket.pk = None  # upserted on (run, user, hour)
+    CreditHour.objects.bulk_create(
+        list(existing.values()), update_conflicts=True, unique_fields=["run", "user", "hour"],
+        update_fields=["samples", "credit"], batch_size=CHUNK,
+    )
+
+
+def _totals_add(groups: list[dict], *, now: datetime.datetime) -> set[tuple[int, int]]:
+    """Add the batch's samples, compute time and RAC work to each (run, user) total."""
+    cps = _credit_per_sample_of(group["run_id"] for group in groups)
+    added: dict[tuple[int, int], dict] = defaultdict(lambda: {"samples": 0, "compute": 0.0, "last_seen": None})
+    for group in groups:
+        sums = added[(group["run_id"], group["user_id"])]
+        sums["samples"] += group["reported"]
+        sums["compute"] += group["compute"] or 0.0
+        sums["last_seen"] = max(filter(None, [sums["last_seen"], group["last_seen"]]))
+    totals = _run_credits(added.keys())
+    for (run_id, user_id), sums in added.items():
+        total = totals.setdefault((run_id, user_id), RunCredit(run_id=run_id, user_id=user_id))
+        total.samples += sums["samples"]
+        total.compute_seconds += sums["compute"]
+        total.last_seen_at = max(filter(None, [total.last_seen_at, sums["last_seen"]]))
+        total.recent_average_credit, total.rac_updated_at = rac_update(
+            average=total.recent_average_credit, updated_at=total.rac_updated_at,
+            work=sums["samples"] * cps[run_id], now=now,
+        )
+    for total in totals.values():
+        total.pk = None  # upserted on (run, user)
+    RunCredit.objects.bulk_create(
+        list(totals.values()), update_conflicts=True, unique_fields=["run", "user"],
+        update_fields=["samples", "compute_seconds", "last_seen_at", "recent_average_credit", "rac_updated_at"],
+        batch_size=CHUNK,
+    )
+    return set(added)
+
+
+def _upsert(model, rows: list, unique_fields: list[str], update_fields: list[str]) -> None:
+    """Write back rows read earlier: INSERT … ON CONFLICT DO UPDATE is one statement per chunk on
+    SQLite and PostgreSQL, where bulk_update's CASE per row grows slow with thousands of rows."""
+    for row in rows:
+        row.pk = None
+    model.objects.bulk_create(rows, update_conflicts=True, unique_fields=unique_fields, update_fields=update_fields,
+                              batch_size=CHUNK)
+
+
+def _run_credits(pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], RunCredit]:
+    pairs = set(pairs)
+    found = {}
+    users = sorted({user_id for _, user_id in pairs})
+    runs = {run_id for run_id, _ in pairs}
+    for start in range(0, len(users), CHUNK):
+        for total in RunCredit.objects.filter(run_id__in=runs, user_id__in=users[start:start + CHUNK]):
+            if (total.run_id, total.user_id) in pairs:
+                found[(total.run_id, total.user_id)] = total
+    return found
+
+
+def _chunks(pairs: set[tuple[int, int]]):
+    """(run ids, user ids) filters covering the pairs, a bounded number of users at a time."""
+    users = sorted({user_id for _, user_id in pairs})
+    runs = sorted({run_id for run_id, _ in pairs})
+    for start in range(0, len(users), CHUNK):
+        yield runs, users[start:start + CHUNK]
+
+
+def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime) -> None:
+    """Recompute what follows from the events' totals for these (run, user) pairs: the verified,
+    rejected and provisional split (SessionEpoch rows), the 24 h / 7 d windows (hourly buckets)
+    and the machines (agent tokens that reported); then the volunteers' all-runs totals.
+    Idempotent: it reads only stored rows."""
+    if not pairs:
+        return
+    totals = _run_credits(pairs)
+    cps = _credit_per_sample_of(run_id for run_id, _ in totals)
+    epochs, windows, machines = {}, {}, {}
+    starts = window_starts(now)
+    for runs, users in _chunks(pairs):
+        for row in _epoch_split(runs=runs, users=users):
+            epochs[(row["run_id"], row["user_id"])] = row
+        buckets = CreditHour.objects.filter(run_id__in=runs, user_id__in=users, hour__gte=starts["7d"])
+        in_24h = Q(hour__gte=starts["24h"])
+        for row in buckets.values("run_id", "user_id").annotate(
+            samples_24h=Sum("samples", filter=in_24h), credit_24h=Sum("credit", filter=in_24h),
+            samples_7d=Sum("samples"), credit_7d=Sum("credit"),
+        ):
+            windows[(row["run_id"], row["user_id"])] = row
+        sessions = TrainingSession.objects.filter(run_id__in=runs, user_id__in=users).filter(_has_events)
+        for row in sessions.values("run_id", "user_id").annotate(machines=Count("token", distinct=True)):
+            machines[(row["run_id"], row["user_id"])] = row["machines"]
+    for key, total in totals.items():
+        split = epochs.get(key, {})
+        total.samples_verified = min(split.get("verified") or 0, total.samples)
+        total.samples_rejected = min(split.get("rejected") or 0, total.samples - total.samples_verified)
+        provisional = total.samples - total.samples_verified - total.samples_rejected
+        total.credit_provisional = provisional * cps[key[0]]
+        total.credit_verified = total.samples_verified * cps[key[0]]
+        total.credit = total.credit_provisional + total.credit_verified
+        window = windows.get(key, {})
+        total.samples_24h, total.credit_24h = window.get("samples_24h") or 0, window.get("credit_24h") or 0.0
+        total.samples_7d, total.credit_7d = window.get("samples_7d") or 0, window.get("credit_7d") or 0.0
+        total.machines = machines.get(key, 0)
+    _upsert(RunCredit, list(totals.values()), ["run", "user"], DERIVED_FIELDS)
+    volunteer_credit_refresh(user_ids={user_id for _, user_id in pairs}, now=now)
+
+
+DERIVED_FIELDS = ["samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit",
+                  "samples_24h", "credit_24h", "samples_7d", "credit_7d", "machines"]
+SUMMED_FIELDS = ["samples", "samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit",
+                 "samples_24h", "credit_24h", "samples_7d", "credit_7d", "compute_seconds"]
+
+
+def _epoch_split(*, runs: list[int], users: list[int]):
+    """Verified and rejected samples per (run, user): a verified epoch counts the smaller of the
+    reported and the announced samples, an accepted one what was reported; rejected earns nothing."""
+    status = SessionEpoch.Status
+    verified = Case(
+        When(status=status.VERIFIED, announced_samples__isnull=False,
+             then=Least("reported_samples", "announced_samples")),
+        When(status__in=[status.VERIFIED, status.ACCEPTED], then=F("reported_samples")),
+        default=0,
+    )
+    rejected = Case(When(status=status.REJECTED, then=F("reported_samples")), default=0)
+    return (
+        SessionEpoch.objects.filter(session__run_id__in=runs, session__user_id__in=users)
+        .values(run_id=F("session__run_id"), user_id=F("session__user_id"))
+        .annotate(verified=Sum(verified), rejected=Sum(rejected))
+    )
+
+
+def volunteer_credit_refresh(*, user_ids: set[int], now: datetime.datetime) -> None:
+    """A volunteer's all-runs totals: sums of their runs' totals. RAC decays the same way in
+    every run, so the all-runs RAC is the sum of the runs' RACs decayed to the same moment."""
+    users = sorted(user_ids)
+    for start in range(0, len(users), CHUNK):
+        chunk = users[start:start + CHUNK]
+        rows: dict[int, VolunteerCredit] = {}
+        for total in RunCredit.objects.filter(user_id__in=chunk):
+            row = rows.setdefault(total.user_id, VolunteerCredit(user_id=total.user_id, rac_updated_at=now))
+            for field in SUMMED_FIELDS:
+                setattr(row, field, getattr(row, field) + getattr(total, field))
+            row.recent_average_credit += rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
+            row.last_seen_at = max(filter(None, [row.last_seen_at, total.last_seen_at]), default=None)
+        sessions = TrainingSession.objects.filter(user_id__in=chunk).filter(_has_events)
+        for row in sessions.values("user_id").annotate(machines=Count("token", distinct=True)):
+            if row["user_id"] in rows:
+                rows[row["user_id"]].machines = row["machines"]
+        VolunteerCredit.objects.bulk_create(
+            list(rows.values()), update_conflicts=True, unique_fields=["user"],
+            update_fields=[*SUMMED_FIELDS, "recent_average_credit", "rac_updated_at", "last_seen_at", "machines"],
+            batch_size=CHUNK,
+        )
+
+
+def credit_epochs_refresh() -> int:
+    """Apply the monitor's and organizers' SessionEpoch changes since the last pass to the
+    verified/provisional split. Returns the (run, user) pairs refreshed."""
+    now = timezone.now()
+    with transaction.atomic():
+        mark = _watermark()
+        changed = SessionEpoch.objects.all()
+        if mark.epochs_checked_at is not None:
+            since = mark.epochs_checked_at - EPOCH_CHANGES_OVERLAP
+            changed = changed.filter(Q(checked_at__gte=since) | Q(decided_at__gte=since))
+        else:
+            changed = changed.exclude(checked_at=None, decided_at=None)
+        pairs = set(changed.values_list("session__run_id", "session__user_id").distinct())
+        run_credit_derive(pairs=pairs, now=now)
+        mark.epochs_checked_at = now
+        mark.save(update_fields=["epochs_checked_at"])
+    return len(pairs)
+
+
+def credit_windows_age() -> int:
+    """Drop the hours that left the 24 h and 7 d windows since the last pass, also for volunteers
+    who sent nothing since. Returns the (run, user) pairs refreshed."""
+    now = timezone.now()
+    with transaction.atomic():
+        mark = _watermark()
+        if mark.windows_hour == _hour(now):
+            return 0
+        new, old = window_starts(now), window_starts(mark.windows_hour or now - datetime.timedelta(days=8))
+        aged = CreditHour.objects.filter(
+            Q(hour__gte=old["24h"], hour__lt=new["24h"]) | Q(hour__gte=old["7d"], hour__lt=new["7d"])
+        )
+        pairs = set(aged.values_list("run_id", "user_id").distinct())
+        run_credit_derive(pairs=pairs, now=now)
+        mark.windows_hour = _hour(now)
+        mark.save(update_fields=["windows_hour"])
+    return len(pairs)
+
+
+def credit_rac_decay() -> int:
+    """Decay the RAC of volunteers who earned nothing for an hour, so that boards sorted by RAC
+    stay right for idle volunteers. Returns the rows decayed."""
+    now = timezone.now()
+    decayed = 0
+    for model in (RunCredit, VolunteerCredit):
+        idle = model.objects.filter(rac_updated_at__lt=now - datetime.timedelta(hours=1), recent_average_credit__gt=0)
+        while batch := list(idle.order_by("pk")[:CHUNK]):
+            for row in batch:
+                row.recent_average_credit, row.rac_updated_at = rac_update(
+                    average=row.recent_average_credit, updated_at=row.rac_updated_at, work=0.0, now=now)
+            unique_fields = ["run", "user"] if model is RunCredit else ["user"]
+            _upsert(model, batch, unique_fields, ["recent_average_credit", "rac_updated_at"])
+            decayed += len(batch)
+    return decayed

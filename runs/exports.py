@@ -1,0 +1,123 @@
+"""Daily statistics dumps, as BOINC projects and Folding@home publish them: every volunteer's,
+team's and run's credit as gzip JSON and gzip CSV under MEDIA_ROOT/stats/YYYY-MM-DD/.
+
+Hidden volunteers never appear by name: they are left out of the volunteers' and runs' files
+and counted only in their team's totals.
+"""
+
+import csv
+import datetime
+import gzip
+import io
+import json
+import os
+from pathlib import Path
+
+from django.conf import settings
+from django.db.models import Count, Max, Sum
+from django.utils import timezone
+
+from accounts.models import User
+from runs.leaderboard import volunteer_profile_key
+from runs.models import Run, RunCredit, VolunteerCredit
+
+KINDS = ("users", "teams", "runs")
+FORMATS = ("json.gz", "csv.gz")
+FILE_NAMES = frozenset(f"{kind}.{fmt}" for kind in KINDS for fmt in FORMATS)
+CREDIT_FIELDS = ["credit", "credit_verified", "credit_provisional", "recent_average_credit", "compute_seconds", "machines"]
+
+
+def stats_root() -> Path:
+    return Path(settings.MEDIA_ROOT) / "stats"
+
+
+def _volunteers() -> list[dict]:
+    totals = VolunteerCredit.objects.exclude(user__visibility=User.Visibility.HIDDEN).select_related("user__team")
+    return [
+        {"name": total.user.public_name, "profile": volunteer_profile_key(total.user),
+         "team": total.user.team.name if total.user.team else "",
+         **{field: getattr(total, field) for field in CREDIT_FIELDS}}
+        for total in totals.order_by("-credit", "user_id")
+    ]
+
+
+def _teams() -> list[dict]:
+    teams = (
+        VolunteerCredit.objects.exclude(user__team=None)
+        .values("user__team__name", "user__team__slug")
+        .annotate(members=Count("user_id"), credit=Sum("credit"), credit_verified=Sum("credit_verified"),
+                  credit_provisional=Sum("credit_provisional"), recent_average_credit=Sum("recent_average_credit"),
+                  compute_seconds=Sum("compute_seconds"), machines=Sum("machines"), last_seen=Max("last_seen_at"))
+        .order_by("-credit")
+    )
+    return [{"name": team["user__team__name"], "slug": team["user__team__slug"], "members": team["members"],
+             **{field: team[field] for field in CREDIT_FIELDS}} for team in teams]
+
+
+def _run_credits() -> list[dict]:
+    """Per-run rows of the runs anyone may see listed (public and started)."""
+    totals = (
+        RunCredit.objects.filter(run__visibility=Run.Visibility.PUBLIC)
+        .exclude(run__status=Run.Status.DRAFT)
+        .exclude(user__visibility=User.Visibility.HIDDEN)
+        .select_related("run", "user")
+        .order_by("run_id", "-credit", "user_id")
+    )
+    return [
+        {"run": total.run.slug, "name": total.user.public_name, "profile": volunteer_profile_key(total.user),
+         "samples": total.samples, **{field: getattr(total, field) for field in CREDIT_FIELDS}}
+        for total in totals
+    ]
+
+
+def _write_atomically(path: Path, content: bytes) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(content)
+    os.replace(partial, path)  # a reader never sees half a file
+
+
+def _csv(rows: list[dict]) -> bytes:
+    text = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return text.getvalue().encode()
+
+
+def stats_dump(*, day: datetime.date | None = None) -> Path:
+    """Write the day's dump (rewriting it if it exists: the task is idempotent). Returns its folder."""
+    day = day or timezone.now().date()
+    folder = stats_root() / day.isoformat()
+    folder.mkdir(parents=True, exist_ok=True)
+    for kind, rows in (("users", _volunteers()), ("teams", _teams()), ("runs", _run_credits())):
+        # mtime=0: the same figures give the same bytes.
+        _write_atomically(folder / f"{kind}.json.gz", gzip.compress(json.dumps(rows).encode(), mtime=0))
+        _write_atomically(folder / f"{kind}.csv.gz", gzip.compress(_csv(rows), mtime=0))
+    return folder
+
+
+def stats_dumps() -> list[dict]:
+    """The dumps on disk, newest first: day and files (name, size)."""
+    root = stats_root()
+    days = []
+    for folder in sorted(root.iterdir(), reverse=True) if root.is_dir() else []:
+        try:
+            datetime.date.fromisoformat(folder.name)
+        except ValueError:
+            continue
+        files = [{"name": path.name, "size": path.stat().st_size} for path in sorted(folder.iterdir()) if path.name in FILE_NAMES]
+        days.append({"day": folder.name, "files": files})
+    return days
+
+
+def stats_file(*, day: str, name: str) -> Path | None:
+    """The dump file named, if it exists; None for any other name (no path tricks get through)."""
+    try:
+        datetime.date.fromisoformat(day)
+    except ValueError:
+        return None
+    if name not in FILE_NAMES or len(day) != 10:
+        return None
+    path = stats_root() / day / name
+    return path if path.is_file() else None
