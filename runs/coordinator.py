@@ -1,5 +1,5 @@
 """The run coordinator: for every active run, a stable hivemind backbone peer whose addresses are
-the run's `initial_peers`, and a heartbeat that organizers see."""
+the run's `initial_peers`, a heartbeat that organizers see, and the run's monitor (runs.monitor)."""
 
 import datetime
 import logging
@@ -16,13 +16,14 @@ from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import metrics_validators
 from runs.authority import access_token_sign, authority_load
 from runs.models import Run
+from runs.monitor import Monitor
 
 logger = logging.getLogger(__name__)
 COORDINATOR_USERNAME = "coordinator"
 
 
 class BackbonePeer:
-    """One run's DHT peer: keeps the swarm reachable and will host the monitor and checkpointer."""
+    """One run's DHT peer: keeps the swarm reachable and hosts the run's monitor (and checkpointer)."""
 
     def __init__(self, run: Run, *, state_dir: Path, host_maddrs: list[str], announce_maddrs: list[str] | None) -> None:
         self.run_pk, self.slug, self.run_id = run.pk, run.slug, run.hivemind_run_id
@@ -48,11 +49,20 @@ class BackbonePeer:
         )
         self.initial_peers = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
         logger.info("run %s: backbone peer %s at %s", self.slug, self.dht.peer_id, ", ".join(self.initial_peers))
+        self.monitor = Monitor(dht=self.dht, run_pk=self.run_pk, run_id=self.run_id)
 
     def heartbeat(self) -> None:
         Run.objects.filter(pk=self.run_pk).update(
             initial_peers=self.initial_peers, coordinator_peer_id=str(self.dht.peer_id), coordinator_heartbeat_at=timezone.now()
         )
+
+    def tick(self) -> None:
+        """One cycle of the peer's duties: heartbeat, then the monitor's poll."""
+        self.heartbeat()
+        try:
+            self.monitor.poll()
+        except Exception:  # a failed poll must not stop the heartbeat; the health page sees no new sample
+            logger.exception("run %s: monitor poll failed", self.slug)
 
     def shutdown(self) -> None:
         logger.info("run %s: backbone peer stopping", self.slug)
@@ -83,7 +93,7 @@ class Coordinator:
                     run, state_dir=self.state_dir, host_maddrs=settings.COORDINATOR_HOST_MADDRS,
                     announce_maddrs=settings.COORDINATOR_ANNOUNCE_MADDRS or None,
                 )
-            self.peers[pk].heartbeat()
+            self.peers[pk].tick()
 
     def serve(self) -> None:
         logger.info("coordinator started for %s", f"run {self.slug}" if self.slug else "all active runs")
