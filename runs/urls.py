@@ -16,5 +16,7 @@ urlpatterns = [
     path("runs/<slug:slug>/tokenizer/train/", organizer_views.tokenizer_train, name="run-tokenizer-train"),
     path("runs/<slug:slug>/tokenizer/upload/", organizer_views.tokenizer_upload, name="run-tokenizer-upload"),
     path("runs/<slug:slug>/status/<str:action>/", organizer_views.run_action, name="run-action"),
+    path("runs/<slug:slug>/flags/", organizer_views.run_flags, name="run-flags"),
+    path("runs/<slug:slug>/flags/<int:pk>/<str:decision>/", organizer_views.run_flag_decide, name="run-flag-decide"),
     path("agent/<str:filename>", views.agent_wheel, name="agent-wheel"),
 ]

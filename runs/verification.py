@@ -166,6 +166,12 @@ def epoch_reject_unseen(*, row: SessionEpoch, reported: int) -> None:
     _save(row, status=_Status.REJECTED, reported_samples=reported, detail=NEVER_SEEN, checked_at=timezone.now())
 
 
+def flags_for_run(*, run: Run) -> list[SessionEpoch]:
+    """The run's flagged epochs waiting for an organizer, oldest first, with their volunteers."""
+    flagged = SessionEpoch.objects.filter(session__run=run, status=_Status.FLAGGED)
+    return list(flagged.select_related("session__user").order_by("epoch", "id")[:500])
+
+
 @transaction.atomic
 def flag_accept(*, row: SessionEpoch, by: User) -> None:
     """An organizer accepts a flagged epoch: its reported samples count as verified."""

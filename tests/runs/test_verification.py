@@ -27,10 +27,10 @@ def run(db):
     return run
 
 
-def session_for(run, username="amina"):
-    user = UserFactory(username=username)
+def session_for(run, username="amina", user=None):
+    user = user or UserFactory(username=username)
     token, _ = token_create(user=user, name="laptop")
-    return TrainingSession.objects.create(run=run, user=user, token=token, peer_public_key=f"ssh-rsa {username}AAAA",
+    return TrainingSession.objects.create(run=run, user=user, token=token, peer_public_key=f"ssh-rsa {user.username}AAAA",
                                           agent_version="0.1.0", access_expires_at=timezone.now())
 
 
