@@ -2,6 +2,7 @@
 the run's `initial_peers`, a heartbeat that organizers see, and the run's monitor (runs.monitor)."""
 
 import datetime
+import json
 import logging
 import threading
 from pathlib import Path
@@ -34,12 +35,18 @@ class BackbonePeer:
 
         def fetch_token() -> dict:
             # Runs in the DHT's forked process: signs with the key loaded above, never the database.
-            return access_token_sign(private_key=authority, username=COORDINATOR_USERNAME, peer_public_key=public_key, lifetime=lifetime)
+            return access_token_sign(private_key=authority, username=COORDINATOR_USERNAME, peer_public_key=public_key,
+                                     lifetime=lifetime)
 
         authorizer = PortalAuthorizer(self.private_key, rsa_public_key_parse(run.authority_public_key), fetch_token)
         state_dir.mkdir(parents=True, exist_ok=True)
+        self.swarm_file = state_dir / f"{self.run_id}.swarm"
         self.dht = DHT(
             start=True,
+            # A restarted peer (perhaps on another port) knows nobody, and the agents dropped it from their
+            # routing tables: it reaches the swarm again through the peers it was connected to before.
+            initial_peers=swarm_peers_load(self.swarm_file),
+            ensure_bootstrap_success=False,
             host_maddrs=host_maddrs,
             announce_maddrs=announce_maddrs,
             identity_path=str(state_dir / f"{self.run_id}.identity"),  # same peer id after a restart
@@ -60,6 +67,10 @@ class BackbonePeer:
         """One cycle of the peer's duties: heartbeat, then the monitor's poll."""
         self.heartbeat()
         try:
+            swarm_peers_save(self.swarm_file, self.dht.run_coroutine(_connected_maddrs))
+        except Exception:  # only a restart would miss it
+            logger.exception("run %s: could not save the swarm's addresses", self.slug)
+        try:
             self.monitor.poll()
         except Exception:  # a failed poll must not stop the heartbeat; the health page sees no new sample
             logger.exception("run %s: monitor poll failed", self.slug)
@@ -67,6 +78,23 @@ class BackbonePeer:
     def shutdown(self) -> None:
         logger.info("run %s: backbone peer stopping", self.slug)
         self.dht.shutdown()
+
+
+async def _connected_maddrs(dht: DHT, node) -> list[str]:
+    """Runs in the DHT's process: the full multiaddrs of the peers the backbone peer is connected to."""
+    return sorted(f"{maddr}/p2p/{info.peer_id}" for info in await node.p2p.list_peers() for maddr in info.addrs)
+
+
+def swarm_peers_load(path: Path) -> list[str]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def swarm_peers_save(path: Path, maddrs: list[str]) -> None:
+    if maddrs and maddrs != swarm_peers_load(path):
+        path.write_text(json.dumps(maddrs))
 
 
 class Coordinator:

@@ -27,7 +27,8 @@ def serve_until(coordinator: Coordinator, condition, timeout: float, what: str) 
     """Run the coordinator's cycles (heartbeat and monitor poll) in this thread until ``condition``."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        series = list(RunSample.objects.order_by("-at").values_list("global_epoch", "alive_peers")[:10])
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; the latest samples (epoch, peers): {series}"
         coordinator.sync()
         time.sleep(1)
 
