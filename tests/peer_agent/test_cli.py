@@ -348,3 +348,40 @@ def test_join_declares_the_measured_upload_to_the_swarm(portal, reports, stand_i
     assert cli.main(join_args(portal, "--max-runtime", "0.5", "--bandwidth", "0.5")) == 0
     assert stand_in_trainer.instances[0].setup.bandwidth == 0.5  # --bandwidth caps the (much faster) loopback upload
     assert portal.probes.uploads == [2 << 20]
+
+
+class EpochStandInTrainer(StandInTrainer):
+    """The third step of each epoch ends it, as hivemind's optimizer step does: its result
+    already names the next epoch."""
+
+    def step(self):
+        from peer_agent.training import StepResult
+
+        super().step()
+        return StepResult(samples=4, loss=2.0, local_epoch=self.steps // 3, global_epoch=0, samples_per_second=400.0)
+
+
+def test_a_report_never_spans_two_epochs_and_counts_each_step_toward_the_epoch_it_began_in(
+    portal, reports, stand_in_trainer, monkeypatch
+):
+    """hivemind counts a step's samples toward the epoch the step began in; the coordinator
+    verifies each epoch's reports against those counts."""
+    import peer_agent.training
+    from peer_agent.reporter import Reporter
+
+    portal.report_url = reports.url
+    reported: dict[int, int] = {}
+    report = Reporter.report
+
+    def recording(self, *, samples, local_epoch, **fields):
+        reported[local_epoch] = reported.get(local_epoch, 0) + samples
+        return report(self, samples=samples, local_epoch=local_epoch, **fields)
+
+    monkeypatch.setattr(Reporter, "report", recording)
+    monkeypatch.setattr(peer_agent.training, "Trainer", EpochStandInTrainer)
+    assert cli.main(join_args(portal, "--max-runtime", "1.0", "--report-interval", "30")) == 0
+    (trainer,) = stand_in_trainer.instances
+    complete = trainer.steps // 3
+    assert complete >= 3
+    assert [reported[epoch] for epoch in range(complete)] == [12] * complete
+    assert sum(reported.values()) == 4 * trainer.steps
