@@ -220,14 +220,13 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
 
 def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher], refusals: object,
                 stop: StopRequest, deadline: float, settings: AgentSettings, console: Console) -> StopReason:
-    tally, session_samples, shown_at, epoch_now = _Tally(), 0, 0.0, None
+    tally, session_samples, shown_at, epoch_now = _Tally(), 0, 0.0, trainer.progress().local_epoch
     with ProgressDisplay(console) as display:
         while (reason := _stop_reason(stop, deadline, reporter, watchers, refusals)) is None:
             result = trainer.step()
             # hivemind counts a step's samples toward the epoch the step began in, and the coordinator
             # verifies reports per epoch against those counts: so a report never spans two epochs.
-            epoch = result.local_epoch if epoch_now is None else epoch_now
-            epoch_now = result.local_epoch
+            epoch, epoch_now = epoch_now, result.local_epoch
             if tally.steps and epoch != tally.local_epoch:
                 tally = tally.send(reporter)
             tally.add(result, epoch)

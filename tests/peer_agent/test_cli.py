@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -351,14 +351,21 @@ def test_join_declares_the_measured_upload_to_the_swarm(portal, reports, stand_i
 
 
 class EpochStandInTrainer(StandInTrainer):
-    """The third step of each epoch ends it, as hivemind's optimizer step does: its result
-    already names the next epoch."""
+    """Joins one step before the end of epoch 0; then the third step of each epoch ends it, as
+    hivemind's optimizer step does: its result already names the next epoch."""
 
     def step(self):
         from peer_agent.training import StepResult
 
         super().step()
-        return StepResult(samples=4, loss=2.0, local_epoch=self.steps // 3, global_epoch=0, samples_per_second=400.0)
+        return StepResult(samples=4, loss=2.0, local_epoch=self.epoch, global_epoch=0, samples_per_second=400.0)
+
+    @property
+    def epoch(self) -> int:
+        return (self.steps + 2) // 3
+
+    def progress(self):
+        return replace(super().progress(), local_epoch=self.epoch)
 
 
 def test_a_report_never_spans_two_epochs_and_counts_each_step_toward_the_epoch_it_began_in(
@@ -379,9 +386,6 @@ def test_a_report_never_spans_two_epochs_and_counts_each_step_toward_the_epoch_i
 
     monkeypatch.setattr(Reporter, "report", recording)
     monkeypatch.setattr(peer_agent.training, "Trainer", EpochStandInTrainer)
-    assert cli.main(join_args(portal, "--max-runtime", "1.0", "--report-interval", "30")) == 0
-    (trainer,) = stand_in_trainer.instances
-    complete = trainer.steps // 3
-    assert complete >= 3
-    assert [reported[epoch] for epoch in range(complete)] == [12] * complete
-    assert sum(reported.values()) == 4 * trainer.steps
+    stand_in_trainer.on_step = lambda trainer: trainer.steps == 13 and signal.raise_signal(signal.SIGINT)
+    assert cli.main(join_args(portal, "--report-interval", "30")) == 0
+    assert reported == {0: 4, 1: 12, 2: 12, 3: 12, 4: 12}
