@@ -123,14 +123,18 @@ class Coordinator:
                 )
             self.peers[pk].tick()
 
+    def cycle(self) -> None:
+        """One sync; a failed one (a database restart, a locked table) is logged and retried next time."""
+        try:
+            self.sync()
+        except Exception:  # one bad cycle must not end the coordinator
+            logger.exception("coordinator cycle failed; retrying in %.0f s", self.interval)
+
     def serve(self) -> None:
         logger.info("coordinator started for %s", f"run {self.slug}" if self.slug else "all active runs")
         try:
             while not self.stopping.is_set():
-                try:
-                    self.sync()
-                except Exception:  # one bad cycle (a database restart) must not end the coordinator
-                    logger.exception("coordinator cycle failed; retrying in %.0f s", self.interval)
+                self.cycle()
                 self.stopping.wait(self.interval)
         finally:
             for peer in self.peers.values():

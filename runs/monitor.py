@@ -129,19 +129,19 @@ class Monitor:
 
     def __init__(self, *, dht: DHT, run_pk: int, run_id: str, grace_s: float | None = None) -> None:
         self.dht, self.run_pk, self.run_id = dht, run_pk, run_id
-        self.grace_s = grace_s = GRACE_S if grace_s is None else grace_s
+        self.grace_s = GRACE_S if grace_s is None else grace_s
         dht.add_validators(progress_validators(run_id))
         self.announced: dict[tuple[bytes, int], int] = {}  # (peer subkey, epoch) → samples, until judged
         self.stored: dict[tuple[int, int], int] = {}  # (session, epoch) → announced samples in the rows
         self.sessions: dict[bytes, int | None] = {}
         self.global_epoch: int | None = None
-        # Closed epochs not judged for good: when they closed and when to judge them. After a
-        # restart, the epochs a previous monitor left provisional count as closed now.
+        # Closed epochs not judged for good: when they closed and when to judge them.
+        self.closed_at: dict[int, datetime.datetime] = {}
+        self.due: dict[int, float] = {}
+        # After a restart: epochs with provisional rows, judged once the swarm is seen past them.
         rows = SessionEpoch.objects.filter(session__run_id=run_pk)
-        now, started = timezone.now(), time.monotonic()
-        pending = rows.filter(status=SessionEpoch.Status.PROVISIONAL).values_list("epoch", flat=True).distinct()
-        self.closed_at: dict[int, datetime.datetime] = {epoch: now for epoch in pending}
-        self.due: dict[int, float] = {epoch: started + grace_s for epoch in pending}
+        self.unjudged = set(rows.filter(status=SessionEpoch.Status.PROVISIONAL).values_list("epoch", flat=True))
+        now = timezone.now()
         figures = rows.exclude(status=SessionEpoch.Status.PROVISIONAL).aggregate(epoch=Max("epoch"), at=Max("checked_at"))
         self.judged_through: int = figures["epoch"] if figures["epoch"] is not None else -1
         self.reports_seen_at: datetime.datetime = figures["at"] or now
@@ -169,13 +169,16 @@ class Monitor:
         for subkey, epoch in self.announced:
             known.setdefault(subkey, set()).add(epoch)
         for (subkey, epoch), samples in announcements(progress, metrics, known).items():
-            if epoch > self.judged_through or epoch in self.due:  # records outlive their epoch: skip judged ones
+            # Records outlive their epoch: skip the ones judged already.
+            if epoch > self.judged_through or epoch in self.due or epoch in self.unjudged:
                 self.announced[subkey, epoch] = max(self.announced.get((subkey, epoch), 0), samples)
 
     def _epochs_close(self, global_epoch: int) -> None:
         first = self.judged_through + 1 if self.global_epoch is None else max(self.global_epoch, self.judged_through + 1)
         closing = set(range(first, global_epoch)) if self.global_epoch is not None else set()
         closing |= {epoch for _, epoch in self.announced if epoch < global_epoch}
+        closing |= {epoch for epoch in self.unjudged if epoch < global_epoch}
+        self.unjudged -= closing
         for epoch in closing - set(self.closed_at):
             self.closed_at[epoch], self.due[epoch] = timezone.now(), time.monotonic() + self.grace_s
         self.global_epoch = max(global_epoch, self.global_epoch or 0)
@@ -210,7 +213,7 @@ class Monitor:
     def _judge_late_reports(self) -> None:
         """Reports that arrived after their epoch was judged: judge those sessions' epochs again."""
         # An event is stored a moment after its received_at: look back a little; judging twice changes nothing.
-        since, self.reports_seen_at = self.reports_seen_at - LATE_REPORT_OVERLAP, timezone.now()
+        since, until = self.reports_seen_at - LATE_REPORT_OVERLAP, timezone.now()
         late = (ContributionEvent.objects.filter(session__run_id=self.run_pk, received_at__gte=since,
                                                  local_epoch__lte=self.judged_through)
                 .values_list("local_epoch", "session_id").distinct())
@@ -220,6 +223,7 @@ class Monitor:
                 by_epoch.setdefault(epoch, []).append(session)
         for epoch, sessions in sorted(by_epoch.items()):
             verification.epoch_judge(run=self._run(), epoch=epoch, closed_at=timezone.now(), session_ids=sessions)
+        self.reports_seen_at = until
 
     def _run(self) -> Run:
         return Run.objects.get(pk=self.run_pk)

@@ -24,12 +24,13 @@ pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 
 
 def serve_until(coordinator: Coordinator, condition, timeout: float, what: str) -> None:
-    """Run the coordinator's cycles (heartbeat and monitor poll) in this thread until ``condition``."""
+    """Run the coordinator's cycles (heartbeat and monitor poll) in this thread until ``condition``;
+    like `serve`, a cycle that fails (SQLite's shared-cache test database locks tables) is retried."""
     deadline = time.monotonic() + timeout
     while not condition():
         series = list(RunSample.objects.order_by("-at").values_list("global_epoch", "alive_peers")[:10])
         assert time.monotonic() < deadline, f"timed out waiting for {what}; the latest samples (epoch, peers): {series}"
-        coordinator.sync()
+        coordinator.cycle()
         time.sleep(1)
 
 
@@ -42,7 +43,7 @@ def test_monitor_verifies_honest_credit_flags_a_double_reporter_and_survives_a_r
 ):
     monkeypatch.setattr(monitor, "GRACE_S", 6.0)  # agents report every 2 s here
     run = small_run(organizer)
-    coordinator.sync()
+    serve_until(coordinator, lambda: Run.objects.get(pk=run.pk).initial_peers, 60, "the backbone peer")
     honest, cheat = UserFactory(username="amina"), UserFactory(username="rahim")
     homes = {user: tmp_path / user.username for user in (honest, cheat)}
     processes = {
@@ -66,7 +67,7 @@ def test_monitor_verifies_honest_credit_flags_a_double_reporter_and_survives_a_r
         coordinator.peers.clear()
         restarted = Coordinator(interval=1.0)
         try:
-            restarted.sync()
+            serve_until(restarted, lambda: restarted.peers, 60, "the restarted coordinator")
             assert Run.objects.get(pk=run.pk).coordinator_peer_id == peer_id, "the same peer id after a restart"
             restarted_at = RunSample.objects.filter(run=run).latest("at").at
             last_judged = max(epoch for epoch in SessionEpoch.objects.filter(session__user=honest)
