@@ -1,9 +1,28 @@
 from django import forms
 from django.conf import settings
-from django.contrib.auth.forms import UserCreationForm
+from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 
+from accounts.auth import request_ip
 from accounts.models import Team, User
+from portal.ratelimit import RateLimited, rate_limit_hit
 from runs.models import Run
+
+
+class LoginForm(AuthenticationForm):
+    """Counts every attempt per client IP and username before the password is checked."""
+
+    rate_limited: RateLimited | None = None
+
+    def clean(self):
+        username = (self.cleaned_data.get("username") or "").lower()
+        try:
+            rate_limit_hit(name="login", key=f"{request_ip(self.request)}|{username}")
+        except RateLimited as exc:
+            self.rate_limited = exc
+            raise forms.ValidationError(
+                f"Too many log-in attempts for this account; try again in {exc.retry_after} s.", code="rate_limited"
+            ) from None
+        return super().clean()
 
 
 class SignUpForm(UserCreationForm):

@@ -5,6 +5,7 @@ from accounts import views
 urlpatterns = [
     path("accounts/signup/", views.signup, name="signup"),
     path("accounts/profile/", views.profile, name="profile"),
+    path("accounts/login/", views.LoginView.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),

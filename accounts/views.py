@@ -2,20 +2,37 @@ import datetime
 
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from accounts import selectors, services
-from accounts.forms import AgentTokenForm, HandOverForm, ProfileForm, SignUpForm, TeamForm
+from accounts.auth import request_ip
+from accounts.forms import AgentTokenForm, HandOverForm, LoginForm, ProfileForm, SignUpForm, TeamForm
 from accounts.models import AgentToken, Team
+from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
+
+
+class LoginView(auth_views.LoginView):
+    authentication_form = LoginForm
+
+    def form_invalid(self, form: LoginForm) -> HttpResponse:
+        response = super().form_invalid(form)
+        return rate_limited_page(response, form.rate_limited) if form.rate_limited else response
 
 
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("home")
     form = SignUpForm(request.POST or None)
+    if request.method == "POST":
+        try:
+            rate_limit_hit(name="signup", key=str(request_ip(request)))
+        except RateLimited as exc:
+            form.add_error(None, f"Too many sign-ups from your address; try again in {exc.retry_after} s.")
+            return rate_limited_page(render(request, "accounts/signup.html", {"form": form}), exc)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
@@ -120,6 +137,13 @@ def team_hand_over(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def token_list(request: HttpRequest) -> HttpResponse:
     form = AgentTokenForm(request.POST or None)
+    if request.method == "POST":
+        try:
+            rate_limit_hit(name="token_create", key=str(request.user.pk))
+        except RateLimited as exc:
+            form.add_error(None, f"You created many tokens in a short time; try again in {exc.retry_after} s.")
+            context = {"form": form, "tokens": selectors.token_list(user=request.user)}
+            return rate_limited_page(render(request, "accounts/token_list.html", context), exc)
     if request.method == "POST" and form.is_valid():
         token, secret = services.token_create(
             user=request.user,

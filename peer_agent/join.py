@@ -7,6 +7,7 @@ stop after the current step, send the last reports and leave the swarm.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import multiprocessing
@@ -15,6 +16,7 @@ import secrets
 import signal
 import threading
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -196,6 +198,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
         extra["announce_maddrs"] = announce
     elif announce:
         logger.warning("--announce only decides client mode here: this trainer cannot announce the address to peers")
+    if joined.checkpoint_url:
+        extra["checkpoint_fetch"] = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, files / "checkpoints")
     setup = TrainerSetup(config=config, run_id=joined.run_id, initial_peers=joined.initial_peers, client_mode=client_mode,
                          bandwidth=bandwidth, authorizer=authorizer, private_key=key, host_maddrs=[settings.host],
                          device=device, threads=settings.threads, seed=secrets.randbits(31), data_files=data_files, **extra)
@@ -286,3 +290,19 @@ def _data_files(portal: PortalClient, urls: list[str], folder: Path) -> list[str
             logger.info("Downloaded %s (%.1f MB)", dest.name, download.size / 1e6)
         paths.append(str(dest))
     return paths
+
+
+def _checkpoint_fetch(portal: PortalClient, url: str, folder: Path) -> Path | None:
+    """The run's newest checkpoint, downloaded and unzipped into ``folder`` (signed link: no token
+    sent); None when it cannot be had, and the agent starts from fresh weights."""
+    from peer_agent.checkpoint import checkpoint_unzip
+
+    archive = folder / Path(urlsplit(url).path).name
+    try:
+        if not archive.exists():
+            download = portal.download(url, archive)
+            logger.info("Downloaded the run's newest checkpoint (%.1f MB)", download.size / 1e6)
+        return checkpoint_unzip(archive, folder / archive.stem)
+    except (PortalError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        logger.warning("Could not use the run's checkpoint, starting from fresh weights: %s", exc)
+        return None

@@ -326,7 +326,13 @@ class HivemindAccess(_Schema):
 
 
 class JoinResponse(_Schema):
-    """Answer to a join: everything an agent needs to enter the run's swarm."""
+    """Answer to a join: everything an agent needs to enter the run's swarm.
+
+    Fields a newer portal adds are ignored, so that it can tell newer agents more without
+    breaking older ones; each added field is optional for the same reason.
+    """
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     session_id: StrictInt = Field(ge=1, le=2**63 - 1, description="Training session to report under.")
     run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="The run's hivemind key prefix.")
@@ -339,6 +345,9 @@ class JoinResponse(_Schema):
     tokenizer_url: str = Field(pattern=r"^https?://\S+$", max_length=2000, description="The run's tokenizer.json.")
     data_files: list[Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=2000)]] = Field(
         default_factory=list, max_length=1000, description="Signed URLs of the run's uploaded text files.")
+    checkpoint_url: str | None = Field(None, pattern=r"^https?://\S+$", max_length=2000, description=(
+        "Signed URL of the run's newest checkpoint (a zip), if any: an agent that finds no peer to "
+        "download the collaboration's state from starts from it."))
 
 
 class RefreshResponse(_Schema):

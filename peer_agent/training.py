@@ -14,9 +14,10 @@ import math
 import time
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 from hivemind.compression import (
@@ -34,11 +35,12 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 from transformers import PreTrainedTokenizerFast
 
+from peer_agent.checkpoint import checkpoint_load_into, checkpoint_metadata
 from peer_agent.data import batches, dataset_stream
 from peer_agent.metrics import LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from peer_agent.model import model_build, precision_choose
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
-from peer_agent.protocol import Compression, RunConfig
+from peer_agent.protocol import Compression, RunConfig, TrainingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ class TrainerSetup:
     http_headers: dict[str, str] | None = None  # sent when fetching data files over http(s)
     progress_refresh_s: float = 10.0  # longest wait between reads of the swarm's progress
     backup_every: int = 50  # local steps between CPU backups of the parameters (and every epoch)
+    # The run's newest checkpoint, unzipped; called only when no peer shared a newer state than epoch 0.
+    checkpoint_fetch: Callable[[], Path | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,8 @@ class Trainer:
                 # mistakes that for calling the scheduler and the optimizer in the wrong order.
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
                 self.optimizer.load_state_from_peers()
+                if self.optimizer.local_epoch == 0 and setup.checkpoint_fetch is not None:
+                    self._checkpoint_resume(setup.checkpoint_fetch)
         except BaseException:
             self.shutdown()
             raise
@@ -241,6 +247,16 @@ class Trainer:
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
 
+    def _checkpoint_resume(self, fetch: Callable[[], Path | None]) -> None:
+        """Start from the run's newest checkpoint instead of fresh weights: nobody online had a newer state."""
+        directory = fetch()
+        if directory is None:
+            return
+        if checkpoint_metadata(directory).epoch <= self.optimizer.local_epoch:
+            return
+        epoch = checkpoint_load_into(directory, model=self.model, optimizer=self.optimizer)
+        logger.info("No peer had a newer state: resumed from the run's checkpoint of epoch %d", epoch)
+
     def _autocast(self):
         if self.precision == "fp32":
             return contextlib.nullcontext()
@@ -317,6 +333,17 @@ def _flat_params(param_groups) -> list[torch.Tensor]:
     return [param for group in param_groups for param in group["params"]]
 
 
+def lamb_factory(training: TrainingConfig) -> partial:
+    """The run's LAMB, for hivemind to build over its (offloaded) parameters."""
+    return partial(Lamb, lr=training.learning_rate, weight_decay=training.weight_decay,
+                   clamp_value=training.clamp_value, eps=1e-6, debias=True)
+
+
+def schedule_factory(training: TrainingConfig) -> partial:
+    """The run's learning-rate schedule, which hivemind steps once per collaboration epoch."""
+    return partial(schedule_build, warmup_steps=training.warmup_steps, total_steps=training.total_steps)
+
+
 def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Optimizer:
     """``hivemind.Optimizer`` with LAMB and the run's averaging settings.
 
@@ -339,9 +366,7 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
     return Optimizer(
         dht=dht, run_id=setup.run_id,
         params=parameter_groups(model, training.weight_decay),
-        optimizer=partial(Lamb, lr=training.learning_rate, weight_decay=training.weight_decay,
-                          clamp_value=training.clamp_value, eps=1e-6, debias=True),
-        scheduler=partial(schedule_build, warmup_steps=training.warmup_steps, total_steps=training.total_steps),
+        optimizer=lamb_factory(training), scheduler=schedule_factory(training),
         target_batch_size=training.target_batch_size,
         batch_size_per_step=training.per_device_batch_size * training.gradient_accumulation_steps,
         offload_optimizer=True,

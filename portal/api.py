@@ -9,6 +9,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from accounts.api import router as accounts_router
 from accounts.services import AgentTokenRefused
 from portal.errors import ApiError, error_response
+from portal.ratelimit import RateLimited, rate_limited_response
 from runs.api import router as runs_router
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,11 @@ def _api_error(request: HttpRequest, exc: ApiError):
 def _token_refused(request: HttpRequest, exc: AgentTokenRefused):
     logger.info("agent token refused (%s) from %s", exc.code, request.META.get("REMOTE_ADDR"))
     return error_response(exc.status, exc.code, exc.detail)
+
+
+@api.exception_handler(RateLimited)
+def _rate_limited(request: HttpRequest, exc: RateLimited):
+    return rate_limited_response(exc)
 
 
 @api.exception_handler(AuthenticationError)

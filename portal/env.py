@@ -65,3 +65,16 @@ def env_choice(name: str, default: str, choices: set[str]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={value!r} must be one of {', '.join(sorted(choices))}")
     return value
+
+
+_RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def env_rate(name: str, default: str) -> tuple[int, int]:
+    """A rate limit written `COUNT/WINDOW`, e.g. `10/15m` (units s, m, h, d), as (count, seconds)."""
+    value = env_str(name, default).strip()
+    count, _, window = value.partition("/")
+    number, unit = window[:-1] or "1", window[-1:]
+    if not (count.isdigit() and int(count) >= 1 and number.isdigit() and int(number) >= 1 and unit in _RATE_UNITS):
+        raise ImproperlyConfigured(f"{name}={value!r} is not a rate; write COUNT/WINDOW such as 10/15m (units s, m, h, d)")
+    return int(count), int(number) * _RATE_UNITS[unit]

@@ -10,7 +10,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_int, env_list, env_str
+from portal.env import env_bool, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
@@ -84,6 +84,9 @@ DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, coordinator) share the file in the embedded default.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    # Tests serve the portal from threads while agents report: an in-memory test database uses
+    # SQLite's shared cache, whose table locks fail at once instead of waiting out `timeout`.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"
 
@@ -148,6 +151,18 @@ COORDINATOR_ANNOUNCE_MADDRS = env_list("COORDINATOR_ANNOUNCE_MADDRS", [])
 COORDINATOR_STATE_DIR = env_str("COORDINATOR_STATE_DIR", str(VAR_DIR / "coordinator"))
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
+# --- rate limits (COUNT/WINDOW, counted in the cache; portal/ratelimit.py) -----------------------
+
+RATE_LIMITS = {
+    "login": env_rate("RATE_LIMIT_LOGIN", "10/15m"),  # per client IP and username
+    "signup": env_rate("RATE_LIMIT_SIGNUP", "10/1h"),  # per client IP
+    "token_create": env_rate("RATE_LIMIT_TOKEN_CREATE", "30/1h"),  # per volunteer
+    "join": env_rate("RATE_LIMIT_JOIN", "60/10m"),  # per agent token
+}
+# An agent's contribution reports, per websocket connection (a token bucket in runs/consumers.py).
+REPORT_RATE_PER_SECOND = env_int("REPORT_RATE_PER_SECOND", 5, minimum=1)
+REPORT_RATE_BURST = env_int("REPORT_RATE_BURST", 50, minimum=1)
+
 # --- e-mail ------------------------------------------------------------------------------------
 
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
@@ -188,6 +203,10 @@ CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 if env_bool("USE_X_FORWARDED_PROTO", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 X_FRAME_OPTIONS = "DENY"
+# Django's defaults, stated so that a reader sees them (tests/security/test_xss_and_headers.py).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -1,7 +1,5 @@
-from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path, re_path
-from django.views.static import serve
 
 from portal import views
 from portal.api import api
@@ -15,6 +13,5 @@ urlpatterns = [
     path("", include("accounts.urls")),
     path("", include("runs.urls")),
 ]
-
-if settings.DEBUG:
-    urlpatterns += [re_path(r"^media/(?P<path>.*)$", serve, {"document_root": settings.MEDIA_ROOT})]
+# MEDIA_ROOT is never served as such: it holds invite-only runs' data and tokenizers, which
+# agents fetch through the API's checked, signed links.

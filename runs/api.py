@@ -1,24 +1,33 @@
-"""Run endpoints: the public listing, and joining, refreshing, data and bandwidth probes for peer agents."""
+"""Run endpoints: the public listing and checkpoints, and joining, refreshing, data and bandwidth probes for peer agents."""
 
+import datetime
 import functools
 import os
 from typing import Literal
 
 from django.http import FileResponse, HttpRequest, HttpResponse
-from ninja import Router, Schema
+from django.urls import reverse
+from ninja import Field, Query, Router, Schema
+from pydantic import field_validator
 
 from accounts.auth import AgentBearer
 from accounts.services import token_check_scope
 from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
 from portal.errors import ApiError
+from portal.ratelimit import rate_limit_hit
 from runs import selectors
 from runs.leaderboard import leaderboard_rows
-from runs.models import Run, TrainingSession
+from runs.models import Checkpoint, Run, TrainingSession
+from runs.series import series_points
 from runs.sessions import (
     JoinRefused,
+    checkpoint_for_url_token,
+    checkpoint_url_token,
     data_file_for_url_token,
     data_file_url_token,
     run_join_refusal,
+    run_may_download_checkpoints,
+    run_may_view,
     session_open,
     session_refresh,
 )
@@ -81,6 +90,7 @@ def run_detail(request: HttpRequest, slug: str):
 @router.post("/runs/{slug}/join", response=JoinResponse, auth=AgentBearer(), summary="Join a run with a peer agent")
 def run_join(request: HttpRequest, slug: str, body: JoinRequest):
     """Open a training session and sign a short-lived hivemind access token for the agent's peer key."""
+    rate_limit_hit(name="join", key=str(request.auth.pk))
     run = _visible_run(slug)
     token_check_scope(token=request.auth, run=run)
     try:
@@ -102,7 +112,15 @@ def run_join(request: HttpRequest, slug: str, body: JoinRequest):
             _absolute(request, f"/api/v1/data/{data_file_url_token(session=session, data_file=data_file)}/{data_file.pk}.txt")
             for data_file in run.data_files.all()
         ],
+        "checkpoint_url": _checkpoint_url(request, session, run.checkpoints.first()),
     }
+
+
+def _checkpoint_url(request: HttpRequest, session: TrainingSession, checkpoint: Checkpoint | None) -> str | None:
+    if checkpoint is None:
+        return None
+    url_token = checkpoint_url_token(session=session, checkpoint=checkpoint)
+    return _absolute(request, f"/api/v1/checkpoints/{url_token}/{checkpoint.pk}.zip")
 
 
 @router.post("/sessions/{session_id}/refresh", response=RefreshResponse, auth=AgentBearer(), summary="Refresh hivemind access")
@@ -138,6 +156,42 @@ def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     if data_file.pk != file_id:
         raise ApiError(404, "not_found", "this data link is not valid")
     return FileResponse(data_file.file.open("rb"), content_type="text/plain; charset=utf-8")
+
+
+@router.get("/checkpoints/{url_token}/{checkpoint_id}.zip", response={200: None},
+            summary="A run's checkpoint (signed link from the join answer)")
+def checkpoint_download_signed(request: HttpRequest, url_token: str, checkpoint_id: int):
+    try:
+        checkpoint = checkpoint_for_url_token(url_token=url_token)
+    except JoinRefused as refusal:
+        raise _refused(refusal) from None
+    if checkpoint.pk != checkpoint_id:
+        raise ApiError(404, "not_found", "this checkpoint link is not valid")
+    return FileResponse(checkpoint.file.open("rb"), as_attachment=True, content_type="application/zip",
+                        filename=f"{checkpoint.run.slug}-epoch{checkpoint.epoch}.zip")
+
+
+class CheckpointOut(Schema):
+    epoch: int
+    loss: float | None
+    samples: int
+    size: int
+    kept: bool
+    created_at: str
+    download_url: str
+
+
+@router.get("/runs/{slug}/checkpoints", response=list[CheckpointOut], summary="A run's checkpoints, newest first")
+def run_checkpoints(request: HttpRequest, slug: str):
+    run = _visible_run(slug)
+    if not run_may_download_checkpoints(run=run, user=request.user):
+        raise ApiError(404, "run_not_found", f"there is no run “{slug}”; check its name on the portal's runs page")
+    return [
+        {"epoch": checkpoint.epoch, "loss": checkpoint.loss, "samples": checkpoint.samples, "size": checkpoint.size,
+         "kept": checkpoint.kept, "created_at": checkpoint.created_at.isoformat(),
+         "download_url": _absolute(request, reverse("run-checkpoint", args=[run.slug, checkpoint.epoch]))}
+        for checkpoint in run.checkpoints.all()
+    ]
 
 
 PROBE_DOWNLOAD_MAX = 8 << 20
@@ -197,3 +251,48 @@ class LeaderboardRowOut(Schema):
 def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user", window: Literal["24h", "7d", "all"] = "all"):
     rows = leaderboard_rows(run=_visible_run(slug), by=by, window=window)
     return [{**row, "last_seen": row["last_seen"].isoformat()} for row in rows]
+
+
+SERIES_MAX_POINTS = 2000
+
+
+class SeriesQuery(Schema):
+    since: datetime.datetime | None = Field(
+        None, description="Readings at or after this ISO 8601 time (UTC when it names no zone)."
+    )
+    max_points: int = Field(
+        500, ge=2, le=SERIES_MAX_POINTS,
+        description="At most this many points; a longer series is averaged in equal time buckets.",
+    )
+
+
+    @field_validator("since")
+    @classmethod
+    def _in_utc(cls, since: datetime.datetime | None) -> datetime.datetime | None:
+        if since is None:
+            return None
+        try:
+            return since.astimezone(datetime.UTC) if since.tzinfo else since.replace(tzinfo=datetime.UTC)
+        except OverflowError:
+            raise ValueError("the time is outside the years 1 to 9999 in UTC") from None
+
+
+class SeriesOut(Schema):
+    run: str
+    bucket_seconds: float | None = Field(description="Width of the time buckets, or null when the points are the raw readings.")
+    at: list[float] = Field(description="Unix seconds of each point.")
+    global_epoch: list[int]
+    samples_per_second: list[float]
+    alive_peers: list[float]
+    client_peers: list[float]
+    samples_accumulated: list[float]
+    loss: list[float | None]
+
+
+@router.get("/runs/{slug}/series", response=SeriesOut, summary="A run's monitor series for its charts")
+def run_series(request: HttpRequest, slug: str, query: Query[SeriesQuery]):
+    """The coordinator monitor's readings of the swarm, as columns, downsampled to `max_points`."""
+    run = Run.objects.filter(slug=slug).first()
+    if run is None or not run_may_view(run=run, user=request.user):
+        raise ApiError(404, "run_not_found", f"there is no run “{slug}” that you may see")
+    return {"run": run.slug, **series_points(run=run, since=query.since, max_points=query.max_points)}

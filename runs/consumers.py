@@ -5,6 +5,7 @@ import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
@@ -18,8 +19,8 @@ logger = logging.getLogger(__name__)
 # behind it on Channels' single sync thread (PITFALLS: that capped ingest near 136 msg/s).
 db = database_sync_to_async
 SESSION_RECHECK_SECONDS = 5.0
-REPORTS_PER_SECOND = 5.0
-BURST = 50  # a reconnecting agent resends its spool at once
+REPORTS_PER_SECOND = float(settings.REPORT_RATE_PER_SECOND)
+BURST = settings.REPORT_RATE_BURST  # a reconnecting agent resends its spool at once
 
 
 class AgentConsumer(AsyncWebsocketConsumer):

@@ -1,5 +1,5 @@
 """The run coordinator: for every active run, a stable hivemind backbone peer whose addresses are
-the run's `initial_peers`, a heartbeat that organizers see, and the run's monitor (runs.monitor)."""
+the run's `initial_peers`, a heartbeat that organizers see, the run's monitor (runs.monitor) and a checkpointer."""
 
 import datetime
 import json
@@ -16,6 +16,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import metrics_validators
 from runs.authority import access_token_sign, authority_load
+from runs.checkpoints import Checkpointer
 from runs.models import Run
 from runs.monitor import Monitor
 
@@ -24,7 +25,7 @@ COORDINATOR_USERNAME = "coordinator"
 
 
 class BackbonePeer:
-    """One run's DHT peer: keeps the swarm reachable and hosts the run's monitor (and checkpointer)."""
+    """One run's DHT peer: keeps the swarm reachable and hosts the run's monitor and checkpointer."""
 
     def __init__(self, run: Run, *, state_dir: Path, host_maddrs: list[str], announce_maddrs: list[str] | None) -> None:
         self.run_pk, self.slug, self.run_id = run.pk, run.slug, run.hivemind_run_id
@@ -57,11 +58,13 @@ class BackbonePeer:
         self.initial_peers = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
         logger.info("run %s: backbone peer %s at %s", self.slug, self.dht.peer_id, ", ".join(self.initial_peers))
         self.monitor = Monitor(dht=self.dht, run_pk=self.run_pk, run_id=self.run_id)
+        self.checkpointer = Checkpointer(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht)
 
     def heartbeat(self) -> None:
         Run.objects.filter(pk=self.run_pk).update(
             initial_peers=self.initial_peers, coordinator_peer_id=str(self.dht.peer_id), coordinator_heartbeat_at=timezone.now()
         )
+        self.checkpointer.tick()
 
     def tick(self) -> None:
         """One cycle of the peer's duties: heartbeat, then the monitor's poll."""
@@ -77,7 +80,10 @@ class BackbonePeer:
 
     def shutdown(self) -> None:
         logger.info("run %s: backbone peer stopping", self.slug)
-        self.dht.shutdown()
+        try:
+            self.checkpointer.shutdown()
+        finally:
+            self.dht.shutdown()
 
 
 async def _connected_maddrs(dht: DHT, node) -> list[str]:

@@ -10,9 +10,10 @@ from django.utils import timezone
 from accounts.models import AgentToken, User
 from peer_agent.protocol import JoinRequest
 from runs.authority import access_token_sign, authority_load
-from runs.models import DataFile, Run, RunBan, TrainingSession
+from runs.models import Checkpoint, DataFile, Run, RunBan, TrainingSession
 
 _FILE_SIGNER_SALT = "runs.data-file"
+_CHECKPOINT_SIGNER_SALT = "runs.checkpoint"
 
 
 class JoinRefused(Exception):
@@ -30,6 +31,22 @@ def run_is_organizer(*, run: Run, user: User) -> bool:
 def run_may_view(*, run: Run, user: User) -> bool:
     """Drafts are for their organizers; every other run is visible to whoever has its address."""
     return run.status != Run.Status.DRAFT or run_is_organizer(run=run, user=user) or user.is_staff
+
+
+def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
+    """Public and unlisted runs share their checkpoints with whoever sees the run; invite-only and
+    allowlisted runs only with the people who may train in them (and staff)."""
+    if not run_may_view(run=run, user=user):
+        return False
+    if run.visibility in (Run.Visibility.PUBLIC, Run.Visibility.UNLISTED) or user.is_staff:
+        return True
+    if not user.is_authenticated:
+        return False
+    if run_is_organizer(run=run, user=user):
+        return True
+    if run.visibility == Run.Visibility.INVITE:
+        return run.memberships.filter(user=user).exists()
+    return run.allowlist.filter(pk=user.pk).exists()
 
 
 def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
@@ -109,3 +126,23 @@ def data_file_for_url_token(*, url_token: str) -> DataFile:
     if refusal and refusal.code != "run_paused":
         raise refusal
     return data_file
+
+
+def checkpoint_url_token(*, session: TrainingSession, checkpoint: Checkpoint) -> str:
+    """An unguessable path component that lets the session's agent download one checkpoint."""
+    return signing.dumps({"s": session.pk, "c": checkpoint.pk}, salt=_CHECKPOINT_SIGNER_SALT, compress=True)
+
+
+def checkpoint_for_url_token(*, url_token: str) -> Checkpoint:
+    """The checkpoint behind a signed URL while its session may still train in the run; else JoinRefused."""
+    try:
+        payload = signing.loads(url_token, salt=_CHECKPOINT_SIGNER_SALT, max_age=settings.DATA_URL_MAX_AGE_SECONDS)
+        session = TrainingSession.objects.select_related("run", "user").get(pk=payload["s"])
+        checkpoint = session.run.checkpoints.get(pk=payload["c"])
+    except (signing.BadSignature, KeyError, TypeError, TrainingSession.DoesNotExist, Checkpoint.DoesNotExist):
+        raise JoinRefused(404, "not_found", "this checkpoint link is not valid, or a newer checkpoint replaced it; "
+                                            "the agent gets a fresh link when it joins") from None
+    refusal = run_join_refusal(run=session.run, user=session.user)
+    if refusal and refusal.code != "run_paused":
+        raise refusal
+    return checkpoint

@@ -1,11 +1,13 @@
 from django.urls import path
 
-from runs import organizer_views, views
+from runs import health_views, organizer_views, views
 
 urlpatterns = [
     path("runs/new/", organizer_views.run_create, name="run-create"),
     path("runs/<slug:slug>/", views.run_detail, name="run-detail"),
+    path("runs/<slug:slug>/health/", health_views.run_health_page, name="run-health"),
     path("runs/<slug:slug>/join/", views.run_join_page, name="run-join"),
+    path("runs/<slug:slug>/checkpoints/epoch-<int:epoch>.zip", views.checkpoint_download, name="run-checkpoint"),
     path("runs/<slug:slug>/edit/", organizer_views.run_edit, name="run-edit"),
     path("runs/<slug:slug>/participants/", organizer_views.run_participants, name="run-participants"),
     path("runs/<slug:slug>/ban/", organizer_views.run_ban, name="run-ban"),

@@ -1,4 +1,4 @@
-"""Run pages everyone sees: the run, how to join it, and the agent download."""
+"""Run pages everyone sees: the run, how to join it, its checkpoints, and the agent download."""
 
 import base64
 import datetime
@@ -11,10 +11,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
+from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
 from runs import selectors, services
 from runs.leaderboard import run_snapshot
 from runs.models import Run
-from runs.sessions import run_is_organizer, run_join_refusal, run_may_view
+from runs.sessions import run_is_organizer, run_join_refusal, run_may_download_checkpoints, run_may_view
 
 
 def visible_run_or_404(request: HttpRequest, slug: str) -> Run:
@@ -35,10 +36,21 @@ def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "data_files": run.data_files.all(),
         "tokens_tried": None,
         "snapshot": run_snapshot(run=run),
+        "checkpoints": run.checkpoints.all() if run_may_download_checkpoints(run=run, user=request.user) else None,
     }
     if is_organizer and request.GET.get("try") and run.tokenizer_status == Run.TokenizerStatus.READY:
         context["tokens_tried"] = selectors.tokenizer_try(run=run, text=request.GET["try"][:1000])
     return render(request, "runs/run_detail.html", context)
+
+
+def checkpoint_download(request: HttpRequest, slug: str, epoch: int) -> FileResponse:
+    """A checkpoint's zip, for whoever may download the run's checkpoints (others get a 404)."""
+    run = visible_run_or_404(request, slug)
+    if not run_may_download_checkpoints(run=run, user=request.user):
+        raise Http404("no such run")
+    checkpoint = get_object_or_404(run.checkpoints, epoch=epoch)
+    return FileResponse(checkpoint.file.open("rb"), as_attachment=True, filename=f"{run.slug}-epoch{epoch}.zip",
+                        content_type="application/zip")
 
 
 def _install_command(portal_url: str) -> str:
@@ -75,6 +87,11 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
             messages.error(request, str(exc))
         return redirect("run-join", slug=run.slug)
     if request.method == "POST" and request.POST.get("action") == "token" and refusal is None:
+        try:
+            rate_limit_hit(name="token_create", key=str(request.user.pk))
+        except RateLimited as exc:
+            messages.error(request, f"You created many tokens in a short time; try again in {exc.retry_after} s.")
+            return rate_limited_page(render(request, "runs/run_join.html", context), exc)
         machine = (request.POST.get("machine") or "").strip()[:64] or f"{run.slug} agent"
         token, secret = token_create(
             user=request.user, name=machine, run=run, lifetime=datetime.timedelta(days=settings.AGENT_TOKEN_DEFAULT_DAYS)

@@ -36,7 +36,12 @@
   function connect() {
     const socket = new WebSocket(url);
     socket.onopen = () => { delay = 1000; root.classList.add("connected"); };
-    socket.onmessage = (event) => render(JSON.parse(event.data));
+    socket.onmessage = (event) => {
+      const snapshot = JSON.parse(event.data);
+      render(snapshot);
+      // charts.js appends the snapshot's figures to the run's charts.
+      root.dispatchEvent(new CustomEvent("run:snapshot", { detail: snapshot, bubbles: true }));
+    };
     socket.onclose = () => {
       root.classList.remove("connected");
       setTimeout(connect, delay);

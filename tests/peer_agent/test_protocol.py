@@ -285,6 +285,17 @@ def test_join_response_round_trips_through_json():
     assert JoinResponse.model_validate_json(response.model_dump_json()) == response
 
 
+def test_join_response_without_a_checkpoint_or_with_fields_from_a_newer_portal_still_parses():
+    answer = {"session_id": 7, "run_id": "bengali-albert", "config": config_from_preset("tiny").model_dump(mode="json"),
+              "hivemind_access": make_access(), "authority_public_key": AUTHORITY_KEY, "initial_peers": [],
+              "report_url": "wss://portal.example/ws/agent/", "tokenizer_url": "https://portal.example/t.json"}
+    assert JoinResponse.model_validate(answer).checkpoint_url is None, "an older portal sends no checkpoint"
+    newer = JoinResponse.model_validate({**answer, "checkpoint_url": "https://portal.example/c.zip", "later_field": 1})
+    assert newer.checkpoint_url == "https://portal.example/c.zip"
+    with pytest.raises(ValidationError):
+        JoinResponse.model_validate({**answer, "checkpoint_url": "file:///etc/passwd"})
+
+
 # --- reports ----------------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from runs.models import Run
 ORGANIZER = ("organizer", "organizer-demo-pass")
 VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusrat", "nusrat-demo-pass"), ("tanvir", "tanvir-demo-pass")]
 RUN_SLUG = "bengali-demo"
+CHECKPOINT_EVERY_EPOCHS = 2  # the first checkpoint appears on the run page within a few minutes of starting
 
 
 def _person(username: str, password: str) -> User:
@@ -51,10 +52,12 @@ def demo_run_ensure(*, organizer: User, preset: str) -> Run:
     """An active run with data and a trained tokenizer; made once, reused by later demos."""
     run = Run.objects.filter(slug=RUN_SLUG).first()
     if run is None:
+        config = preset_config(preset)
+        config.averaging.checkpoint_every_epochs = CHECKPOINT_EVERY_EPOCHS
         run = services.run_create(
             organizer=organizer, name="Bengali ALBERT (demo)", slug=RUN_SLUG, visibility=Run.Visibility.PUBLIC,
             description="A tiny ALBERT pretrained collaboratively on generated Bengali and English text.",
-            config=preset_config(preset),
+            config=config,
         )
         text = "\n".join(corpus_lines(n_lines=20000))
         services.data_file_add(run=run, actor=organizer, name="demo-corpus.txt", content=text.encode())

@@ -1,0 +1,245 @@
+"""Checkpoints of a run: the coordinator's checkpointer downloads the collaboration's state from the
+peers, saves it as a Hugging Face checkpoint zipped into media, and retention keeps the last few
+and every n-th for good."""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.core.files import File
+from django.db import close_old_connections, transaction
+from django.db.models import Sum
+
+from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write, checkpoint_zip
+from peer_agent.metrics import metrics_read
+from peer_agent.protocol import AveragingConfig, RunConfig
+from runs.models import Checkpoint, ContributionEvent, Run
+
+if TYPE_CHECKING:
+    from hivemind.dht import DHT
+    from hivemind.optim.state_averager import TrainingStateAverager
+    from transformers import AlbertForPreTraining, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+CHECK_PERIOD_S = 15.0  # how often the checkpointer reads the swarm's epoch
+RETRY_PERIOD_S = 60.0  # after a failed or fruitless attempt (no peer online to download from)
+STATE_DOWNLOAD_TIMEOUT_S = 600.0
+_NUMBER = re.compile(r"^(\d+)-epoch")
+
+# hivemind fast-forwards the schedule to the downloaded epoch without an optimizer step; torch
+# mistakes that for calling the scheduler and the optimizer in the wrong order.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When to checkpoint and what to keep, from the run's averaging config (editable mid-run)."""
+
+    every_epochs: int | None
+    every_minutes: float | None
+    keep_last: int
+    keep_every_nth: int | None
+
+    @classmethod
+    def of(cls, averaging: AveragingConfig) -> CheckpointPolicy:
+        return cls(every_epochs=averaging.checkpoint_every_epochs, every_minutes=averaging.checkpoint_every_minutes,
+                   keep_last=averaging.keep_last_checkpoints, keep_every_nth=averaging.keep_every_nth_checkpoint)
+
+    def due(self, *, swarm_epoch: int, last_epoch: int, seconds_since_last: float) -> bool:
+        """Whether the swarm has moved far enough, in epochs or in time, since the last checkpoint."""
+        if swarm_epoch <= last_epoch:
+            return False  # nothing new to save
+        if self.every_epochs is not None and swarm_epoch - last_epoch >= self.every_epochs:
+            return True
+        return self.every_minutes is not None and seconds_since_last >= self.every_minutes * 60
+
+    def kept_for_good(self, number: int) -> bool:
+        return self.keep_every_nth is not None and number % self.keep_every_nth == 0
+
+
+@dataclass(frozen=True)
+class SwarmReading:
+    epoch: int  # the newest collaboration epoch a peer published metrics for
+    loss: float | None  # the mean loss those peers published
+
+
+def checkpoint_number(checkpoint: Checkpoint) -> int:
+    """The checkpoint's sequence number in its run (1 for the first ever saved).
+
+    It lives in the file name, since retention deletes rows and a count of rows would repeat numbers.
+    """
+    match = _NUMBER.match(Path(checkpoint.file.name).name)
+    return int(match.group(1)) if match else 0
+
+
+def checkpoints_to_delete(checkpoints: list[Checkpoint], *, keep_last: int) -> list[Checkpoint]:
+    """Those that retention removes: neither among the newest ``keep_last`` nor kept for good."""
+    newest_first = sorted(checkpoints, key=lambda checkpoint: checkpoint.epoch, reverse=True)
+    return [checkpoint for checkpoint in newest_first[keep_last:] if not checkpoint.kept]
+
+
+def checkpoint_retention_apply(*, run: Run, policy: CheckpointPolicy) -> list[int]:
+    """Delete the run's checkpoints that retention no longer keeps, files first; their epochs."""
+    doomed = checkpoints_to_delete(list(run.checkpoints.all()), keep_last=policy.keep_last)
+    for checkpoint in doomed:
+        checkpoint.file.delete(save=False)
+        checkpoint.delete()
+    return [checkpoint.epoch for checkpoint in doomed]
+
+
+def checkpoint_save(*, run: Run, directory: Path, metadata: CheckpointMetadata, policy: CheckpointPolicy) -> Checkpoint:
+    """Zip a checkpoint directory into media as the run's next checkpoint, then apply retention."""
+    newest = run.checkpoints.first()
+    number = (checkpoint_number(newest) if newest else 0) + 1
+    with tempfile.TemporaryDirectory() as scratch:
+        archive = Path(scratch) / "checkpoint.zip"
+        checkpoint_zip(directory, archive)
+        checkpoint = Checkpoint(run=run, epoch=metadata.epoch, loss=metadata.loss, samples=metadata.samples,
+                                size=archive.stat().st_size, kept=policy.kept_for_good(number))
+        with archive.open("rb") as content, transaction.atomic():
+            checkpoint.file.save(f"{run.hivemind_run_id}/{number:06d}-epoch{metadata.epoch}.zip", File(content), save=False)
+            checkpoint.save()
+    checkpoint_retention_apply(run=run, policy=policy)
+    return checkpoint
+
+
+def run_samples_total(*, run: Run) -> int:
+    """Samples the run's volunteers have reported, all sessions together."""
+    return ContributionEvent.objects.filter(session__run=run).aggregate(total=Sum("samples"))["total"] or 0
+
+
+def swarm_read(dht: DHT, run_id: str) -> SwarmReading | None:
+    """The collaboration's epoch and loss from the peers' signed metrics; None when no peer published any."""
+    records = list(metrics_read(dht, run_id).values())
+    if not records:
+        return None
+    epoch = max(record.step for record in records)
+    losses = [record.loss for record in records if record.step == epoch]
+    return SwarmReading(epoch=epoch, loss=sum(losses) / len(losses))
+
+
+class Checkpointer:
+    """Saves one run's checkpoints; its backbone peer calls :meth:`tick` on every heartbeat.
+
+    A tick returns at once: reading the swarm, downloading its state and saving happen in a thread
+    of their own, one at a time. The state comes from a ``TrainingStateAverager`` built like the
+    peers' ``hivemind.Optimizer`` state (same parameters, LAMB and schedule, so the tensors line up)
+    in client mode: it downloads, never shares its state or joins an averaging round.
+    """
+
+    def __init__(self, *, run_pk: int, run_id: str, slug: str, dht: DHT, check_period: float = CHECK_PERIOD_S,
+                 retry_period: float = RETRY_PERIOD_S) -> None:
+        self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
+        self.check_period, self.retry_period = check_period, retry_period
+        self.started_at = time.time()
+        self._next_check = 0.0
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()  # the averager is built, used and shut down by one thread at a time
+        self._averager: TrainingStateAverager | None = None
+        self._model: AlbertForPreTraining | None = None
+        self._tokenizer: PreTrainedTokenizerFast | None = None
+        self._closed = False
+
+    def tick(self) -> None:
+        """Start a look at the swarm in the background, unless one is running or it is too early.
+
+        Call it from the main thread: the first tick starts the state averager's process, and
+        hivemind sets signal handlers when it does, which only the main thread may.
+        """
+        if self._closed or (self._worker and self._worker.is_alive()) or time.monotonic() < self._next_check:
+            return
+        if self._averager is None:
+            try:
+                run = Run.objects.get(pk=self.run_pk)
+                if run.tokenizer_status != Run.TokenizerStatus.READY:  # the model's vocabulary is not known yet
+                    self._next_check = time.monotonic() + self.retry_period
+                    return
+                self._averager_build(run)
+            except Exception:
+                logger.exception("run %s: cannot prepare checkpoints; trying again in %.0f s", self.slug, self.retry_period)
+                self._next_check = time.monotonic() + self.retry_period
+                return
+        self._worker = threading.Thread(target=self._check, name=f"checkpointer {self.slug}", daemon=True)
+        self._worker.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self._closed = True
+        if self._worker:
+            self._worker.join(timeout)
+        with self._lock:
+            if self._averager is not None:
+                self._averager.shutdown()
+                self._averager = None
+
+    def _check(self) -> None:
+        wait = self.check_period
+        try:
+            close_old_connections()
+            wait = self._checkpoint_if_due()
+        except Exception:  # the coordinator keeps serving the run; the next attempt may succeed
+            logger.exception("run %s: checkpoint failed; trying again in %.0f s", self.slug, self.retry_period)
+            wait = self.retry_period
+        finally:
+            close_old_connections()
+            self._next_check = time.monotonic() + wait
+
+    def _checkpoint_if_due(self) -> float:
+        """One look at the swarm, and a checkpoint when it is due; returns the seconds until the next look."""
+        run = Run.objects.get(pk=self.run_pk)
+        policy = CheckpointPolicy.of(RunConfig.model_validate(run.config).averaging)
+        newest = run.checkpoints.first()
+        last_epoch = newest.epoch if newest else 0
+        last_at = newest.created_at.timestamp() if newest else self.started_at
+        reading = swarm_read(self.dht, self.run_id)
+        if reading is None or not policy.due(swarm_epoch=reading.epoch, last_epoch=last_epoch,
+                                             seconds_since_last=time.time() - last_at):
+            return self.check_period
+        logger.info("run %s: checkpoint due at epoch %d; downloading the collaboration's state", self.slug, reading.epoch)
+        with self._lock:
+            if self._closed:
+                return self.check_period
+            self._averager.load_state_from_peers(timeout=STATE_DOWNLOAD_TIMEOUT_S)
+            epoch = self._averager.local_epoch
+            if epoch <= last_epoch:
+                logger.info("run %s: no peer shared a state newer than epoch %d; trying again in %.0f s",
+                            self.slug, last_epoch, self.retry_period)
+                return self.retry_period
+            metadata = CheckpointMetadata(run_id=self.run_id, epoch=epoch, loss=reading.loss,
+                                          samples=run_samples_total(run=run), time=time.time())
+            with tempfile.TemporaryDirectory() as scratch:
+                directory = Path(scratch) / "checkpoint"
+                checkpoint_write(directory, model=self._model, tokenizer=self._tokenizer,
+                                 optimizer_state=self._averager.optimizer.state_dict(), metadata=metadata)
+                checkpoint = checkpoint_save(run=run, directory=directory, metadata=metadata, policy=policy)
+        logger.info("run %s: saved checkpoint of epoch %d (%.1f MB%s)", self.slug, checkpoint.epoch,
+                    checkpoint.size / 1e6, ", kept for good" if checkpoint.kept else "")
+        return self.check_period
+
+    def _averager_build(self, run: Run) -> None:
+        """The model, tokenizer and state averager that downloads into them, built once per run."""
+        from hivemind.optim.state_averager import TrainingStateAverager
+
+        from peer_agent.model import model_build
+        from peer_agent.optim import parameter_groups
+        from peer_agent.tokenizer import tokenizer_load
+        from peer_agent.training import lamb_factory, schedule_factory
+
+        config = RunConfig.model_validate(run.config)
+        self._tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
+        self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id)
+        training = config.training
+        self._averager = TrainingStateAverager(
+            dht=self.dht, prefix=f"{self.run_id}_state_averager",  # the prefix hivemind.Optimizer gives it
+            params=parameter_groups(self._model, training.weight_decay),
+            optimizer=lamb_factory(training), scheduler=schedule_factory(training),
+            offload_optimizer=True, custom_gradients=True, client_mode=True, start=True,
+        )

@@ -1,0 +1,184 @@
+// Charts of a run's monitor series (uPlot, vendored in static/vendor/uplot/), kept live by the
+// snapshots live.js receives, and the reusable contribution chart of a volunteer.
+//
+// Markup (templates/runs/includes/chart_figure.html): a <section data-series-url> holding
+// <figure class="chart" data-field data-unit data-digits [data-markers]> with a caption, a
+// .chart-plot to draw in and a .chart-latest paragraph: the latest figure as text, rendered by the
+// server for readers without JavaScript and rewritten here as live points arrive.
+(function () {
+  "use strict";
+
+  const HEIGHT = 190;
+  const COLORS = { samples_per_second: "#2b6cb0", loss: "#c53030", alive_peers: "#2f855a", global_epoch: "#6b46c1" };
+  const MARKER_COLORS = {
+    join: "#38a169", leave: "#a0aec0", activated: "#2b6cb0", paused: "#b7791f", resumed: "#2b6cb0",
+    finished: "#1d2330", banned: "#c53030", unbanned: "#d53f8c", checkpoint: "#6b46c1",
+  };
+  // Only fields that the live snapshot has always carried (runs/leaderboard.py run_snapshot).
+  const SNAPSHOT_FIELDS = { samples_per_second: "samples_per_second", alive_peers: "alive_peers", loss: "loss", global_epoch: "epoch" };
+
+  const utcTime = (seconds) => new Date(seconds * 1000).toISOString().slice(11, 19) + " UTC";
+  const utcDate = (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC");
+  const widthOf = (element) => Math.max(element.clientWidth, 240);
+  // Axis times in UTC and 24 hours, as the figures' text reads; with the day when the span needs it.
+  const timeLabels = (plot, splits) => {
+    const span = splits.length ? splits[splits.length - 1] - splits[0] : 0;
+    return splits.map((split) => {
+      const iso = new Date(split * 1000).toISOString();
+      return span > 86400 ? `${iso.slice(5, 10)} ${iso.slice(11, 16)}` : iso.slice(11, 16);
+    });
+  };
+
+  // The same words as runs/series.py Chart.latest_text, so that the text reads alike before and after JS.
+  function latestText(figure, value, at) {
+    const unit = figure.dataset.unit;
+    const shown = value === null || value === undefined ? "—" : value.toFixed(Number(figure.dataset.digits)) + (unit ? ` ${unit}` : "");
+    return `Latest: ${shown} at ${utcTime(at)}`;
+  }
+
+  // Vertical lines over the plot at each marker's time: joins, leaves, pauses, bans, checkpoints.
+  function markersPlugin(markers) {
+    return {
+      hooks: {
+        draw: [(plot) => {
+          const { ctx } = plot;
+          const { left, top, width, height } = plot.bbox;
+          ctx.save();
+          ctx.lineWidth = 1.5 * devicePixelRatio;
+          for (const marker of markers) {
+            const x = Math.round(plot.valToPos(marker.at, "x", true));
+            if (x < left || x > left + width) continue;
+            ctx.strokeStyle = MARKER_COLORS[marker.kind] || "#718096";
+            ctx.setLineDash(marker.kind === "join" || marker.kind === "leave" ? [3, 3] : []);
+            ctx.beginPath();
+            ctx.moveTo(x, top);
+            ctx.lineTo(x, top + height);
+            ctx.stroke();
+          }
+          ctx.restore();
+        }],
+      },
+    };
+  }
+
+  class TimeChart {
+    constructor(figure, at, values, markers) {
+      this.figure = figure;
+      this.field = figure.dataset.field;
+      this.data = [Array.from(at), Array.from(values)];
+      const element = figure.querySelector(".chart-plot");
+      const options = {
+        width: widthOf(element),
+        height: HEIGHT,
+        tzDate: utcDate,
+        legend: { show: false },
+        scales: { x: { time: true } },
+        axes: [{ values: timeLabels }, { size: 56 }],
+        series: [{}, { label: figure.querySelector("figcaption").textContent, stroke: COLORS[this.field] || "#2b6cb0",
+          width: 2, spanGaps: true, points: { show: false } }],
+        plugins: markers ? [markersPlugin(markers)] : [],
+      };
+      this.plot = new uPlot(options, this.data, element);
+      new ResizeObserver(() => this.plot.setSize({ width: widthOf(element), height: HEIGHT })).observe(element);
+      figure.dataset.points = String(this.data[0].length);
+    }
+
+    append(at, value) {
+      const xs = this.data[0];
+      // The browser's clock may lag the server's: keep time moving forward, as uPlot needs.
+      const x = xs.length && at <= xs[xs.length - 1] ? xs[xs.length - 1] + 0.001 : at;
+      xs.push(x);
+      this.data[1].push(value ?? null);
+      this.plot.setData(this.data);
+      this.figure.querySelector(".chart-latest").textContent = latestText(this.figure, value, x);
+      this.figure.dataset.points = String(xs.length);
+    }
+  }
+
+  function markersOf(figure) {
+    const source = figure.dataset.markers && document.getElementById(figure.dataset.markers);
+    return source ? JSON.parse(source.textContent) : null;
+  }
+
+  // Draws every chart of `section` from its series URL; live snapshots then add a point to each.
+  async function runCharts(section) {
+    const pending = [];
+    let charts = null;
+    const apply = (snapshot) => {
+      const at = Date.now() / 1000;
+      for (const chart of charts) chart.append(at, snapshot[SNAPSHOT_FIELDS[chart.field]]);
+      section.dataset.snapshots = String(Number(section.dataset.snapshots || 0) + 1);
+      section.querySelector("#charts-empty")?.remove();
+    };
+    // Listen before fetching: a snapshot that arrives meanwhile is drawn after the series.
+    document.addEventListener("run:snapshot", (event) => (charts ? apply(event.detail) : pending.push(event.detail)));
+    const response = await fetch(section.dataset.seriesUrl, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    if (!response.ok) throw new Error(`the run's series could not be loaded (HTTP ${response.status})`);
+    const series = await response.json();
+    charts = Array.from(section.querySelectorAll("figure.chart[data-field]"),
+      (figure) => new TimeChart(figure, series.at, series[figure.dataset.field], markersOf(figure)));
+    section.runCharts = charts;
+    section.dataset.drawn = "true";
+    pending.splice(0).forEach(apply);
+    return charts;
+  }
+
+  // A volunteer's samples (bars) and credit (line) per day from `url`, which answers
+  // [{"day": "YYYY-MM-DD", "samples": n, "credit": x}, ...]. Draws into `element` with a caption
+  // and the totals as text; returns the uPlot instance.
+  async function contributionChart(element, url) {
+    const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    if (!response.ok) throw new Error(`contributions could not be loaded (HTTP ${response.status})`);
+    const days = await response.json();
+    const figure = document.createElement("figure");
+    figure.className = "chart contribution-chart";
+    const caption = document.createElement("figcaption");
+    caption.textContent = "Samples and credit per day";
+    const plotElement = document.createElement("div");
+    plotElement.className = "chart-plot";
+    plotElement.setAttribute("role", "img");
+    const summary = document.createElement("p");
+    summary.className = "chart-latest";
+    const samples = days.reduce((sum, day) => sum + day.samples, 0);
+    const credit = days.reduce((sum, day) => sum + day.credit, 0);
+    summary.textContent = days.length
+      ? `${samples.toLocaleString()} samples and ${credit.toLocaleString(undefined, { maximumFractionDigits: 1 })} credit over ${days.length} days, the last on ${days[days.length - 1].day}.`
+      : "No contributions yet.";
+    caption.id = `contribution-caption-${Math.random().toString(36).slice(2)}`;
+    summary.id = `${caption.id}-summary`;
+    plotElement.setAttribute("aria-labelledby", `${caption.id} ${summary.id}`);
+    figure.append(caption, plotElement, summary);
+    element.replaceChildren(figure);
+    const data = [days.map((day) => Date.parse(`${day.day}T00:00:00Z`) / 1000), days.map((day) => day.samples), days.map((day) => day.credit)];
+    const plot = new uPlot({
+      width: widthOf(plotElement),
+      height: HEIGHT,
+      tzDate: utcDate,
+      legend: { show: true },
+      // Half a day either side so that the first and last bars show whole; both figures from zero.
+      scales: {
+        x: { time: true, range: (plot, min, max) => [min - 43200, max + 43200] },
+        y: { range: (plot, min, max) => [0, Math.max(max, 1) * 1.1] },
+        credit: { range: (plot, min, max) => [0, Math.max(max, 1) * 1.1] },
+      },
+      axes: [{}, { size: 64, label: "samples" }, { scale: "credit", side: 1, grid: { show: false }, label: "credit" }],
+      series: [
+        { label: "day" },
+        { label: "samples", stroke: COLORS.samples_per_second, fill: "rgba(43,108,176,.35)", paths: uPlot.paths.bars({ size: [0.7, 40] }) },
+        { label: "credit", scale: "credit", stroke: COLORS.global_epoch, width: 2 },
+      ],
+    }, data, plotElement);
+    new ResizeObserver(() => plot.setSize({ width: widthOf(plotElement), height: HEIGHT })).observe(plotElement);
+    return plot;
+  }
+
+  window.runCharts = runCharts;
+  window.contributionChart = contributionChart;
+
+  document.querySelectorAll("section[data-series-url]").forEach((section) => {
+    runCharts(section).catch((error) => { section.dataset.error = error.message; console.warn(error.message); });
+  });
+  document.querySelectorAll("[data-contribution-url]").forEach((element) => {
+    contributionChart(element, element.dataset.contributionUrl).catch((error) => console.warn(error.message));
+  });
+})();

@@ -1,0 +1,169 @@
+"""A real swarm on loopback: the coordinator's checkpointer saves the collaboration's state while a
+peer trains; the checkpoint appears on the run page, loads in `transformers` and fills a mask; and
+a peer that later finds nobody online resumes from it through the agent's own download path."""
+
+import datetime
+import functools
+import logging
+import time
+
+import pytest
+import torch
+from django.conf import settings as django_settings
+from hivemind.utils.crypto import RSAPrivateKey
+from transformers import AlbertForMaskedLM, AlbertForPreTraining, PreTrainedTokenizerFast, pipeline
+
+from accounts.services import token_create
+from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
+from peer_agent.checkpoint import checkpoint_metadata, checkpoint_unzip
+from peer_agent.device import device_info
+from peer_agent.join import _checkpoint_fetch
+from peer_agent.portal import PortalClient
+from peer_agent.protocol import JoinRequest, RunConfig
+from peer_agent.tokenizer import tokenizer_load
+from peer_agent.training import Trainer, TrainerSetup
+from runs import services
+from runs.authority import access_token_sign, authority_load
+from runs.coordinator import Coordinator
+from runs.corpus import corpus_lines
+from runs.forms import preset_config
+from runs.models import Checkpoint
+from tests.factories import RunFactory
+from tests.processes import children_reap
+
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(420), pytest.mark.django_db(transaction=True)]
+
+DEADLINE_S = 180
+STEP_TIME_S = 0.1  # stands in for compute, so the peer's progress records keep up
+
+
+@pytest.fixture
+def run(organizer):
+    config = preset_config("tiny").model_dump(mode="json")
+    config["model"] = dict(preset="custom", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, embedding_size=16, max_position_embeddings=64)
+    config["tokenizer"]["vocab_size"] = 300
+    config["data"].update(max_seq_length=32, shuffle_buffer=50)
+    config["training"].update(target_batch_size=16, per_device_batch_size=4, warmup_steps=0, total_steps=1000)
+    config["averaging"].update(matchmaking_time=1.0, averaging_timeout=5.0, checkpoint_every_epochs=2,
+                               checkpoint_every_minutes=None, keep_last_checkpoints=2, keep_every_nth_checkpoint=None)
+    run = RunFactory(slug="ckpt-run", status="draft", tokenizer_status="missing", organizers=[organizer], config=config)
+    services.data_file_add(run=run, actor=organizer, name="corpus.txt", content="\n".join(corpus_lines(n_lines=600)).encode())
+    services.tokenizer_train(run_id=run.pk)
+    services.run_transition(run=run, actor=organizer, action="activate")
+    run.refresh_from_db()
+    return run
+
+
+@pytest.fixture
+def coordinator(settings, tmp_path):
+    """A coordinator whose cycles the test drives from its main thread, as `run_coordinator` does."""
+    settings.COORDINATOR_STATE_DIR = str(tmp_path / "coordinator")
+    coordinator = Coordinator(interval=0.5)
+    coordinator.sync()
+    for peer in coordinator.peers.values():
+        peer.checkpointer.check_period, peer.checkpointer.retry_period = 0.5, 1.0
+    yield coordinator
+    for peer in coordinator.peers.values():
+        peer.shutdown()
+    children_reap()
+
+
+@pytest.fixture
+def make_trainer(run):
+    trainers = []
+
+    def make(*, checkpoint_fetch=None, initial_peers=None, client_mode=False) -> Trainer:
+        run.refresh_from_db()
+        key = RSAPrivateKey()
+        authority = authority_load(encrypted=run.authority_private_key, secret=django_settings.AUTHORITY_ENCRYPTION_KEY)
+        public = key.get_public_key().to_bytes()
+        fetch_token = functools.partial(access_token_sign, private_key=authority, username="vik", peer_public_key=public,
+                                        lifetime=datetime.timedelta(minutes=10))
+        setup = TrainerSetup(
+            config=RunConfig.model_validate(run.config), run_id=run.hivemind_run_id,
+            initial_peers=initial_peers or run.initial_peers, private_key=key, client_mode=client_mode,
+            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            authorizer=PortalAuthorizer(key, rsa_public_key_parse(run.authority_public_key), fetch_token),
+            threads=1, data_files=[run.data_files.get().file.path], progress_refresh_s=1.0, checkpoint_fetch=checkpoint_fetch)
+        trainers.append(Trainer(setup, tokenizer_load(run.tokenizer_file.path)))
+        return trainers[-1]
+
+    yield make
+    for trainer in trainers:
+        trainer.shutdown()
+
+
+def train_until(trainer: Trainer | None, coordinator: Coordinator, condition, what: str) -> None:
+    """Step the trainer (if any) and run the coordinator's cycles until ``condition`` holds."""
+    deadline, synced_at = time.monotonic() + DEADLINE_S, time.monotonic()
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if trainer is not None:
+            trainer.step()
+        if time.monotonic() - synced_at >= coordinator.interval:
+            coordinator.sync()
+            synced_at = time.monotonic()
+        time.sleep(STEP_TIME_S)
+
+
+def parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_swarm(
+        run, coordinator, make_trainer, volunteer, asgi_server, client, tmp_path):
+    first = make_trainer()
+    train_until(first, coordinator, lambda: run.checkpoints.exists(), "the coordinator's first checkpoint")
+    checkpoint = run.checkpoints.get()
+    assert checkpoint.epoch >= 2, "checkpoints every 2 epochs, never of the untrained epoch 0"
+    assert checkpoint.epoch <= first.optimizer.local_epoch
+    first.shutdown()  # every peer leaves: nobody online holds the collaboration's state now
+
+    page = client.get(f"/runs/{run.slug}/")
+    assert f'href="/runs/{run.slug}/checkpoints/epoch-{checkpoint.epoch}.zip"'.encode() in page.content
+    download = client.get(f"/runs/{run.slug}/checkpoints/epoch-{checkpoint.epoch}.zip")
+    archive = tmp_path / "downloaded.zip"
+    archive.write_bytes(b"".join(download.streaming_content))
+    directory = checkpoint_unzip(archive, tmp_path / "downloaded")
+    assert checkpoint_metadata(directory).epoch == checkpoint.epoch
+
+    model, loading = AlbertForMaskedLM.from_pretrained(directory, output_loading_info=True)
+    assert not loading["missing_keys"], "the masked-LM head is all there"
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
+    filled = pipeline("fill-mask", model=model, tokenizer=tokenizer, device="cpu")(f"আমি {tokenizer.mask_token} গান গাই")
+    assert filled and isinstance(filled[0]["token_str"], str) and filled[0]["token"] in tokenizer.get_vocab().values()
+
+    # A volunteer joins through the API; its agent finds no peer to download from, so it fetches the
+    # checkpoint by the signed link in the join answer and continues from there.
+    secret = token_create(user=volunteer, name="laptop")[1]
+    with PortalClient(asgi_server, secret) as portal:
+        key = RSAPrivateKey()
+        joined = portal.join(run.slug, JoinRequest(peer_public_key=key.get_public_key().to_bytes().decode(),
+                                                   agent_version="test", device=device_info(torch.device("cpu"), "fp32")))
+        assert joined.checkpoint_url is not None
+        fetch = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, tmp_path / "agent")
+        second = make_trainer(checkpoint_fetch=fetch, initial_peers=joined.initial_peers)
+    saved = parameters(AlbertForPreTraining.from_pretrained(directory))
+    resumed = parameters(second.model)
+    assert resumed.keys() == saved.keys()
+    assert all(torch.equal(resumed[name], saved[name]) for name in saved), "the new peer starts from the checkpoint"
+    assert second.optimizer.local_epoch == checkpoint.epoch
+    saved_state = torch.load(directory / "optimizer.pt", weights_only=True)["state"]
+    resumed_state = second.optimizer.opt.state_dict()["state"]
+    assert all(torch.equal(resumed_state[index]["exp_avg_sq"], saved_state[index]["exp_avg_sq"])
+               for index in resumed_state), "and from its LAMB statistics"
+    epoch_before = second.optimizer.local_epoch
+    train_until(second, coordinator, lambda: second.optimizer.local_epoch > epoch_before, "the resumed peer's next epoch")
+    assert second.optimizer.local_epoch == checkpoint.epoch + 1, "its epochs continue from the checkpoint's"
+
+
+def test_the_checkpointer_retries_while_no_peer_shares_its_state(run, coordinator, make_trainer, caplog):
+    """The only peer trains in client mode, which never serves its state: the checkpointer sees
+    the epochs go by, saves nothing, says why, and keeps trying."""
+    caplog.set_level(logging.INFO, logger="runs.checkpoints")
+    client = make_trainer(client_mode=True)
+    train_until(client, coordinator, lambda: caplog.text.count("no peer shared a state newer than epoch 0") >= 2,
+                "two attempts to download the state")
+    assert client.optimizer.local_epoch >= 2
+    assert not Checkpoint.objects.filter(run=run).exists()

@@ -1,0 +1,82 @@
+"""The world every security test speaks of: the named personas, a public and an invite-only run.
+
+anonymous; oscar: logged in, no relation; vik: volunteer of both runs (member of the invite-only
+one); bruno: banned from both; olga: organizer of both; otto: organizer of another run; stella: staff.
+"""
+
+import dataclasses
+import functools
+
+import pytest
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.utils import timezone
+
+from accounts.services import team_create, token_create, token_revoke
+from runs.authority import authority_generate
+from runs.models import Run, RunMembership, TrainingSession
+from runs.services import data_file_add, run_ban
+from runs.sessions import data_file_url_token
+from tests.factories import RunFactory, UserFactory
+from tests.runs.test_join_api import join_body
+
+
+@functools.cache
+def _authority() -> tuple[str, bytes]:
+    """One authority key pair for every run here: generating RSA keys per case would dominate."""
+    return authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
+
+
+@dataclasses.dataclass
+class World:
+    users: dict
+    tokens: dict  # token persona -> secret
+    values: dict  # what fills the path templates
+
+
+def _run(slug: str, visibility: str, organizer) -> Run:
+    public_key, private_key = _authority()
+    run = RunFactory(
+        slug=slug, visibility=visibility, organizers=[organizer],
+        authority_public_key=public_key, authority_private_key=private_key,
+    )
+    run.tokenizer_file.save(f"{slug}-tokenizer.json", ContentFile(b'{"version": "1.0"}'))
+    return run
+
+
+def _session(run: Run, user, token) -> TrainingSession:
+    return TrainingSession.objects.create(
+        run=run, user=user, token=token, peer_public_key=join_body()["peer_public_key"], agent_version="0.1.0",
+        access_expires_at=timezone.now(),
+    )
+
+
+@pytest.fixture
+def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
+    banned = UserFactory(username="bruno")
+    other_organizer = UserFactory(username="otto", organizer=True)
+    users = {"anonymous": None, "oscar": outsider, "vik": volunteer, "bruno": banned, "olga": organizer,
+             "otto": other_organizer, "stella": staff}
+    public, invite = _run("open-run", "public", organizer), _run("code-run", "invite", organizer)
+    other = _run("other-run", "public", other_organizer)
+    for run in (public, invite):
+        run_ban(run=run, actor=organizer, user=banned)
+    RunMembership.objects.create(run=invite, user=volunteer)
+    RunMembership.objects.create(run=invite, user=banned)
+    tokens = {name: token_create(user=user, name=f"{name}'s laptop")[1] for name, user in users.items() if user}
+    vik_token = token_create(user=volunteer, name="old laptop")
+    token_revoke(token=vik_token[0])
+    tokens["revoked"] = vik_token[1]
+    tokens["elsewhere"] = token_create(user=volunteer, name="lab machine", run=other)[1]
+    team = team_create(founder=volunteer, name="Dhaka Compute")
+    data_file = data_file_add(run=invite, actor=organizer, name="bn.txt", content=b"a line\n")
+    invite_session = _session(invite, volunteer, None)
+    (settings.MEDIA_ROOT / "agent").mkdir(parents=True, exist_ok=True)
+    (settings.MEDIA_ROOT / "agent" / "peer_agent-0.1.0-py3-none-any.whl").write_bytes(b"PK")
+    values = {
+        "public": public.slug, "invite": invite.slug, "team": team.slug, "vik_token": vik_token[0].pk,
+        "data_file": data_file.pk, "wheel": "peer_agent-0.1.0-py3-none-any.whl",
+        "public_session": _session(public, volunteer, None).pk, "invite_session": invite_session.pk,
+        "invite_data_link": f"{data_file_url_token(session=invite_session, data_file=data_file)}/{data_file.pk}.txt",
+    }
+    return World(users, tokens, values)
