@@ -92,8 +92,8 @@ class _Tally:
     local_epoch: int = 0
     since: float = field(default_factory=time.monotonic)
 
-    def add(self, result: StepResult) -> None:
-        self.samples, self.steps, self.local_epoch = self.samples + result.samples, self.steps + 1, result.local_epoch
+    def add(self, result: StepResult, epoch: int) -> None:
+        self.samples, self.steps, self.local_epoch = self.samples + result.samples, self.steps + 1, epoch
         if not result.skipped and math.isfinite(result.loss) and result.loss >= 0:
             self.loss_sum, self.losses = self.loss_sum + result.loss, self.losses + 1
 
@@ -224,11 +224,16 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
 
 def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher], refusals: object,
                 stop: StopRequest, deadline: float, settings: AgentSettings, console: Console) -> StopReason:
-    tally, session_samples, shown_at = _Tally(), 0, 0.0
+    tally, session_samples, shown_at, epoch_now = _Tally(), 0, 0.0, trainer.progress().local_epoch
     with ProgressDisplay(console) as display:
         while (reason := _stop_reason(stop, deadline, reporter, watchers, refusals)) is None:
             result = trainer.step()
-            tally.add(result)
+            # hivemind counts a step's samples toward the epoch the step began in, and the coordinator
+            # verifies reports per epoch against those counts: so a report never spans two epochs.
+            epoch, epoch_now = epoch_now, result.local_epoch
+            if tally.steps and epoch != tally.local_epoch:
+                tally = tally.send(reporter)
+            tally.add(result, epoch)
             session_samples += result.samples
             if time.monotonic() - tally.since >= settings.report_interval:
                 tally = tally.send(reporter)

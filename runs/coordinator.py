@@ -1,7 +1,8 @@
 """The run coordinator: for every active run, a stable hivemind backbone peer whose addresses are
-the run's `initial_peers`, a heartbeat that organizers see, and a checkpointer."""
+the run's `initial_peers`, a heartbeat that organizers see, the run's monitor (runs.monitor) and a checkpointer."""
 
 import datetime
+import json
 import logging
 import threading
 from pathlib import Path
@@ -17,13 +18,14 @@ from peer_agent.metrics import metrics_validators
 from runs.authority import access_token_sign, authority_load
 from runs.checkpoints import Checkpointer
 from runs.models import Run
+from runs.monitor import Monitor
 
 logger = logging.getLogger(__name__)
 COORDINATOR_USERNAME = "coordinator"
 
 
 class BackbonePeer:
-    """One run's DHT peer: keeps the swarm reachable and hosts the run's checkpointer (and monitor)."""
+    """One run's DHT peer: keeps the swarm reachable and hosts the run's monitor and checkpointer."""
 
     def __init__(self, run: Run, *, state_dir: Path, host_maddrs: list[str], announce_maddrs: list[str] | None) -> None:
         self.run_pk, self.slug, self.run_id = run.pk, run.slug, run.hivemind_run_id
@@ -34,12 +36,18 @@ class BackbonePeer:
 
         def fetch_token() -> dict:
             # Runs in the DHT's forked process: signs with the key loaded above, never the database.
-            return access_token_sign(private_key=authority, username=COORDINATOR_USERNAME, peer_public_key=public_key, lifetime=lifetime)
+            return access_token_sign(private_key=authority, username=COORDINATOR_USERNAME, peer_public_key=public_key,
+                                     lifetime=lifetime)
 
         authorizer = PortalAuthorizer(self.private_key, rsa_public_key_parse(run.authority_public_key), fetch_token)
         state_dir.mkdir(parents=True, exist_ok=True)
+        self.swarm_file = state_dir / f"{self.run_id}.swarm"
         self.dht = DHT(
             start=True,
+            # A restarted peer (perhaps on another port) knows nobody, and the agents dropped it from their
+            # routing tables: it reaches the swarm again through the peers it was connected to before.
+            initial_peers=swarm_peers_load(self.swarm_file),
+            ensure_bootstrap_success=False,
             host_maddrs=host_maddrs,
             announce_maddrs=announce_maddrs,
             identity_path=str(state_dir / f"{self.run_id}.identity"),  # same peer id after a restart
@@ -49,6 +57,7 @@ class BackbonePeer:
         )
         self.initial_peers = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
         logger.info("run %s: backbone peer %s at %s", self.slug, self.dht.peer_id, ", ".join(self.initial_peers))
+        self.monitor = Monitor(dht=self.dht, run_pk=self.run_pk, run_id=self.run_id)
         self.checkpointer = Checkpointer(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht)
 
     def heartbeat(self) -> None:
@@ -57,12 +66,41 @@ class BackbonePeer:
         )
         self.checkpointer.tick()
 
+    def tick(self) -> None:
+        """One cycle of the peer's duties: heartbeat, then the monitor's poll."""
+        self.heartbeat()
+        try:
+            swarm_peers_save(self.swarm_file, self.dht.run_coroutine(_connected_maddrs))
+        except Exception:  # only a restart would miss it
+            logger.exception("run %s: could not save the swarm's addresses", self.slug)
+        try:
+            self.monitor.poll()
+        except Exception:  # a failed poll must not stop the heartbeat; the health page sees no new sample
+            logger.exception("run %s: monitor poll failed", self.slug)
+
     def shutdown(self) -> None:
         logger.info("run %s: backbone peer stopping", self.slug)
         try:
             self.checkpointer.shutdown()
         finally:
             self.dht.shutdown()
+
+
+async def _connected_maddrs(dht: DHT, node) -> list[str]:
+    """Runs in the DHT's process: the full multiaddrs of the peers the backbone peer is connected to."""
+    return sorted(f"{maddr}/p2p/{info.peer_id}" for info in await node.p2p.list_peers() for maddr in info.addrs)
+
+
+def swarm_peers_load(path: Path) -> list[str]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def swarm_peers_save(path: Path, maddrs: list[str]) -> None:
+    if maddrs and maddrs != swarm_peers_load(path):
+        path.write_text(json.dumps(maddrs))
 
 
 class Coordinator:
@@ -89,16 +127,20 @@ class Coordinator:
                     run, state_dir=self.state_dir, host_maddrs=settings.COORDINATOR_HOST_MADDRS,
                     announce_maddrs=settings.COORDINATOR_ANNOUNCE_MADDRS or None,
                 )
-            self.peers[pk].heartbeat()
+            self.peers[pk].tick()
+
+    def cycle(self) -> None:
+        """One sync; a failed one (a database restart, a locked table) is logged and retried next time."""
+        try:
+            self.sync()
+        except Exception:  # one bad cycle must not end the coordinator
+            logger.exception("coordinator cycle failed; retrying in %.0f s", self.interval)
 
     def serve(self) -> None:
         logger.info("coordinator started for %s", f"run {self.slug}" if self.slug else "all active runs")
         try:
             while not self.stopping.is_set():
-                try:
-                    self.sync()
-                except Exception:  # one bad cycle (a database restart) must not end the coordinator
-                    logger.exception("coordinator cycle failed; retrying in %.0f s", self.interval)
+                self.cycle()
                 self.stopping.wait(self.interval)
         finally:
             for peer in self.peers.values():

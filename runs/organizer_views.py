@@ -1,4 +1,5 @@
-"""Pages and actions for a run's organizers: configure, start and stop, moderate, data, tokenizer."""
+"""Pages and actions for a run's organizers: configure, start and stop, moderate, data, tokenizer,
+flagged credit."""
 
 from functools import wraps
 
@@ -11,9 +12,9 @@ from django.views.decorators.http import require_POST
 
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
-from runs import services
+from runs import services, verification
 from runs.forms import PRESETS, RunForm, preset_config
-from runs.models import DataFile, Run
+from runs.models import DataFile, Run, SessionEpoch
 from runs.sessions import run_is_organizer
 
 MAX_TOKENIZER_BYTES = 20 * 1024 * 1024
@@ -182,3 +183,36 @@ def tokenizer_upload(request: HttpRequest, run: Run) -> HttpResponse:
     return _then(
         request, run, lambda: services.tokenizer_upload(run=run, actor=request.user, json_text=json_text), "Tokenizer uploaded."
     )
+
+
+def _credit_reviewer_run(request: HttpRequest, slug: str) -> Run:
+    """The run, if the user may decide its flagged credit: its organizers and the portal's staff."""
+    run = get_object_or_404(Run, slug=slug)
+    if not (run_is_organizer(run=run, user=request.user) or request.user.is_staff):
+        if run.status == Run.Status.DRAFT:
+            raise Http404("no such run")
+        raise PermissionDenied("only the run's organizers can review its flagged credit")
+    return run
+
+
+@login_required
+def run_flags(request: HttpRequest, slug: str) -> HttpResponse:
+    run = _credit_reviewer_run(request, slug)
+    return render(request, "runs/flags.html", {"run": run, "flags": verification.flags_for_run(run=run)})
+
+
+@require_POST
+@login_required
+def run_flag_decide(request: HttpRequest, slug: str, pk: int, decision: str) -> HttpResponse:
+    run = _credit_reviewer_run(request, slug)
+    flag = get_object_or_404(SessionEpoch, pk=pk, session__run=run)
+    decide = {"accept": verification.flag_accept, "reject": verification.flag_reject}.get(decision)
+    if decide is None:
+        raise Http404("unknown decision")
+    try:
+        decide(row=flag, by=request.user)
+    except verification.CreditError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Epoch {flag.epoch} of {flag.session.user.username}: {flag.status}.")
+    return redirect("run-flags", slug=run.slug)

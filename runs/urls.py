@@ -21,5 +21,7 @@ urlpatterns = [
     path("leaderboard/", views.leaderboard, name="leaderboard"),
     path("stats/", views.stats_list, name="stats"),
     path("stats/<str:day>/<str:name>", views.stats_file, name="stats-file"),
+    path("runs/<slug:slug>/flags/", organizer_views.run_flags, name="run-flags"),
+    path("runs/<slug:slug>/flags/<int:pk>/<str:decision>/", organizer_views.run_flag_decide, name="run-flag-decide"),
     path("agent/<str:filename>", views.agent_wheel, name="agent-wheel"),
 ]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -348,3 +348,44 @@ def test_join_declares_the_measured_upload_to_the_swarm(portal, reports, stand_i
     assert cli.main(join_args(portal, "--max-runtime", "0.5", "--bandwidth", "0.5")) == 0
     assert stand_in_trainer.instances[0].setup.bandwidth == 0.5  # --bandwidth caps the (much faster) loopback upload
     assert portal.probes.uploads == [2 << 20]
+
+
+class EpochStandInTrainer(StandInTrainer):
+    """Joins one step before the end of epoch 0; then the third step of each epoch ends it, as
+    hivemind's optimizer step does: its result already names the next epoch."""
+
+    def step(self):
+        from peer_agent.training import StepResult
+
+        super().step()
+        return StepResult(samples=4, loss=2.0, local_epoch=self.epoch, global_epoch=0, samples_per_second=400.0)
+
+    @property
+    def epoch(self) -> int:
+        return (self.steps + 2) // 3
+
+    def progress(self):
+        return replace(super().progress(), local_epoch=self.epoch)
+
+
+def test_a_report_never_spans_two_epochs_and_counts_each_step_toward_the_epoch_it_began_in(
+    portal, reports, stand_in_trainer, monkeypatch
+):
+    """hivemind counts a step's samples toward the epoch the step began in; the coordinator
+    verifies each epoch's reports against those counts."""
+    import peer_agent.training
+    from peer_agent.reporter import Reporter
+
+    portal.report_url = reports.url
+    reported: dict[int, int] = {}
+    report = Reporter.report
+
+    def recording(self, *, samples, local_epoch, **fields):
+        reported[local_epoch] = reported.get(local_epoch, 0) + samples
+        return report(self, samples=samples, local_epoch=local_epoch, **fields)
+
+    monkeypatch.setattr(Reporter, "report", recording)
+    monkeypatch.setattr(peer_agent.training, "Trainer", EpochStandInTrainer)
+    stand_in_trainer.on_step = lambda trainer: trainer.steps == 13 and signal.raise_signal(signal.SIGINT)
+    assert cli.main(join_args(portal, "--report-interval", "30")) == 0
+    assert reported == {0: 4, 1: 12, 2: 12, 3: 12, 4: 12}

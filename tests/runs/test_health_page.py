@@ -4,10 +4,8 @@ who may see the run."""
 import datetime
 
 import pytest
-from django.urls import path
 from django.utils import timezone
 
-from portal import urls as portal_urls
 from runs.health import epochs_per_hour
 from runs.models import Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
 from runs.services import run_ban
@@ -68,15 +66,6 @@ def test_a_stale_heartbeat_is_a_warning(client_for, run):
     assert "No coordinator has reported for this run" in page(client_for(None)).content.decode()
 
 
-def test_the_flags_link_appears_only_where_the_flags_view_exists(client_for, run, organizer):
-    assert "review flagged epochs" not in page(client_for(organizer)).content.decode()
-
-
-# The portal's URLs and a stand-in for the organizers' flags view, which another branch builds.
-urlpatterns = [*portal_urls.urlpatterns, path("runs/<slug:slug>/flags/", lambda request, slug: None, name="run-flags")]
-
-
-@pytest.mark.urls(__name__)
 def test_organizers_get_a_link_to_the_flags_view(client_for, run, organizer):
     assert '<a href="/runs/the-run/flags/">review flagged epochs</a>' in page(client_for(organizer)).content.decode()
 

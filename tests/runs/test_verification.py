@@ -1,0 +1,180 @@
+"""Verified credit: a session's reported samples for an epoch against what its peer announced in
+its signed DHT records; flags for the organizer; judging twice changes nothing."""
+
+import datetime
+import itertools
+
+import pytest
+from django.utils import timezone
+from hivemind.optim.progress_tracker import LocalTrainingProgress
+
+from accounts.services import token_create
+from peer_agent.metrics import LocalMetrics
+from runs import verification
+from runs.models import ContributionEvent, RunEvent, SessionEpoch, TrainingSession
+from runs.monitor import announcements, peer_key_text, swarm_reading
+from tests.factories import RunFactory, UserFactory
+
+# The tiny preset: target batch 64, one local step of 8 samples; tolerance 5 %.
+TARGET, STEP = 64, 8
+_seq = itertools.count(1)
+
+
+@pytest.fixture
+def run(db):
+    run = RunFactory()
+    assert verification.EpochLimits.for_run(run) == verification.EpochLimits(TARGET, STEP)
+    return run
+
+
+def session_for(run, username="amina", user=None):
+    user = user or UserFactory(username=username)
+    token, _ = token_create(user=user, name="laptop")
+    return TrainingSession.objects.create(run=run, user=user, token=token, peer_public_key=f"ssh-rsa {user.username}AAAA",
+                                          agent_version="0.1.0", access_expires_at=timezone.now())
+
+
+def report(session, samples, epoch):
+    ContributionEvent.objects.create(session=session, seq=next(_seq), samples=samples, steps=1, local_epoch=epoch,
+                                     loss=5.0, samples_per_second=10.0, sent_at=timezone.now())
+
+
+def judge(run, epoch, closed_minutes_ago=1.0):
+    closed_at = timezone.now() - datetime.timedelta(minutes=closed_minutes_ago)
+    return verification.epoch_judge(run=run, epoch=epoch, closed_at=closed_at)
+
+
+def row(session, epoch):
+    return SessionEpoch.objects.get(session=session, epoch=epoch)
+
+
+@pytest.mark.parametrize(("reported", "announced", "status"), [
+    (32, 32, "verified"),
+    (16, 32, "verified"),  # reporting less than announced is never a problem
+    (int(32 * 1.05) + STEP, 32, "verified"),  # within the tolerance and one step counted around a resync
+    (int(32 * 1.05) + STEP + 1, 32, "flagged"),
+    (64, 32, "flagged"),  # twice what it trained
+    (0, 32, "verified"),  # seen training, nothing reported (yet)
+])
+def test_reported_samples_are_verified_within_the_tolerance_of_what_the_peer_announced(run, reported, announced, status):
+    amina = session_for(run)
+    if reported:
+        report(amina, reported, epoch=5)
+    report(amina, 100, epoch=6)  # another epoch's reports do not count toward epoch 5
+    verification.announced_record(session_id=amina.pk, epoch=5, announced=announced)
+    assert judge(run, 5) == {amina.pk: status}
+    judged = row(amina, 5)
+    assert (judged.status, judged.reported_samples, judged.announced_samples) == (status, reported, announced)
+    assert judged.checked_at is not None
+    if status == "flagged":
+        assert f"reported {reported} samples" in judged.detail and f"announced {announced}" in judged.detail
+
+
+def test_a_share_larger_than_the_whole_epoch_is_flagged_even_if_reports_match(run):
+    amina = session_for(run)
+    report(amina, 200, epoch=2)
+    verification.announced_record(session_id=amina.pk, epoch=2, announced=200)
+    assert judge(run, 2) == {amina.pk: "flagged"}
+    assert "more than the epoch's whole target batch of 64" in row(amina, 2).detail
+
+
+def test_the_largest_announced_figure_is_kept(run):
+    amina = session_for(run)
+    for announced in (8, 24, 16):
+        verification.announced_record(session_id=amina.pk, epoch=3, announced=announced)
+    assert row(amina, 3).announced_samples == 24
+
+
+def test_a_session_never_seen_in_the_dht_stays_provisional_then_is_rejected(run):
+    amina = session_for(run)
+    report(amina, 32, epoch=4)
+    assert judge(run, 4) == {amina.pk: "provisional"}
+    assert row(amina, 4).detail == verification.NOT_SEEN_YET and row(amina, 4).checked_at is None
+
+    assert judge(run, 4, closed_minutes_ago=11) == {amina.pk: "rejected"}, "no record can arrive this long after"
+    rejected = row(amina, 4)
+    assert rejected.detail.startswith("never seen in the DHT") and rejected.checked_at and rejected.decided_by is None
+
+    rahim = session_for(run, "rahim")
+    report(rahim, 32, epoch=4)
+    TrainingSession.objects.filter(pk=rahim.pk).update(ended_at=timezone.now())
+    assert judge(run, 4)[rahim.pk] == "rejected", "an ended session's peer will not publish any more"
+
+
+def test_judging_again_changes_nothing_and_late_reports_are_judged_on_the_new_sum(run):
+    amina = session_for(run)
+    report(amina, 24, epoch=7)
+    verification.announced_record(session_id=amina.pk, epoch=7, announced=32)
+    judge(run, 7)
+    first = row(amina, 7)
+
+    assert judge(run, 7) == {amina.pk: "verified"}
+    again = row(amina, 7)
+    assert again.checked_at == first.checked_at, "a restarted monitor does not judge twice"
+    assert SessionEpoch.objects.filter(session=amina).count() == 1
+
+    report(amina, 8, epoch=7)  # a late report that still agrees
+    judge(run, 7)
+    assert (row(amina, 7).status, row(amina, 7).reported_samples) == ("verified", 32)
+    assert row(amina, 7).checked_at > first.checked_at, "the rollup picks up the new figures"
+
+    report(amina, 32, epoch=7)  # late reports beyond what the peer announced
+    judge(run, 7)
+    assert (row(amina, 7).status, row(amina, 7).reported_samples) == ("flagged", 64)
+
+
+def test_an_organizers_decision_is_final_and_in_the_audit_log(run, organizer):
+    amina = session_for(run)
+    report(amina, 64, epoch=1)
+    verification.announced_record(session_id=amina.pk, epoch=1, announced=32)
+    judge(run, 1)
+    flagged = row(amina, 1)
+    verification.flag_reject(row=flagged, by=organizer)
+    assert (flagged.status, flagged.decided_by, flagged.decided_at is not None) == ("rejected", organizer, True)
+    event = RunEvent.objects.get(run=run, kind=verification.EVENT_CREDIT_REJECTED)
+    assert event.actor == organizer and "amina's epoch 1" in event.detail and "reported 64, announced 32" in event.detail
+
+    report(amina, 8, epoch=1)
+    judge(run, 1)
+    assert row(amina, 1).status == "rejected" and row(amina, 1).reported_samples == 64, "decided rows are not judged again"
+    with pytest.raises(verification.CreditError):
+        verification.flag_accept(row=flagged, by=organizer)
+
+    rahim = session_for(run, "rahim")
+    report(rahim, 64, epoch=1)
+    verification.announced_record(session_id=rahim.pk, epoch=1, announced=32)
+    judge(run, 1)
+    verification.flag_accept(row=row(rahim, 1), by=organizer)
+    assert row(rahim, 1).status == "accepted"
+    assert RunEvent.objects.get(run=run, kind=verification.EVENT_CREDIT_ACCEPTED).actor == organizer
+
+
+def progress(epoch, samples, client_mode=False, sps=4.0):
+    return LocalTrainingProgress(peer_id=b"p", epoch=epoch, samples_accumulated=samples, samples_per_second=sps,
+                                 time=1.0, client_mode=client_mode)
+
+
+def metrics(step, samples, loss):
+    return LocalMetrics(step=step, samples_per_second=4.0, samples_accumulated=samples, loss=loss, mini_steps=1)
+
+
+def test_the_swarm_reading_follows_hivemind_client_peers_do_not_decide_the_epoch():
+    reading = swarm_reading(
+        {b"a": progress(5, 16), b"b": progress(5, 8), b"c": progress(6, 40, client_mode=True)},
+        {b"a": metrics(5, 32, 4.0), b"b": metrics(5, 24, 6.0), b"c": metrics(4, 8, 9.0)},
+    )
+    assert (reading.global_epoch, reading.alive_peers, reading.client_peers) == (5, 3, 1)
+    assert (reading.samples_accumulated, reading.samples_per_second, reading.loss) == (24, 12.0, 5.0)
+    assert swarm_reading({}, {}).global_epoch is None
+
+
+def test_a_metrics_record_counts_toward_the_epoch_the_peer_was_in_before():
+    found = announcements({b"a": progress(9, 8)}, {b"a": metrics(9, 40, 1.0), b"b": metrics(4, 16, 1.0)},
+                          known_epochs={b"a": {6}})
+    # a's progress record is for epoch 9; its metrics of step 9 cover epoch 6, where the monitor last saw it
+    assert found == {(b"a", 9): 8, (b"a", 6): 40, (b"b", 3): 16}
+
+
+def test_a_records_subkey_names_the_sessions_peer_key():
+    assert peer_key_text(b"[owner:ssh-rsa AAAAB3Nz]") == "ssh-rsa AAAAB3Nz"
+    assert peer_key_text(b"some other subkey") is None
