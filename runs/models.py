@@ -80,6 +80,8 @@ class RunEvent(models.Model):
         UNBANNED = "unbanned"
         TOKENIZER = "tokenizer", "tokenizer changed"
         DATA = "data", "data changed"
+        CREDIT_ACCEPTED = "credit_accepted", "flagged credit accepted"
+        CREDIT_REJECTED = "credit_rejected", "flagged credit rejected"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")

@@ -29,16 +29,15 @@ from django.utils import timezone
 
 from accounts.models import User
 from peer_agent.protocol import RunConfig
-from runs.models import ContributionEvent, Run, SessionEpoch, TrainingSession
+from runs.models import ContributionEvent, Run, RunEvent, SessionEpoch, TrainingSession
 from runs.services import run_event_record
 
 TOLERANCE = 0.05
 NEVER_SEEN_REJECT_AFTER = datetime.timedelta(minutes=10)
 NEVER_SEEN = "never seen in the DHT: no signed progress record of this session's peer for the epoch"
 NOT_SEEN_YET = "not seen in the DHT yet"
-# RunEvent kinds of the audit log for an organizer's decision. Not (yet) among RunEvent.Kind's
-# choices, which would need a migration; the column stores and displays the value as it is.
-EVENT_CREDIT_ACCEPTED, EVENT_CREDIT_REJECTED = "credit_accepted", "credit_rejected"
+# The audit log's kinds for an organizer's decision on a flag.
+EVENT_CREDIT_ACCEPTED, EVENT_CREDIT_REJECTED = RunEvent.Kind.CREDIT_ACCEPTED, RunEvent.Kind.CREDIT_REJECTED
 _Status = SessionEpoch.Status
 
 

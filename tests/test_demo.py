@@ -1,6 +1,6 @@
 """The README's first command as a newcomer meets it: `make demo` runs `python manage.py demo` on the
-embedded defaults, and within minutes two volunteers train and fill the live leaderboard; Ctrl-C
-stops every process it started."""
+embedded defaults, and within minutes two volunteers train and fill the live leaderboard and the
+coordinator saves a checkpoint; Ctrl-C stops every process it started."""
 
 import os
 import signal
@@ -36,7 +36,7 @@ def leaderboard(url: str) -> list[dict]:
     return answer.json() if answer.status_code == 200 else []
 
 
-def test_the_demo_trains_two_volunteers_live_and_ctrl_c_stops_everything(tmp_path):
+def test_the_demo_trains_two_volunteers_live_checkpoints_and_ctrl_c_stops_everything(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # The embedded defaults, whatever the suite itself runs on.
@@ -63,6 +63,9 @@ def test_the_demo_trains_two_volunteers_live_and_ctrl_c_stops_everything(tmp_pat
             time.sleep(3)
             rows = leaderboard(url)
         assert httpx.get(f"{url}/runs/{RUN_SLUG}/", timeout=10).status_code == 200
+        while not httpx.get(f"{url}/api/v1/runs/{RUN_SLUG}/checkpoints", timeout=10).json():
+            assert time.monotonic() < deadline, "no checkpoint appeared\n" + log_path.read_text(errors="replace")[-4000:]
+            time.sleep(3)
 
         banner = log_path.read_text(errors="replace")
         assert f"{url}/runs/{RUN_SLUG}/" in banner and repr(ORGANIZER[1]) in banner

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.services import team_create, token_create, token_revoke
 from runs.authority import authority_generate
-from runs.models import Checkpoint, Run, RunMembership, TrainingSession
+from runs.models import Checkpoint, SessionEpoch, Run, RunMembership, TrainingSession
 from runs.services import data_file_add, run_ban
 from runs.sessions import checkpoint_url_token, data_file_url_token
 from tests.factories import RunFactory, UserFactory
@@ -70,7 +70,7 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     tokens["elsewhere"] = token_create(user=volunteer, name="lab machine", run=other)[1]
     team = team_create(founder=volunteer, name="Dhaka Compute")
     data_file = data_file_add(run=invite, actor=organizer, name="bn.txt", content=b"a line\n")
-    invite_session = _session(invite, volunteer, None)
+    invite_session, public_session = _session(invite, volunteer, None), _session(public, volunteer, None)
     checkpoints = {run: Checkpoint.objects.create(run=run, epoch=3, size=2, file=ContentFile(b"PK", name="epoch-3.zip"))
                    for run in (public, invite)}
     (settings.MEDIA_ROOT / "agent").mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,10 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     values = {
         "public": public.slug, "invite": invite.slug, "team": team.slug, "vik_token": vik_token[0].pk,
         "data_file": data_file.pk, "wheel": "peer_agent-0.1.0-py3-none-any.whl",
-        "public_session": _session(public, volunteer, None).pk, "invite_session": invite_session.pk,
+        "public_session": public_session.pk, "invite_session": invite_session.pk,
+        "flag": SessionEpoch.objects.create(session=public_session, epoch=1, reported_samples=64, announced_samples=32,
+                                            status=SessionEpoch.Status.FLAGGED).pk,
+        "vik": volunteer.username,
         "invite_data_link": f"{data_file_url_token(session=invite_session, data_file=data_file)}/{data_file.pk}.txt",
         "invite_checkpoint_link": (f"{checkpoint_url_token(session=invite_session, checkpoint=checkpoints[invite])}"
                                    f"/{checkpoints[invite].pk}.zip"),
