@@ -17,10 +17,13 @@ from tests.factories import RunFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+# Reports as an agent at 12.5 samples/s sends them: 32 samples every 2.56 s by its clock, which
+# is what the plausibility rules (runs.ingest.RULES) expect; seq 0 would have gone out 200 s ago.
 def report(session_id: int, seq: int, samples: int = 32, **changes) -> dict:
+    sent_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2.56 * seq - 200)
     frame = {
         "type": "report", "session_id": session_id, "seq": seq, "samples": samples, "steps": 4, "local_epoch": 2,
-        "loss": 7.5, "samples_per_second": 12.5, "sent_at": datetime.datetime.now(datetime.UTC).isoformat(),
+        "loss": 7.5, "samples_per_second": 12.5, "sent_at": sent_at.isoformat(),
     }
     return {**frame, **changes}
 
