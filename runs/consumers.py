@@ -23,6 +23,10 @@ BURST = 50  # a reconnecting agent resends its spool at once
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
+    # Agents get nothing through the channel layer; without it, a connection holds no blocking
+    # Redis BRPOP of its own (with channels_redis, one Redis connection per agent).
+    channel_layer_alias = None
+
     async def connect(self) -> None:
         headers = dict(self.scope.get("headers", []))
         client = self.scope.get("client") or [None]
