@@ -3,7 +3,6 @@
 import logging
 import time
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from accounts.auth import bearer_secret
@@ -14,9 +13,7 @@ from runs.models import Run, TrainingSession
 
 logger = logging.getLogger(__name__)
 
-# Each call gets a pool thread: one agent's slow query must not queue every other agent's
-# behind it on Channels' single sync thread (PITFALLS: that capped ingest near 136 msg/s).
-db = database_sync_to_async
+db = ingest.db  # on PostgreSQL, not every agent's calls queued on one thread (PITFALLS: ~136 msg/s)
 SESSION_RECHECK_SECONDS = 5.0
 REPORTS_PER_SECOND = 5.0  # an agent reports every few seconds
 BURST = 50  # a reconnecting agent resends its spool at once
@@ -33,7 +30,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.accept()
         try:
             secret = bearer_secret(headers.get(b"authorization", b"").decode("latin-1"))
-            self.token = await db(token_authenticate, thread_sensitive=False)(secret=secret, ip=client[0])
+            self.token = await db(token_authenticate)(secret=secret, ip=client[0])
         except AgentTokenRefused as refusal:
             await self._send_error(None, refusal.code, refusal.detail)
             await self.close(code=4401)
@@ -93,7 +90,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if not self.limited:
             # Recorded once per flood: a flood must not become a flood of writes.
             self.limited = True
-            await db(ingest.report_rejection_record, thread_sensitive=False)(
+            await db(ingest.report_rejection_record)(
                 session_id=report.session_id if report.session_id in self.sessions else None,
                 seq=report.seq, code="rate_limited", detail=detail)
         await self._send_error(report.seq, "rate_limited", detail)
@@ -103,9 +100,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         cached = self.sessions.get(session_id)
         if cached and time.monotonic() - cached[1] < SESSION_RECHECK_SECONDS:
             return cached[0]
-        session = await db(ingest.report_session, thread_sensitive=False)(token=self.token, session_id=session_id)
+        session = await db(ingest.report_session)(token=self.token, session_id=session_id)
         if session_id not in self.paces:
-            self.paces[session_id] = await db(ingest.session_pace, thread_sensitive=False)(session=session)
+            self.paces[session_id] = await db(ingest.session_pace)(session=session)
         self.sessions[session_id] = (session, time.monotonic())
         return session
 
@@ -113,10 +110,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # last_seen is for humans; once per recheck period keeps the session row cool.
         if self.seen_at.get(session_id, 0.0) < time.monotonic() - SESSION_RECHECK_SECONDS:
             self.seen_at[session_id] = time.monotonic()
-            await db(ingest.session_seen, thread_sensitive=False)(session_id=session_id)
+            await db(ingest.session_seen)(session_id=session_id)
 
     async def _refuse(self, report: Report, refusal: ingest.ReportRefused) -> None:
-        await db(ingest.report_rejection_record, thread_sensitive=False)(
+        await db(ingest.report_rejection_record)(
             session_id=report.session_id, seq=report.seq, code=refusal.code, detail=refusal.detail
         )
         await self._send_error(report.seq, refusal.code, refusal.detail)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from channels.db import database_sync_to_async
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from accounts.models import AgentToken
@@ -25,6 +25,13 @@ logger = logging.getLogger(__name__)
 
 # Codes after which the agent must stop sending for this session (it tells the volunteer why).
 FATAL_CODES = {"banned", "run_finished", "session_not_found"}
+
+
+def db(function: Callable) -> Callable:
+    """`function` as a coroutine for consumers. PostgreSQL takes calls from many pool threads at
+    once (each its own connection); SQLite has one writer, and an in-memory test database fails
+    ("table is locked") instead of waiting, so there every call goes to Channels' one thread."""
+    return database_sync_to_async(function, thread_sensitive=connection.vendor == "sqlite")
 
 
 class ReportRefused(Exception):
@@ -243,10 +250,10 @@ class ReportWriter:
                 batch.append(queue.get_nowait())
             events = [event for event, _ in batch]
             try:
-                await database_sync_to_async(report_events_store, thread_sensitive=False)(events=events)
+                await db(report_events_store)(events=events)
                 outcomes: list[Exception | None] = [None] * len(batch)
             except Exception:  # noqa: BLE001 - one bad row (a session deleted meanwhile) must not fail the rest
-                outcomes = await database_sync_to_async(report_events_store_each, thread_sensitive=False)(events=events)
+                outcomes = await db(report_events_store_each)(events=events)
             for (_, stored), outcome in zip(batch, outcomes, strict=True):
                 if stored.done():  # its consumer went away; the row stands and a resend is acked
                     continue
@@ -267,4 +274,8 @@ def report_rejection_record(*, session_id: int | None, seq: int | None, code: st
 
 
 def session_seen(*, session_id: int) -> None:
-    TrainingSession.objects.filter(pk=session_id).update(last_seen_at=timezone.now())
+    """Note that the session is alive; for people, so a failure is logged and never fails a report."""
+    try:
+        TrainingSession.objects.filter(pk=session_id).update(last_seen_at=timezone.now())
+    except DatabaseError as error:
+        logger.warning("could not note session %s as seen: %r", session_id, error)
