@@ -4,7 +4,8 @@ The portal's ASGI application runs in its own uvicorn process (as `tests/conftes
 `asgi_server` serves it, but apart, so that the clients here do not share its GIL), with one extra
 route, `/ws/echo/`, a consumer that sends every frame back. N agents, each a real `websockets`
 connection with its own volunteer, token and session made through the ORM, send reports in a
-closed loop (the next once the previous is acknowledged, i.e. committed), and then the same N
+closed loop (the next once the previous is acknowledged, i.e. committed; each agent's first
+report, which authenticates its session, is sent before the clock starts), and then the same N
 connections do the same against the echo. Printed: acknowledged reports/s, ack latency p50/p99, the
 echo's messages/s and the ratio; then a check that the database holds exactly the acknowledged
 reports. With `--viewers`, that many browsers watch `WS /ws/runs/{slug}/live/` while 100 agents
@@ -46,6 +47,8 @@ def server_application():
     from runs import consumers, ingest
 
     class EchoConsumer(AsyncWebsocketConsumer):
+        channel_layer_alias = None  # bare, like the agent socket: no channel layer
+
         async def receive(self, text_data=None, bytes_data=None):
             await self.send(text_data=text_data)
 
@@ -114,7 +117,8 @@ def agents_create(count: int, peer_batch_run) -> list[Agent]:
     from runs.models import TrainingSession
 
     stamp = int(time.time())
-    users = User.objects.bulk_create([User(username=f"bench-{stamp}-{i}", email=f"bench-{stamp}-{i}@example.org") for i in range(count)])
+    names = [f"bench-{stamp}-{i}" for i in range(count)]
+    users = User.objects.bulk_create([User(username=name, email=f"{name}@example.org") for name in names])
     agents = []
     for user in users:
         token, secret = token_create(user=user, name="bench")
@@ -149,14 +153,25 @@ async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float,
             ws = await websockets.connect(f"{base}{path}", additional_headers={"Authorization": f"Bearer {agent.secret}"},
                                           open_timeout=60, ping_interval=None)
         try:
+            # The first report authenticates the session and loads its pace: done before the window.
+            await ws.send(frame(agent))
+            first = json.loads(await ws.recv())
+            if first.get("type") == "error":
+                tally.errors[first["code"]] = tally.errors.get(first["code"], 0) + 1
+            else:
+                tally.answers += 1
             ready += 1
             if ready == len(agents):
                 connected.set()
             await start.wait()
             window_from, window_to = time.perf_counter() + warmup, time.perf_counter() + warmup + seconds
             while (sent := time.perf_counter()) < window_to:
-                await ws.send(frame(agent))
-                answer = json.loads(await ws.recv())
+                try:
+                    await ws.send(frame(agent))
+                    answer = json.loads(await ws.recv())
+                except websockets.ConnectionClosed:
+                    tally.errors["closed"] = tally.errors.get("closed", 0) + 1
+                    return
                 answered = time.perf_counter()
                 if answer.get("type") == "error":
                     tally.errors[answer["code"]] = tally.errors.get(answer["code"], 0) + 1
@@ -212,7 +227,8 @@ async def watch(base: str, slug: str, viewers: int, agents: list[Agent], peer_ba
     delivered = [(at, text) for times in received for at, text in times if began <= at <= ended]
     spread = sorted(at - first_seen[text] for at, text in delivered) or [float("nan")]
     watching = sum(1 for times in received if times)
-    return tally.answers, (f"{viewers} viewers ({watching} got snapshots) while {len(agents)} agents sent {tally.answers / (ended - began):.0f} reports/s: "
+    reports = tally.answers / (ended - began)
+    return tally.answers, (f"{viewers} viewers ({watching} got snapshots), {len(agents)} agents sending {reports:.0f} reports/s: "
             f"{len(delivered) / (ended - began):.0f} snapshots/s delivered "
             f"({len(delivered) / (ended - began) / max(watching, 1):.2f} per viewer per s), "
             f"{len(first_seen) / (ended - began):.2f} distinct snapshots/s; same snapshot reached viewers within "
@@ -256,8 +272,9 @@ def main() -> None:
         try:
             for count in args.agents:
                 some = agents[:count]
-                ingest = asyncio.run(drive(base, "/ws/agent/", some, lambda a: report_frame(a, peer_batch), args.warmup, args.seconds))
-                echo = asyncio.run(drive(base, "/ws/echo/", some, lambda a: report_frame(a, peer_batch), args.warmup, args.seconds))
+                frame = lambda agent: report_frame(agent, peer_batch)  # noqa: E731
+                ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds))
+                echo = asyncio.run(drive(base, "/ws/echo/", some, frame, args.warmup, args.seconds))
                 acked += ingest.answers
                 ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
                 print(ingest.line(f"{writer}, {count} agents", args.seconds))

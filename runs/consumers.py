@@ -100,9 +100,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         cached = self.sessions.get(session_id)
         if cached and time.monotonic() - cached[1] < SESSION_RECHECK_SECONDS:
             return cached[0]
-        session = await db(ingest.report_session)(token=self.token, session_id=session_id)
-        if session_id not in self.paces:
-            self.paces[session_id] = await db(ingest.session_pace)(session=session)
+        session, pace = await db(ingest.report_session_paced)(
+            token=self.token, session_id=session_id, paced=session_id in self.paces)
+        if pace is not None:
+            self.paces[session_id] = pace
         self.sessions[session_id] = (session, time.monotonic())
         return session
 

@@ -112,6 +112,12 @@ def session_pace(*, session: TrainingSession) -> SessionPace:
     return pace
 
 
+def report_session_paced(*, token: AgentToken, session_id: int, paced: bool) -> tuple[TrainingSession, SessionPace | None]:
+    """`report_session`, and the session's pace unless the caller has it already (one thread hop)."""
+    session = report_session(token=token, session_id=session_id)
+    return session, None if paced else session_pace(session=session)
+
+
 Rule = Callable[[Report, SessionPace, datetime], str | None]
 
 
