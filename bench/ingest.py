@@ -76,7 +76,7 @@ def server_start(port: int, writer: str, conn_max_age: int) -> subprocess.Popen:
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--factory", "bench.ingest:server_application", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning", "--no-access-log", "--lifespan", "off"], env=env)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # importing Django on a loaded machine takes a while
     while time.monotonic() < deadline:
         assert process.poll() is None, "uvicorn exited"
         try:
@@ -266,10 +266,11 @@ def main() -> None:
     load = lambda: os.getloadavg()[0]  # noqa: E731
     print(f"database {engine}, channel layer {settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1]}, "
           f"{os.cpu_count()} CPUs, load {load():.2f}, window {args.seconds:g} s after {args.warmup:g} s")
-    base = f"ws://127.0.0.1:{args.port}"
     acked = 0
-    for writer in args.writers.split(","):
-        server = server_start(args.port, writer, args.conn_max_age)
+    for index, writer in enumerate(args.writers.split(",")):
+        port = args.port + index  # the previous server's port may still be closing
+        base = f"ws://127.0.0.1:{port}"
+        server = server_start(port, writer, args.conn_max_age)
         try:
             for count in args.agents:
                 some = agents[:count]

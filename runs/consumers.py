@@ -37,7 +37,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.sessions: dict[int, tuple[TrainingSession, float]] = {}
         self.paces: dict[int, ingest.SessionPace] = {}
-        self.seen_at: dict[int, float] = {}
         self.allowance, self.allowance_at, self.limited = float(BURST), time.monotonic(), False
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -69,7 +68,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 return
             pace.accept(report)
         await self.send(Ack(seq=report.seq).model_dump_json())
-        await self._mark_seen(session.pk)
         if session.run.status == Run.Status.PAUSED:
             # Work done before the pause counts; the notice tells the agent to stop and wait.
             detail = f"run “{session.run.slug}” is paused by its organizer; the agent will retry every 60 s"
@@ -106,12 +104,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.paces[session_id] = pace
         self.sessions[session_id] = (session, time.monotonic())
         return session
-
-    async def _mark_seen(self, session_id: int) -> None:
-        # last_seen is for humans; once per recheck period keeps the session row cool.
-        if self.seen_at.get(session_id, 0.0) < time.monotonic() - SESSION_RECHECK_SECONDS:
-            self.seen_at[session_id] = time.monotonic()
-            await db(ingest.session_seen)(session_id=session_id)
 
     async def _refuse(self, report: Report, refusal: ingest.ReportRefused) -> None:
         await db(ingest.report_rejection_record)(

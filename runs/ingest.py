@@ -8,6 +8,7 @@ report that is resent, reordered or stored twice by two connections is one row.
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -234,10 +235,12 @@ class ReportWriter:
     """
 
     max_batch = 1000
+    seen_every = 5.0  # seconds between last_seen_at updates of one session
 
     def __init__(self) -> None:
         # One queue and drain task per event loop (tests run each communicator in its own loop).
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue] = weakref.WeakKeyDictionary()
+        self._seen_at: dict[int, float] = {}
 
     async def store(self, *, session_id: int, report: Report) -> None:
         loop = asyncio.get_running_loop()
@@ -267,6 +270,15 @@ class ReportWriter:
                     stored.set_result(None)
                 else:
                     stored.set_exception(outcome)
+            await self._note_seen({event.session_id for event in events})
+
+    async def _note_seen(self, session_ids: set[int]) -> None:
+        """One UPDATE per batch for the sessions not noted for a while, after the acks are out."""
+        now = time.monotonic()
+        stale = sorted(pk for pk in session_ids if self._seen_at.get(pk, 0.0) < now - self.seen_every)
+        if stale:
+            self._seen_at.update(dict.fromkeys(stale, now))
+            await db(sessions_seen)(session_ids=stale)
 
 
 report_writer = ReportWriter()
@@ -279,9 +291,9 @@ def report_rejection_record(*, session_id: int | None, seq: int | None, code: st
         ReportRejection.objects.create(session=session, seq=seq, code=code, detail=detail[:500])
 
 
-def session_seen(*, session_id: int) -> None:
-    """Note that the session is alive; for people, so a failure is logged and never fails a report."""
+def sessions_seen(*, session_ids: list[int]) -> None:
+    """Note that the sessions are alive; for people, so a failure is logged and never fails a report."""
     try:
-        TrainingSession.objects.filter(pk=session_id).update(last_seen_at=timezone.now())
+        TrainingSession.objects.filter(pk__in=session_ids).update(last_seen_at=timezone.now())
     except DatabaseError as error:
-        logger.warning("could not note session %s as seen: %r", session_id, error)
+        logger.warning("could not note sessions %s as seen: %r", session_ids, error)

@@ -135,3 +135,13 @@ def test_concurrent_sessions_of_one_volunteer_and_two_connections_of_one_session
         assert total(each) == 30 * (10 + i)
     everything = ContributionEvent.objects.filter(session__user=session.user).aggregate(total=Sum("samples"))["total"]
     assert everything == 30 * (10 + 11 + 12 + 13)
+
+
+def test_a_stored_report_marks_its_session_seen_after_the_ack(session, asgi_server):
+    long_ago = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    TrainingSession.objects.filter(pk=session.pk).update(last_seen_at=long_ago)
+    assert asyncio.run(send_each(socket_url(asgi_server), session.secret, [report(session.pk, 1)]))[0]["type"] == "ack"
+    deadline = time.monotonic() + 20
+    while TrainingSession.objects.get(pk=session.pk).last_seen_at == long_ago:
+        assert time.monotonic() < deadline, "last_seen_at was never updated"
+        time.sleep(0.05)
