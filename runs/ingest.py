@@ -257,20 +257,29 @@ class ReportWriter:
             batch = [await queue.get()]
             while not queue.empty() and len(batch) < self.max_batch:
                 batch.append(queue.get_nowait())
-            events = [event for event, _ in batch]
             try:
-                await db(report_events_store)(events=events)
-                outcomes: list[Exception | None] = [None] * len(batch)
-            except Exception:  # noqa: BLE001 - one bad row (a session deleted meanwhile) must not fail the rest
-                outcomes = await db(report_events_store_each)(events=events)
-            for (_, stored), outcome in zip(batch, outcomes, strict=True):
-                if stored.done():  # its consumer went away; the row stands and a resend is acked
-                    continue
-                if outcome is None:
-                    stored.set_result(None)
-                else:
-                    stored.set_exception(outcome)
-            await self._note_seen({event.session_id for event in events})
+                await self._store(batch)
+            except Exception as error:  # noqa: BLE001 - the writer must outlive any failure, or every agent waits forever
+                logger.exception("storing a batch of %d reports failed", len(batch))
+                for _, stored in batch:
+                    if not stored.done():
+                        stored.set_exception(error)
+
+    async def _store(self, batch: list[tuple[ContributionEvent, asyncio.Future]]) -> None:
+        events = [event for event, _ in batch]
+        try:
+            await db(report_events_store)(events=events)
+            outcomes: list[Exception | None] = [None] * len(batch)
+        except Exception:  # noqa: BLE001 - one bad row (a session deleted meanwhile) must not fail the rest
+            outcomes = await db(report_events_store_each)(events=events)
+        for (_, stored), outcome in zip(batch, outcomes, strict=True):
+            if stored.done():  # its consumer went away; the row stands and a resend is acked
+                continue
+            if outcome is None:
+                stored.set_result(None)
+            else:
+                stored.set_exception(outcome)
+        await self._note_seen({event.session_id for event in events})
 
     async def _note_seen(self, session_ids: set[int]) -> None:
         """One UPDATE per batch for the sessions not noted for a while, after the acks are out."""
