@@ -151,8 +151,9 @@ async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float,
     async def one(agent: Agent) -> None:
         nonlocal ready
         async with opening:
+            # No permessage-deflate: it would cost the echo (long frames both ways) more than an ack.
             ws = await websockets.connect(f"{base}{path}", additional_headers={"Authorization": f"Bearer {agent.secret}"},
-                                          open_timeout=60, ping_interval=None)
+                                          open_timeout=60, ping_interval=None, compression=None)
         try:
             # The first report authenticates the session and loads its pace: done before the window.
             await ws.send(frame(agent))
