@@ -132,7 +132,8 @@ def test_a_paused_run_counts_work_done_before_the_pause_and_tells_the_agent_to_w
     session.run.save()
 
     async def run() -> list[dict]:
-        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {session.secret}".encode())])
+        headers = [(b"authorization", f"Bearer {session.secret}".encode())]
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
         await communicator.connect()
         await communicator.send_to(text_data=json.dumps(report(session.pk, 1)))
         answers = [json.loads(await communicator.receive_from(timeout=10)) for _ in range(2)]
