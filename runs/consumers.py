@@ -3,7 +3,6 @@
 import logging
 import time
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -11,32 +10,35 @@ from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
 from peer_agent.protocol import Ack, ErrorFrame, ProtocolError, Report, parse_client_frame
 from runs import ingest
-from runs.models import Run
+from runs.models import Run, TrainingSession
 
 logger = logging.getLogger(__name__)
 
-# Each call gets a pool thread: one agent's slow write must not queue every other agent's
-# behind it on Channels' single sync thread (PITFALLS: that capped ingest near 136 msg/s).
-db = database_sync_to_async
+db = ingest.db  # on PostgreSQL, not every agent's calls queued on one thread (PITFALLS: ~136 msg/s)
 SESSION_RECHECK_SECONDS = 5.0
 REPORTS_PER_SECOND = float(settings.REPORT_RATE_PER_SECOND)
 BURST = settings.REPORT_RATE_BURST  # a reconnecting agent resends its spool at once
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
+    # Agents get nothing through the channel layer; without it, a connection holds no blocking
+    # Redis BRPOP of its own (with channels_redis, one Redis connection per agent).
+    channel_layer_alias = None
+
     async def connect(self) -> None:
         headers = dict(self.scope.get("headers", []))
         client = self.scope.get("client") or [None]
         await self.accept()
         try:
             secret = bearer_secret(headers.get(b"authorization", b"").decode("latin-1"))
-            self.token = await db(token_authenticate, thread_sensitive=False)(secret=secret, ip=client[0])
+            self.token = await db(token_authenticate)(secret=secret, ip=client[0])
         except AgentTokenRefused as refusal:
             await self._send_error(None, refusal.code, refusal.detail)
             await self.close(code=4401)
             return
-        self.sessions: dict[int, tuple[object, float]] = {}
-        self.allowance, self.allowance_at = float(BURST), time.monotonic()
+        self.sessions: dict[int, tuple[TrainingSession, float]] = {}
+        self.paces: dict[int, ingest.SessionPace] = {}
+        self.allowance, self.allowance_at, self.limited = float(BURST), time.monotonic(), False
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if not hasattr(self, "sessions"):
@@ -47,21 +49,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._send_error(error.seq, error.code, error.detail)
             return
         if not self._within_rate():
-            # Not recorded: a flood must not become a flood of writes.
-            await self._send_error(report.seq, "rate_limited", f"at most {REPORTS_PER_SECOND:g} reports per second; resend later")
+            await self._rate_limited(report)
             return
         try:
             session = await self._session(report.session_id)
         except ingest.ReportRefused as refusal:
-            await self._refuse(report, refusal.code, refusal.detail)
+            await self._refuse(report, refusal)
             return
-        created = await db(ingest.report_record, thread_sensitive=False)(session=session, report=report)
-        if created:
-            await self._mark_seen(report.session_id)
+        pace = self.paces[session.pk]
+        if report.seq not in pace.acked:  # acknowledged on this connection before: ack again, nothing to store
+            refusal = ingest.report_check(report=report, pace=pace)
+            if refusal is not None:
+                await self._refuse(report, refusal)
+                return
+            try:
+                await ingest.report_writer.store(session_id=session.pk, report=report)
+            except Exception:  # noqa: BLE001 - logged by the writer; the agent keeps the report and resends it
+                await self._send_error(report.seq, "server_error", "the report could not be stored now; it will be sent again")
+                return
+            pace.accept(report)
         await self.send(Ack(seq=report.seq).model_dump_json())
         if session.run.status == Run.Status.PAUSED:
             # Work done before the pause counts; the notice tells the agent to stop and wait.
-            await self._send_error(None, "run_paused", f"run “{session.run.slug}” is paused by its organizer; the agent will retry every 60 s")
+            detail = f"run “{session.run.slug}” is paused by its organizer; the agent will retry every 60 s"
+            await self._send_error(None, "run_paused", detail)
 
     def _within_rate(self) -> bool:
         now = time.monotonic()
@@ -70,31 +81,38 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.allowance < 1:
             return False
         self.allowance -= 1
+        self.limited = False
         return True
 
-    async def _session(self, session_id: int):
+    async def _rate_limited(self, report: Report) -> None:
+        detail = f"at most {REPORTS_PER_SECOND:g} reports per second; resend later"
+        if not self.limited:
+            # Recorded once per flood: a flood must not become a flood of writes.
+            self.limited = True
+            await db(ingest.report_rejection_record)(
+                session_id=report.session_id if report.session_id in self.sessions else None,
+                seq=report.seq, code="rate_limited", detail=detail)
+        await self._send_error(report.seq, "rate_limited", detail)
+
+    async def _session(self, session_id: int) -> TrainingSession:
         """The session, re-checked every few seconds so that bans and finished runs act quickly."""
         cached = self.sessions.get(session_id)
         if cached and time.monotonic() - cached[1] < SESSION_RECHECK_SECONDS:
             return cached[0]
-        session = await db(ingest.report_session, thread_sensitive=False)(token=self.token, session_id=session_id)
+        session, pace = await db(ingest.report_session_paced)(
+            token=self.token, session_id=session_id, paced=session_id in self.paces)
+        if pace is not None:
+            self.paces[session_id] = pace
         self.sessions[session_id] = (session, time.monotonic())
         return session
 
-    async def _mark_seen(self, session_id: int) -> None:
-        # last_seen is for humans; once per recheck period keeps the session row cool.
-        cached = self.sessions.get(session_id)
-        if cached and getattr(cached[0], "_seen_at", 0) < time.monotonic() - SESSION_RECHECK_SECONDS:
-            cached[0]._seen_at = time.monotonic()
-            await db(ingest.session_seen, thread_sensitive=False)(session_id=session_id)
-
-    async def _refuse(self, report: Report, code: str, detail: str) -> None:
-        await db(ingest.report_rejection_record, thread_sensitive=False)(
-            session_id=report.session_id, seq=report.seq, code=code, detail=detail
+    async def _refuse(self, report: Report, refusal: ingest.ReportRefused) -> None:
+        await db(ingest.report_rejection_record)(
+            session_id=report.session_id, seq=report.seq, code=refusal.code, detail=refusal.detail
         )
-        await self._send_error(report.seq, code, detail)
-        if code in ingest.FATAL_CODES:
-            logger.info("session %s refused for good: %s", report.session_id, code)
+        await self._send_error(report.seq, refusal.code, refusal.detail)
+        if refusal.code in ingest.FATAL_CODES:
+            logger.info("session %s refused for good: %s", report.session_id, refusal.code)
 
     async def _send_error(self, seq: int | None, code: str, detail: str) -> None:
         await self.send(ErrorFrame(seq=seq, code=code, detail=detail[:1000]).model_dump_json())

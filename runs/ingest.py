@@ -1,14 +1,38 @@
-"""Storing agents' contribution reports exactly once (the server side of `WS /ws/agent/`)."""
+"""Storing agents' contribution reports exactly once (the server side of `WS /ws/agent/`).
 
-from django.db import IntegrityError, transaction
+Three parts: which session a report may name (`report_session`), whether the report is plausible
+(`report_check`, the rules in `RULES`), and storing it (`ReportWriter`, shared by every agent
+socket of the process). Exactly-once rests on the (session, seq) unique constraint alone: a
+report that is resent, reordered or stored twice by two connections is one row.
+"""
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from channels.db import database_sync_to_async
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from accounts.models import AgentToken
 from peer_agent.protocol import Report
 from runs.models import ContributionEvent, ReportRejection, Run, RunBan, TrainingSession
 
+logger = logging.getLogger(__name__)
+
 # Codes after which the agent must stop sending for this session (it tells the volunteer why).
 FATAL_CODES = {"banned", "run_finished", "session_not_found"}
+
+
+def db(function: Callable) -> Callable:
+    """`function` as a coroutine for consumers. PostgreSQL takes calls from many pool threads at
+    once (each its own connection); SQLite has one writer, and an in-memory test database fails
+    ("table is locked") instead of waiting, so there every call goes to Channels' one thread."""
+    return database_sync_to_async(function, thread_sensitive=connection.vendor == "sqlite")
 
 
 class ReportRefused(Exception):
@@ -31,23 +55,242 @@ def report_session(*, token: AgentToken, session_id: int) -> TrainingSession:
     return session
 
 
-def report_record(*, session: TrainingSession, report: Report) -> bool:
-    """Store the report once; False when (session, seq) was stored before. Committed on return."""
-    try:
-        with transaction.atomic():
-            ContributionEvent.objects.create(
-                session=session,
-                seq=report.seq,
-                samples=report.samples,
-                steps=report.steps,
-                local_epoch=report.local_epoch,
-                loss=report.loss,
-                samples_per_second=report.samples_per_second,
-                sent_at=report.sent_at,
-            )
-    except IntegrityError:
-        return False
-    return True
+# --- plausibility ------------------------------------------------------------------------------
+# Reported samples are claims; the coordinator later verifies them against the DHT. These rules
+# refuse, at the door, claims that no honest agent sends. Each refusal is an error frame naming
+# the rule and a ReportRejection row for the organizer; the report earns nothing, the connection
+# and the volunteer's other sessions go on. The schema (peer_agent.protocol.Report) already
+# refuses negative or non-finite figures and caps each field.
+
+CLOCK_SKEW = timedelta(minutes=5)  # agents' clocks are NTP-synced; hivemind itself refuses > 60 s
+RUN_PACE_SLACK = 2.0  # a peer keeps computing while an averaging round is arranged
+SPEED_SLACK = 2.0
+SPEED_JUMP = 8.0  # one machine does not get 8× faster between two reports
+WARMUP_REPORTS = 10  # data loading and the first steps are slow; judge jumps after these
+EPOCH_RESYNC = 1  # a peer that loads state from others may land one epoch back
+
+
+@dataclass
+class SessionPace:
+    """What the portal has seen of one session's reports, kept by the consumer in memory so the
+    rules cost no database round trip (seeded once from the latest stored report)."""
+
+    started_at: datetime
+    target_batch_size: int  # samples the whole run gathers per collaboration epoch
+    peer_batch: int  # samples in one local step of one peer
+    last: Report | None = None  # the accepted report with the highest seq
+    max_speed: float = 0.0  # highest samples_per_second accepted
+    accepted: int = 0
+    acked: set[int] = field(default_factory=set)  # seqs acknowledged on this connection
+
+    def accept(self, report: Report) -> None:
+        if self.last is None or report.seq > self.last.seq:
+            self.last = report
+        self.max_speed = max(self.max_speed, report.samples_per_second)
+        self.accepted += 1
+        self.acked.add(report.seq)
+
+    def following(self, report: Report) -> Report | None:
+        """The report this one follows, when it is newer than every accepted one (else None:
+        a late or resent report is judged on its own)."""
+        return self.last if self.last is not None and report.seq > self.last.seq else None
+
+
+def session_pace(*, session: TrainingSession) -> SessionPace:
+    """The pace of a session as stored: one query when a connection first names the session."""
+    training = (session.run.config or {}).get("training", {})
+    pace = SessionPace(
+        started_at=session.started_at,
+        target_batch_size=int(training.get("target_batch_size", 4096)),
+        peer_batch=int(training.get("per_device_batch_size", 4)) * int(training.get("gradient_accumulation_steps", 1)),
+    )
+    latest = ContributionEvent.objects.filter(session=session).order_by("-seq").first()
+    if latest is not None:
+        pace.last = Report(session_id=session.pk, seq=latest.seq, samples=latest.samples, steps=latest.steps,
+                           local_epoch=latest.local_epoch, samples_per_second=latest.samples_per_second,
+                           sent_at=latest.sent_at)
+        pace.max_speed = latest.samples_per_second
+    return pace
+
+
+def report_session_paced(*, token: AgentToken, session_id: int, paced: bool) -> tuple[TrainingSession, SessionPace | None]:
+    """`report_session`, and the session's pace unless the caller has it already (one thread hop)."""
+    session = report_session(token=token, session_id=session_id)
+    return session, None if paced else session_pace(session=session)
+
+
+Rule = Callable[[Report, SessionPace, datetime], str | None]
+
+
+def sent_in_future(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """sent_at more than CLOCK_SKEW ahead of the portal's clock."""
+    if report.sent_at > now + CLOCK_SKEW:
+        return f"sent_at {report.sent_at.isoformat()} is ahead of the portal's clock ({now.isoformat()}); sync the agent's clock"
+
+
+def sent_before_session(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """sent_at before the session began (beyond CLOCK_SKEW): work from before the join is not this session's."""
+    if report.sent_at < pace.started_at - CLOCK_SKEW:
+        return f"sent_at {report.sent_at.isoformat()} is before the session began ({pace.started_at.isoformat()})"
+
+
+def local_epoch_backwards(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """local_epoch lower than the previous report's by more than EPOCH_RESYNC."""
+    previous = pace.following(report)
+    if previous is not None and report.local_epoch < previous.local_epoch - EPOCH_RESYNC:
+        return f"local_epoch went back from {previous.local_epoch} to {report.local_epoch}"
+
+
+def samples_beyond_run_pace(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """More samples than the whole run gathers in the epochs that passed since the previous report
+    (RUN_PACE_SLACK × target_batch_size per epoch, counting the current one)."""
+    previous = pace.following(report)
+    epochs = 1 + max(0, report.local_epoch - previous.local_epoch) if previous is not None else 1
+    allowed = RUN_PACE_SLACK * pace.target_batch_size * epochs
+    if report.samples > allowed:
+        return (f"{report.samples} samples in {epochs} epoch(s), but the whole run gathers "
+                f"{pace.target_batch_size} per epoch")
+
+
+def speed_jump(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """After WARMUP_REPORTS, samples_per_second above SPEED_JUMP × the session's best so far."""
+    baseline = max(pace.max_speed, float(pace.peer_batch))
+    if pace.accepted >= WARMUP_REPORTS and report.samples_per_second > SPEED_JUMP * baseline:
+        return (f"samples_per_second {report.samples_per_second:g} is over {SPEED_JUMP:g}× this session's "
+                f"best so far ({pace.max_speed:g})")
+
+
+def samples_beyond_speed(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """More samples than the reported speed allows since the previous report (by the agent's own
+    sent_at clock): SPEED_SLACK × speed × elapsed, plus one local step."""
+    previous = pace.following(report)
+    if previous is None:
+        return None
+    elapsed = max(0.0, (report.sent_at - previous.sent_at).total_seconds())
+    speed = max(report.samples_per_second, pace.max_speed)
+    allowed = SPEED_SLACK * speed * elapsed + pace.peer_batch
+    if report.samples > allowed:
+        return (f"{report.samples} samples in {elapsed:.3g} s since report {previous.seq} is more than "
+                f"{speed:g} samples/s allows")
+
+
+# Checked in this order; the first that fails names the refusal.
+RULES: tuple[tuple[str, Rule], ...] = (
+    ("sent_in_future", sent_in_future),
+    ("sent_before_session", sent_before_session),
+    ("local_epoch_backwards", local_epoch_backwards),
+    ("samples_beyond_run_pace", samples_beyond_run_pace),
+    ("speed_jump", speed_jump),
+    ("samples_beyond_speed", samples_beyond_speed),
+)
+
+
+def report_check(*, report: Report, pace: SessionPace, now: datetime | None = None) -> ReportRefused | None:
+    """The first plausibility rule the report breaks, as a refusal; None when it may be stored."""
+    now = now or timezone.now()
+    for code, rule in RULES:
+        detail = rule(report, pace, now)
+        if detail is not None:
+            return ReportRefused(code, detail)
+    return None
+
+
+# --- storing ---------------------------------------------------------------------------------
+
+def report_event(*, session_id: int, report: Report) -> ContributionEvent:
+    return ContributionEvent(
+        session_id=session_id, seq=report.seq, samples=report.samples, steps=report.steps,
+        local_epoch=report.local_epoch, loss=report.loss, samples_per_second=report.samples_per_second,
+        sent_at=report.sent_at,
+    )
+
+
+def report_events_store(*, events: list[ContributionEvent]) -> None:
+    """Insert the events in one transaction; a (session, seq) stored before is skipped. Committed on return."""
+    with transaction.atomic():
+        ContributionEvent.objects.bulk_create(events, ignore_conflicts=True)
+
+
+def report_events_store_each(*, events: list[ContributionEvent]) -> list[Exception | None]:
+    """Insert each event in its own transaction, so one bad row does not fail the others."""
+    outcomes: list[Exception | None] = []
+    for event in events:
+        try:
+            report_events_store(events=[event])
+            outcomes.append(None)
+        except Exception as error:  # noqa: BLE001 - reported to that one report's sender
+            logger.warning("could not store report %s of session %s: %r", event.seq, event.session_id, error)
+            outcomes.append(error)
+    return outcomes
+
+
+class ReportWriter:
+    """Stores the reports of every agent socket of this process in shared transactions.
+
+    A transaction per report spends its time in the commit and in thread hops, and Channels'
+    default puts every consumer's database call on one thread (PITFALLS: ~136 reports/s). Here
+    reports queue while the previous batch commits, so batches grow with the load and latency
+    stays one commit at low load. `store` returns only after the report's batch has committed,
+    so an ack that follows it still means "durably stored".
+    """
+
+    max_batch = 1000
+    seen_every = 5.0  # seconds between last_seen_at updates of one session
+
+    def __init__(self) -> None:
+        # One queue and drain task per event loop (tests run each communicator in its own loop).
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue] = weakref.WeakKeyDictionary()
+        self._seen_at: dict[int, float] = {}
+
+    async def store(self, *, session_id: int, report: Report) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self._queues.get(loop)
+        if queue is None:
+            queue = self._queues[loop] = asyncio.Queue()
+            loop.create_task(self._drain(queue))
+        stored = loop.create_future()
+        queue.put_nowait((report_event(session_id=session_id, report=report), stored))
+        await stored
+
+    async def _drain(self, queue: asyncio.Queue) -> None:
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty() and len(batch) < self.max_batch:
+                batch.append(queue.get_nowait())
+            try:
+                await self._store(batch)
+            except Exception as error:  # noqa: BLE001 - the writer must outlive any failure, or every agent waits forever
+                logger.exception("storing a batch of %d reports failed", len(batch))
+                for _, stored in batch:
+                    if not stored.done():
+                        stored.set_exception(error)
+
+    async def _store(self, batch: list[tuple[ContributionEvent, asyncio.Future]]) -> None:
+        events = [event for event, _ in batch]
+        try:
+            await db(report_events_store)(events=events)
+            outcomes: list[Exception | None] = [None] * len(batch)
+        except Exception:  # noqa: BLE001 - one bad row (a session deleted meanwhile) must not fail the rest
+            outcomes = await db(report_events_store_each)(events=events)
+        for (_, stored), outcome in zip(batch, outcomes, strict=True):
+            if stored.done():  # its consumer went away; the row stands and a resend is acked
+                continue
+            if outcome is None:
+                stored.set_result(None)
+            else:
+                stored.set_exception(outcome)
+        await self._note_seen({event.session_id for event in events})
+
+    async def _note_seen(self, session_ids: set[int]) -> None:
+        """One UPDATE per batch for the sessions not noted for a while, after the acks are out."""
+        now = time.monotonic()
+        stale = sorted(pk for pk in session_ids if self._seen_at.get(pk, 0.0) < now - self.seen_every)
+        if stale:
+            self._seen_at.update(dict.fromkeys(stale, now))
+            await db(sessions_seen)(session_ids=stale)
+
+
+report_writer = ReportWriter()
 
 
 def report_rejection_record(*, session_id: int | None, seq: int | None, code: str, detail: str) -> None:
@@ -57,5 +300,9 @@ def report_rejection_record(*, session_id: int | None, seq: int | None, code: st
         ReportRejection.objects.create(session=session, seq=seq, code=code, detail=detail[:500])
 
 
-def session_seen(*, session_id: int) -> None:
-    TrainingSession.objects.filter(pk=session_id).update(last_seen_at=timezone.now())
+def sessions_seen(*, session_ids: list[int]) -> None:
+    """Note that the sessions are alive; for people, so a failure is logged and never fails a report."""
+    try:
+        TrainingSession.objects.filter(pk__in=session_ids).update(last_seen_at=timezone.now())
+    except DatabaseError as error:
+        logger.warning("could not note sessions %s as seen: %r", session_ids, error)

@@ -17,10 +17,13 @@ from tests.factories import RunFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+# Reports as an agent at 12.5 samples/s sends them: 32 samples every 2.56 s by its clock, which
+# is what the plausibility rules (runs.ingest.RULES) expect; seq 0 would have gone out 200 s ago.
 def report(session_id: int, seq: int, samples: int = 32, **changes) -> dict:
+    sent_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2.56 * seq - 200)
     frame = {
         "type": "report", "session_id": session_id, "seq": seq, "samples": samples, "steps": 4, "local_epoch": 2,
-        "loss": 7.5, "samples_per_second": 12.5, "sent_at": datetime.datetime.now(datetime.UTC).isoformat(),
+        "loss": 7.5, "samples_per_second": 12.5, "sent_at": sent_at.isoformat(),
     }
     return {**frame, **changes}
 
@@ -129,7 +132,8 @@ def test_a_paused_run_counts_work_done_before_the_pause_and_tells_the_agent_to_w
     session.run.save()
 
     async def run() -> list[dict]:
-        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {session.secret}".encode())])
+        headers = [(b"authorization", f"Bearer {session.secret}".encode())]
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
         await communicator.connect()
         await communicator.send_to(text_data=json.dumps(report(session.pk, 1)))
         answers = [json.loads(await communicator.receive_from(timeout=10)) for _ in range(2)]

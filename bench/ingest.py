@@ -1,0 +1,297 @@
+"""Durable reports per second over `WS /ws/agent/`, next to a bare Channels echo (the ceiling).
+
+The portal's ASGI application runs in its own uvicorn process (as `tests/conftest.py`'s
+`asgi_server` serves it, but apart, so that the clients here do not share its GIL), with one extra
+route, `/ws/echo/`, a consumer that sends every frame back. N agents, each a real `websockets`
+connection with its own volunteer, token and session made through the ORM, send reports in a
+closed loop (the next once the previous is acknowledged, i.e. committed; each agent's first
+report, which authenticates its session, is sent before the clock starts; answers received in the
+window count), and then the same N
+connections do the same against the echo. Printed: acknowledged reports/s, ack latency p50/p99, the
+echo's messages/s and the ratio; then a check that the database holds exactly the acknowledged
+reports. With `--viewers`, that many browsers watch `WS /ws/runs/{slug}/live/` while 100 agents
+report: snapshots delivered per second and how far apart viewers get the same snapshot.
+
+The per-connection rate limit (5 reports/s) is lifted in the server: this measures capacity.
+`--writers` compares ways of storing: `batch` (runs.ingest.ReportWriter, what the portal uses),
+`per_report` (a transaction per report on a pool thread), `one_thread` (a transaction per report
+on Channels' single sync thread, the PITFALLS baseline).
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.ingest --agents 100 1000 --viewers 500
+"""
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+WRITER_ENV = "BENCH_INGEST_WRITER"
+
+
+# --- the server side (runs inside uvicorn) ------------------------------------------------------
+
+def server_application():
+    """uvicorn `--factory` target: the portal's application plus `/ws/echo/`."""
+    from channels.db import database_sync_to_async
+    from channels.generic.websocket import AsyncWebsocketConsumer
+    from channels.routing import ProtocolTypeRouter, URLRouter
+    from django.urls import path
+
+    from portal.asgi import django_asgi_app
+    from portal.routing import websocket_urlpatterns
+    from runs import consumers, ingest
+
+    class EchoConsumer(AsyncWebsocketConsumer):
+        channel_layer_alias = None  # bare, like the agent socket: no channel layer
+
+        async def receive(self, text_data=None, bytes_data=None):
+            await self.send(text_data=text_data)
+
+    class PerReportWriter:
+        def __init__(self, thread_sensitive: bool) -> None:
+            self.thread_sensitive = thread_sensitive
+
+        async def store(self, *, session_id, report) -> None:
+            event = ingest.report_event(session_id=session_id, report=report)
+            await database_sync_to_async(ingest.report_events_store, thread_sensitive=self.thread_sensitive)(events=[event])
+
+    writer = os.environ.get(WRITER_ENV, "batch")
+    if writer != "batch":
+        ingest.report_writer = PerReportWriter(thread_sensitive=writer == "one_thread")
+    consumers.REPORTS_PER_SECOND, consumers.BURST = 1e9, 1e9
+    return ProtocolTypeRouter({
+        "http": django_asgi_app,
+        "websocket": URLRouter([path("ws/echo/", EchoConsumer.as_asgi()), *websocket_urlpatterns]),
+    })
+
+
+def server_start(port: int, writer: str, conn_max_age: int) -> subprocess.Popen:
+    env = {**os.environ, WRITER_ENV: writer, "DB_CONN_MAX_AGE": str(conn_max_age)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "bench.ingest:server_application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning", "--no-access-log", "--lifespan", "off"], env=env)
+    deadline = time.monotonic() + 300  # importing Django on a loaded machine takes a while
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "uvicorn exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            time.sleep(0.2)
+    process.terminate()
+    raise RuntimeError("uvicorn did not start")
+
+
+# --- the client side -------------------------------------------------------------------------
+
+@dataclass
+class Agent:
+    secret: str
+    session_id: int
+    seq: int = 0
+
+
+@dataclass
+class Tally:
+    latencies: list[float] = field(default_factory=list)  # of answers received inside the window
+    answers: int = 0  # acks (or echoes) over the whole phase
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def line(self, name: str, seconds: float) -> str:
+        rate = len(self.latencies) / seconds
+        ordered = sorted(self.latencies) or [float("nan")]
+        p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        errors = f"  errors {self.errors}" if self.errors else ""
+        return f"{name:<26} {rate:9.0f} msg/s   p50 {p50 * 1000:7.1f} ms   p99 {p99 * 1000:7.1f} ms{errors}"
+
+
+def agents_create(count: int, peer_batch_run) -> list[Agent]:
+    """Volunteers, tokens and sessions for `count` agents, straight through the ORM."""
+    from accounts.models import User
+    from accounts.services import token_create
+    from runs.models import TrainingSession
+
+    stamp = int(time.time())
+    names = [f"bench-{stamp}-{i}" for i in range(count)]
+    users = User.objects.bulk_create([User(username=name, email=f"{name}@example.org") for name in names])
+    agents = []
+    for user in users:
+        token, secret = token_create(user=user, name="bench")
+        session = TrainingSession.objects.create(
+            run=peer_batch_run, user=user, token=token, peer_public_key="ssh-rsa AAAA", agent_version="bench",
+            access_expires_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
+        agents.append(Agent(secret=secret, session_id=session.pk))
+    return agents
+
+
+def report_frame(agent: Agent, samples: int) -> str:
+    agent.seq += 1
+    # samples ≤ one local step: plausible at any pace (runs.ingest.samples_beyond_speed).
+    return json.dumps({
+        "type": "report", "session_id": agent.session_id, "seq": agent.seq, "samples": samples, "steps": 1,
+        "local_epoch": 0, "loss": 5.0, "samples_per_second": 100.0,
+        "sent_at": datetime.datetime.now(datetime.UTC).isoformat()})
+
+
+async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float, seconds: float) -> Tally:
+    """Every agent connects, then all send in a closed loop; answers inside the window are timed."""
+    import websockets
+
+    tally = Tally()
+    connected, start = asyncio.Event(), asyncio.Event()
+    ready = 0
+    opening = asyncio.Semaphore(100)
+
+    async def one(agent: Agent) -> None:
+        nonlocal ready
+        async with opening:
+            # No permessage-deflate: it would cost the echo (long frames both ways) more than an ack.
+            ws = await websockets.connect(f"{base}{path}", additional_headers={"Authorization": f"Bearer {agent.secret}"},
+                                          open_timeout=60, ping_interval=None, compression=None)
+        try:
+            # The first report authenticates the session and loads its pace: done before the window.
+            await ws.send(frame(agent))
+            first = json.loads(await ws.recv())
+            if first.get("type") == "error":
+                tally.errors[first["code"]] = tally.errors.get(first["code"], 0) + 1
+            else:
+                tally.answers += 1
+            ready += 1
+            if ready == len(agents):
+                connected.set()
+            await start.wait()
+            window_from, window_to = time.perf_counter() + warmup, time.perf_counter() + warmup + seconds
+            while (sent := time.perf_counter()) < window_to:
+                try:
+                    await ws.send(frame(agent))
+                    answer = json.loads(await ws.recv())
+                except websockets.ConnectionClosed:
+                    tally.errors["closed"] = tally.errors.get("closed", 0) + 1
+                    return
+                answered = time.perf_counter()
+                if answer.get("type") == "error":
+                    tally.errors[answer["code"]] = tally.errors.get(answer["code"], 0) + 1
+                    continue
+                tally.answers += 1
+                if window_from <= answered <= window_to:
+                    tally.latencies.append(answered - sent)
+        finally:
+            await ws.close()
+
+    tasks = [asyncio.create_task(one(agent)) for agent in agents]
+    await asyncio.wait_for(connected.wait(), timeout=300)
+    start.set()
+    await asyncio.gather(*tasks)
+    return tally
+
+
+async def watch(base: str, slug: str, viewers: int, agents: list[Agent], peer_batch: int, seconds: float) -> tuple[int, str]:
+    """`viewers` browsers on the live page while the agents report; delivered snapshots and spread."""
+    import websockets
+
+    received: list[list[tuple[float, int]]] = [[] for _ in range(viewers)]
+    stop = asyncio.Event()
+    opening = asyncio.Semaphore(100)
+
+    async def viewer(index: int) -> None:
+        async with opening:
+            ws = await websockets.connect(f"{base}/ws/runs/{slug}/live/", origin=base.replace("ws://", "http://"),
+                                          open_timeout=60, ping_interval=None, max_size=None)
+        try:
+            while not stop.is_set():
+                try:
+                    text = await asyncio.wait_for(ws.recv(), timeout=0.5)
+                except TimeoutError:
+                    continue
+                received[index].append((time.perf_counter(), hash(text)))
+        finally:
+            await ws.close()
+
+    viewing = [asyncio.create_task(viewer(i)) for i in range(viewers)]
+    await asyncio.sleep(2)
+    began = time.perf_counter()
+    reporting = asyncio.create_task(drive(base, "/ws/agent/", agents, lambda a: report_frame(a, peer_batch), 0, seconds))
+    tally = await reporting
+    ended = time.perf_counter()
+    stop.set()
+    await asyncio.gather(*viewing, return_exceptions=True)
+    first_seen: dict[int, float] = {}
+    for times in received:
+        for at, text in times:
+            if began <= at <= ended:
+                first_seen[text] = min(first_seen.get(text, at), at)
+    delivered = [(at, text) for times in received for at, text in times if began <= at <= ended]
+    spread = sorted(at - first_seen[text] for at, text in delivered) or [float("nan")]
+    watching = sum(1 for times in received if times)
+    reports = tally.answers / (ended - began)
+    return tally.answers, (f"{viewers} viewers ({watching} got snapshots), {len(agents)} agents sending {reports:.0f} reports/s: "
+            f"{len(delivered) / (ended - began):.0f} snapshots/s delivered "
+            f"({len(delivered) / (ended - began) / max(watching, 1):.2f} per viewer per s), "
+            f"{len(first_seen) / (ended - began):.2f} distinct snapshots/s; same snapshot reached viewers within "
+            f"p50 {spread[len(spread) // 2] * 1000:.0f} ms, p99 {spread[int(len(spread) * 0.99)] * 1000:.0f} ms of the first")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", type=int, nargs="+", default=[100, 1000], help="concurrent agents, one measurement each")
+    parser.add_argument("--writers", default="batch,per_report,one_thread", help="storing strategies to compare")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured window per phase")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before the window opens")
+    parser.add_argument("--viewers", type=int, default=0, help="live-page viewers to measure fan-out with (0: skip)")
+    parser.add_argument("--conn-max-age", type=int, default=60, help="DB_CONN_MAX_AGE of the server (0: a connection per call)")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from runs.models import ContributionEvent
+    from tests.factories import RunFactory
+
+    engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    call_command("migrate", verbosity=0)
+    run = RunFactory(slug=f"bench-ingest-{int(time.time())}")
+    training = run.config["training"]
+    peer_batch = training["per_device_batch_size"] * training.get("gradient_accumulation_steps", 1)
+    agents = agents_create(max(args.agents), run)
+    load = lambda: os.getloadavg()[0]  # noqa: E731
+    print(f"database {engine}, channel layer {settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1]}, "
+          f"{os.cpu_count()} CPUs, load {load():.2f}, window {args.seconds:g} s after {args.warmup:g} s")
+    acked = 0
+    for index, writer in enumerate(args.writers.split(",")):
+        port = args.port + index  # the previous server's port may still be closing
+        base = f"ws://127.0.0.1:{port}"
+        server = server_start(port, writer, args.conn_max_age)
+        try:
+            for count in args.agents:
+                some = agents[:count]
+                frame = lambda agent: report_frame(agent, peer_batch)  # noqa: E731
+                ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds))
+                echo = asyncio.run(drive(base, "/ws/echo/", some, frame, args.warmup, args.seconds))
+                acked += ingest.answers
+                ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
+                print(ingest.line(f"{writer}, {count} agents", args.seconds))
+                print(echo.line(f"echo, {count} agents", args.seconds) + f"   ingest/echo {ratio:.2f}   load {load():.2f}")
+            if args.viewers and writer == "batch":
+                answers, line = asyncio.run(watch(base, run.slug, args.viewers, agents[:100], peer_batch, args.seconds))
+                acked += answers
+                print(line)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    stored = ContributionEvent.objects.filter(session__run=run).count()
+    print(f"durable check: {stored} events stored, {acked} acknowledged")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The plausibility rules of `WS /ws/agent/` (runs.ingest.RULES): each refuses what no honest agent
+sends, with an error frame naming it, a ReportRejection for the organizer and no credit."""
+
+import datetime
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+
+from peer_agent.protocol import Report
+from portal.asgi import application
+from runs import ingest
+from runs.models import ContributionEvent, ReportRejection, TrainingSession
+from tests.runs import test_agent_socket
+from tests.runs.test_agent_socket import exchange, report, total
+
+session = test_agent_socket.session  # the fixture: a volunteer's session in an active tiny run
+
+NOW = datetime.datetime(2026, 5, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def pace(**changes) -> ingest.SessionPace:
+    fields = dict(started_at=NOW - datetime.timedelta(hours=1), target_batch_size=4096, peer_batch=8)
+    return ingest.SessionPace(**{**fields, **changes})
+
+
+def make(seq: int, *, at: float = 0.0, samples: int = 40, speed: float = 10.0, epoch: int = 3) -> Report:
+    """A report sent `at` seconds after NOW."""
+    return Report(session_id=1, seq=seq, samples=samples, steps=5, local_epoch=epoch, samples_per_second=speed,
+                  sent_at=NOW + datetime.timedelta(seconds=at))
+
+
+def refusal(report: Report, session_pace: ingest.SessionPace) -> str | None:
+    refused = ingest.report_check(report=report, pace=session_pace, now=NOW)
+    return refused.code if refused else None
+
+
+def warmed_up(speed: float = 10.0) -> ingest.SessionPace:
+    """A session that sent WARMUP_REPORTS reports at `speed`, one every 4 s, the last at NOW."""
+    session_pace = pace()
+    for seq in range(1, ingest.WARMUP_REPORTS + 1):
+        session_pace.accept(make(seq, at=4.0 * (seq - ingest.WARMUP_REPORTS), samples=int(speed * 4), speed=speed))
+    return session_pace
+
+
+def test_every_rule_has_a_name_a_function_and_a_docstring():
+    assert [code for code, _ in ingest.RULES] == [rule.__name__ for _, rule in ingest.RULES]
+    assert all(rule.__doc__ for _, rule in ingest.RULES)
+
+
+def test_an_honest_agents_reports_pass_every_rule():
+    session_pace = warmed_up()
+    assert refusal(make(11, at=4.0, samples=40), session_pace) is None
+    assert refusal(make(1, at=-3000.0), pace()) is None, "a session's first report"
+
+
+def test_sent_in_future_refuses_a_clock_far_ahead_and_tolerates_skew():
+    assert refusal(make(1, at=ingest.CLOCK_SKEW.total_seconds() + 1), pace()) == "sent_in_future"
+    assert refusal(make(1, at=ingest.CLOCK_SKEW.total_seconds() - 1), pace()) is None
+
+
+def test_sent_before_session_refuses_work_from_before_the_join():
+    assert refusal(make(1, at=-3600 - ingest.CLOCK_SKEW.total_seconds() - 1), pace()) == "sent_before_session"
+
+
+def test_local_epoch_backwards_allows_a_resync_of_one_epoch_only():
+    session_pace = warmed_up()  # at epoch 3
+    assert refusal(make(11, at=4.0, epoch=3 - ingest.EPOCH_RESYNC), session_pace) is None
+    assert refusal(make(11, at=4.0, epoch=3 - ingest.EPOCH_RESYNC - 1), session_pace) == "local_epoch_backwards"
+
+
+def test_samples_beyond_run_pace_allows_more_as_more_epochs_pass():
+    session_pace = pace(target_batch_size=64)
+    session_pace.accept(make(1, samples=8, speed=1e5))
+    limit = int(ingest.RUN_PACE_SLACK * 64)
+    assert refusal(make(2, at=10.0, samples=limit + 1, speed=1e5), session_pace) == "samples_beyond_run_pace"
+    assert refusal(make(2, at=10.0, samples=limit * 2, speed=1e5, epoch=4), session_pace) is None
+
+
+def test_speed_jump_refuses_a_sudden_multiple_only_after_the_warm_up():
+    jump = 10.0 * ingest.SPEED_JUMP + 1
+    assert refusal(make(11, at=100.0, samples=40, speed=jump), warmed_up()) == "speed_jump"
+    early = pace()
+    early.accept(make(1, samples=40))
+    assert refusal(make(2, at=100.0, samples=40, speed=jump), early) is None
+
+
+def test_samples_beyond_speed_refuses_more_samples_than_the_time_since_the_last_report_allows():
+    session_pace = warmed_up()  # 10 samples/s, last report at NOW
+    allowed = ingest.SPEED_SLACK * 10.0 * 4.0 + session_pace.peer_batch
+    assert refusal(make(11, at=4.0, samples=int(allowed)), session_pace) is None
+    assert refusal(make(11, at=4.0, samples=int(allowed) + 1), session_pace) == "samples_beyond_speed"
+
+
+def test_late_and_resent_reports_are_judged_on_their_own():
+    session_pace = warmed_up()
+    # Report 3 arriving after 10, with 10's epoch far ahead, breaks no ordering rule.
+    assert refusal(make(3, at=-28.0, samples=40, epoch=1), session_pace) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pace_is_seeded_from_the_latest_stored_report(session):
+    exchange(session.secret, [report(session.pk, 1), report(session.pk, 2, local_epoch=7)])
+    seeded = ingest.session_pace(session=TrainingSession.objects.select_related("run").get(pk=session.pk))
+    assert (seeded.last.seq, seeded.last.local_epoch, seeded.max_speed) == (2, 7, 12.5)
+    assert seeded.target_batch_size == session.run.config["training"]["target_batch_size"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({"sent_at": "2099-01-01T00:00:00+00:00"}, "sent_in_future"),
+        ({"sent_at": "2001-01-01T00:00:00+00:00"}, "sent_before_session"),
+        ({"samples": 10_000_000, "samples_per_second": 1e6}, "samples_beyond_run_pace"),
+        ({"local_epoch": 0}, "local_epoch_backwards"),
+        ({"samples": 120}, "samples_beyond_speed"),
+    ],
+)
+def test_an_implausible_report_is_refused_recorded_and_not_credited_and_the_socket_goes_on(session, changes, code):
+    answers = exchange(session.secret, [report(session.pk, 1), report(session.pk, 2, **changes), report(session.pk, 3)])
+    assert answers[0] == {"type": "ack", "seq": 1}
+    assert (answers[1]["type"], answers[1]["seq"], answers[1]["code"]) == ("error", 2, code)
+    assert answers[2] == {"type": "ack", "seq": 3}
+    assert total(session) == 64
+    assert list(ContributionEvent.objects.values_list("seq", flat=True).order_by("seq")) == [1, 3]
+    rejection = ReportRejection.objects.get()
+    assert (rejection.session_id, rejection.seq, rejection.code) == (session.pk, 2, code)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_speed_jump_after_the_warm_up_is_refused_over_the_socket(session):
+    frames = [report(session.pk, seq) for seq in range(1, ingest.WARMUP_REPORTS + 1)]
+    seq = ingest.WARMUP_REPORTS + 1
+    frames.append(report(session.pk, seq, samples_per_second=12.5 * ingest.SPEED_JUMP * 2))
+    answers = exchange(session.secret, frames)
+    assert answers[-1]["code"] == "speed_jump"
+    assert total(session) == 32 * ingest.WARMUP_REPORTS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refusal_on_one_session_leaves_the_volunteers_other_session_alone(session):
+    other = TrainingSession.objects.create(
+        run=session.run, user=session.user, token=session.token, peer_public_key="ssh-rsa BBBB", agent_version="0.1.0",
+        access_expires_at=session.access_expires_at)
+    answers = exchange(session.secret, [
+        report(session.pk, 1), report(other.pk, 1), report(session.pk, 2, sent_at="2099-01-01T00:00:00+00:00"),
+        report(other.pk, 2),
+    ])
+    assert [answer["type"] for answer in answers] == ["ack", "ack", "error", "ack"]
+    assert (total(session), total(other)) == (32, 64)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_on_the_same_connection_is_acknowledged_without_being_judged_again(session):
+    # Report 2 was fine when it came; resent much later it would look slow, yet it is only acked.
+    answers = exchange(session.secret, [report(session.pk, 1), report(session.pk, 2), report(session.pk, 2)])
+    assert answers == [{"type": "ack", "seq": 1}, {"type": "ack", "seq": 2}, {"type": "ack", "seq": 2}]
+    assert total(session) == 64
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_seq_gap_is_accepted_and_the_missing_report_counts_when_it_arrives(session):
+    answers = exchange(session.secret, [report(session.pk, 1), report(session.pk, 4), report(session.pk, 2)])
+    assert [answer["type"] for answer in answers] == ["ack", "ack", "ack"]
+    assert total(session) == 96
+    assert not ReportRejection.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flood_is_refused_beyond_the_rate_limit_and_recorded_once(session, monkeypatch):
+    """The per-connection limit (REPORTS_PER_SECOND after a BURST) answers rate_limited; a flood
+    leaves one ReportRejection, not one per frame."""
+    from runs import consumers
+    from runs.consumers import BURST
+
+    monkeypatch.setattr(consumers, "REPORTS_PER_SECOND", 1e-6)  # no refill however slow the machine
+
+    async def flood() -> list[dict]:
+        headers = [(b"authorization", f"Bearer {session.secret}".encode())]
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+        await communicator.connect()
+        for seq in range(1, BURST + 21):
+            await communicator.send_to(text_data=json.dumps(report(session.pk, seq, samples=1)))
+        answers = [json.loads(await communicator.receive_from(timeout=10)) for _ in range(BURST + 20)]
+        await communicator.disconnect()
+        return answers
+
+    answers = async_to_sync(flood)()
+    limited = [answer for answer in answers if answer.get("code") == "rate_limited"]
+    assert len(limited) == 20 and [answer["seq"] for answer in limited] == list(range(BURST + 1, BURST + 21))
+    assert ReportRejection.objects.filter(code="rate_limited").count() == 1
+    assert total(session) == BURST
