@@ -40,6 +40,10 @@ def _viewable_run(slug: str, user) -> Run | None:
 
 
 class RunLiveConsumer(AsyncWebsocketConsumer):
+    # Each viewer polls the per-run cached snapshot (at most 2 Hz) and never hears from a group,
+    # so it needs no channel layer: with Redis, one blocking read per viewer timed out at 500 viewers.
+    channel_layer_alias = None
+
     async def connect(self) -> None:
         slug = self.scope["url_route"]["kwargs"]["slug"]
         self.run = await database_sync_to_async(_viewable_run)(slug, self.scope.get("user"))

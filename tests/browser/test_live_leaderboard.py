@@ -16,9 +16,10 @@ from tests.factories import RunFactory
 pytestmark = [pytest.mark.browser]
 
 
-def send_report(server: str, secret: str, session_id: int, seq: int, samples: int) -> dict:
+def send_report(server: str, secret: str, session_id: int, seq: int, samples: int, ago_s: float = 0) -> dict:
+    sent_at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=ago_s)
     frame = {"type": "report", "session_id": session_id, "seq": seq, "samples": samples, "steps": 1, "local_epoch": 4,
-             "loss": 5.25, "samples_per_second": 16.0, "sent_at": datetime.datetime.now(datetime.UTC).isoformat()}
+             "loss": 5.25, "samples_per_second": 16.0, "sent_at": sent_at.isoformat()}
     with connect(server.replace("http", "ws") + "/ws/agent/", additional_headers={"Authorization": f"Bearer {secret}"}) as socket:
         socket.send(json.dumps(frame))
         return json.loads(socket.recv(timeout=10))
@@ -38,7 +39,8 @@ def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server,
     expect(page.locator("#live")).to_have_class("connected")
     page.evaluate("window.__not_reloaded = true")
 
-    assert send_report(asgi_server, secret, session.pk, 1, 96) == {"type": "ack", "seq": 1}
+    # Spaced as an agent reporting every few seconds at 16 samples/s would send them.
+    assert send_report(asgi_server, secret, session.pk, 1, 96, ago_s=6) == {"type": "ack", "seq": 1}
     assert credit_rollup() == 1
     row = page.locator("#leaderboard tr[data-name='vik']")
     expect(row).to_contain_text("96")
