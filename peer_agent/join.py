@@ -97,14 +97,16 @@ class _Tally:
         if not result.skipped and math.isfinite(result.loss) and result.loss >= 0:
             self.loss_sum, self.losses = self.loss_sum + result.loss, self.losses + 1
 
-    def send(self, reporter: Reporter) -> _Tally:
-        """Spool a report of this tally and return a fresh one."""
+    def send(self, reporter: Reporter, until: float | None = None) -> _Tally:
+        """Spool a report of the work up to ``until`` (now by default) and return a fresh tally
+        whose time starts there."""
+        until = time.monotonic() if until is None else until
         if self.steps:
-            elapsed = max(time.monotonic() - self.since, 1e-6)
+            elapsed = max(until - self.since, 1e-6)
             reporter.report(samples=self.samples, steps=self.steps, local_epoch=self.local_epoch,
                             loss=self.loss_sum / self.losses if self.losses else None,
                             samples_per_second=self.samples / elapsed)
-        return _Tally()
+        return _Tally(since=until)
 
 
 def join_command(args: argparse.Namespace, console: Console) -> int:
@@ -227,12 +229,15 @@ def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher]
     tally, session_samples, shown_at, epoch_now = _Tally(), 0, 0.0, trainer.progress().local_epoch
     with ProgressDisplay(console) as display:
         while (reason := _stop_reason(stop, deadline, reporter, watchers, refusals)) is None:
+            started = time.monotonic()
             result = trainer.step()
             # hivemind counts a step's samples toward the epoch the step began in, and the coordinator
             # verifies reports per epoch against those counts: so a report never spans two epochs.
+            # The split falls where this step began, so that its time goes with its samples (else
+            # one step over a few microseconds reads as a burst the portal refuses).
             epoch, epoch_now = epoch_now, result.local_epoch
             if tally.steps and epoch != tally.local_epoch:
-                tally = tally.send(reporter)
+                tally = tally.send(reporter, until=started)
             tally.add(result, epoch)
             session_samples += result.samples
             if time.monotonic() - tally.since >= settings.report_interval:

@@ -22,6 +22,7 @@ from runs.monitor import Monitor
 
 logger = logging.getLogger(__name__)
 COORDINATOR_USERNAME = "coordinator"
+SWARM_READ_TIMEOUT_S = 10
 
 
 class BackbonePeer:
@@ -70,7 +71,9 @@ class BackbonePeer:
         """One cycle of the peer's duties: heartbeat, then the monitor's poll."""
         self.heartbeat()
         try:
-            swarm_peers_save(self.swarm_file, self.dht.run_coroutine(_connected_maddrs))
+            # With a timeout: a coroutine the DHT process drops would otherwise block the cycle for good.
+            connected = self.dht.run_coroutine(_connected_maddrs, return_future=True).result(timeout=SWARM_READ_TIMEOUT_S)
+            swarm_peers_save(self.swarm_file, connected)
         except Exception:  # only a restart would miss it
             logger.exception("run %s: could not save the swarm's addresses", self.slug)
         try:

@@ -1,5 +1,7 @@
 """The named people every permission test speaks of, and clients logged in as them."""
 
+import logging
+
 import pytest
 from django.test import Client
 
@@ -83,4 +85,34 @@ def asgi_server(transactional_db):
         time.sleep(0.05)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture
+def credit_beat(settings):
+    """What Celery beat does for a live portal: the credit rollup every second, in a thread, so that
+    leaderboards fill while real agents report."""
+    import threading
+
+    from django.db import connection
+
+    from runs.credit import credit_rollup
+
+    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(1.0):
+                try:
+                    credit_rollup()
+                except Exception:  # as beat does: a failed pass (a locked database) is retried next time
+                    logging.getLogger(__name__).exception("credit rollup failed; retrying")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    yield
+    stop.set()
     thread.join(timeout=30)

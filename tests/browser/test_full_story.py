@@ -87,7 +87,7 @@ def reports_of(username: str) -> int:
 
 
 def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_server, coordinator, organizer, tmp_path,  # noqa: F811
-                                                               screenshot):
+                                                               screenshot, credit_beat):
     olga = browser.new_page(base_url=asgi_server)
     log_in(olga, organizer.username)
     organizer_creates_a_run(olga, corpus_write(tmp_path / "corpus.txt", n_lines=3000))

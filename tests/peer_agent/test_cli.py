@@ -378,10 +378,12 @@ def test_a_report_never_spans_two_epochs_and_counts_each_step_toward_the_epoch_i
 
     portal.report_url = reports.url
     reported: dict[int, int] = {}
+    rates: list[float] = []
     report = Reporter.report
 
     def recording(self, *, samples, local_epoch, **fields):
         reported[local_epoch] = reported.get(local_epoch, 0) + samples
+        rates.append(fields["samples_per_second"])
         return report(self, samples=samples, local_epoch=local_epoch, **fields)
 
     monkeypatch.setattr(Reporter, "report", recording)
@@ -389,3 +391,5 @@ def test_a_report_never_spans_two_epochs_and_counts_each_step_toward_the_epoch_i
     stand_in_trainer.on_step = lambda trainer: trainer.steps == 13 and signal.raise_signal(signal.SIGINT)
     assert cli.main(join_args(portal, "--report-interval", "30")) == 0
     assert reported == {0: 4, 1: 12, 2: 12, 3: 12, 4: 12}
+    # Each report's rate covers its own steps' time: 4 samples per >= 10 ms step, never a burst.
+    assert rates and max(rates) <= 400.0

@@ -74,6 +74,14 @@ def assert_same_parameters(trainers, atol=5e-3):
     assert gap <= atol, f"parameters differ by up to {gap:.4f} at epochs {epochs}"
 
 
+def parameters_gap(trainers) -> float:
+    """The largest parameter difference between the trainers once their pending averaging is applied."""
+    for trainer in trainers:
+        trainer.optimizer.state_averager.step(wait_for_delayed_updates=True)
+    flats = [_flat(trainer.model) for trainer in trainers]
+    return max((flat - flats[0]).abs().max().item() for flat in flats)
+
+
 def _flat(model):
     return torch.cat([param.detach().flatten() for param in model.parameters()]).clone()
 
@@ -132,13 +140,19 @@ def test_a_client_mode_peer_trains_alongside_a_full_peer(make_trainer):
     assert client.optimizer.local_epoch >= 4 and full.optimizer.local_epoch >= 4
     assert sum(result.samples for result in results[1]) > 0
     assert client.progress().num_clients == 1
-    # hivemind leaves clients out of the global epoch, so under load a client can get an epoch
-    # ahead while the two cannot yet see each other, and then stays ahead: parameters are only
-    # comparable between peers at the same epoch.
-    if client.optimizer.local_epoch == full.optimizer.local_epoch:
-        assert_same_parameters([full, client])
-    else:
-        assert abs(client.optimizer.local_epoch - full.optimizer.local_epoch) == 1
+    # Parameters are only comparable between peers at the same epoch: hivemind leaves clients out
+    # of the global epoch, so under load a client can get an epoch ahead and stay there. And a round
+    # that fails on a busy machine ("could not find a group") leaves the two apart until a later
+    # round averages them again: train on, a couple of epochs at a time, until they meet.
+    for attempt in range(4):
+        same_epoch = client.optimizer.local_epoch == full.optimizer.local_epoch
+        if same_epoch and parameters_gap([full, client]) <= 5e-3:
+            break
+        if attempt == 3:
+            assert not same_epoch, "at the same epoch, never averaged to the same parameters"
+            assert abs(client.optimizer.local_epoch - full.optimizer.local_epoch) == 1
+            break
+        train_together([full, client], epochs=max(client.optimizer.local_epoch, full.optimizer.local_epoch) + 2)
 
 
 def test_a_non_finite_loss_is_skipped_and_the_last_good_parameters_restored(make_trainer):
