@@ -18,7 +18,8 @@ hivemind's ``GradientAverager`` built with the options the agent gives it in
 Each round a peer schedules a step, waits until its group is formed, triggers it (as the Optimizer
 does with a pre-scheduled group) and records when its all-reduce started and ended. A round's time
 is the last peer's end minus the first peer's start (all hosts share one clock); matchmaking is not
-included. A round counts only if every peer reports a group of 4.
+included. A round counts only if every peer reports a group of 4; peers wait for each other after
+every round (a file barrier) so that all 4 meet again.
 
 Cases (host 3 is the odd one): ``homogeneous`` all at ``--fast-rate``; ``slow`` host 3 at
 ``--slow-rate``; ``client`` all at the fast rate, host 3 firewalled (``client_mode=True`` on its DHT
@@ -133,6 +134,14 @@ def peer_main(args: argparse.Namespace) -> None:
                           group=len(gathered) if gathered else 0, problem=problem)
             with out.open("a") as file:
                 file.write(json.dumps(record) + "\n")
+            # Every peer starts round r + 1 together, as the Optimizer's epochs make them do: without
+            # this the fast hosts finish first and average among themselves while the slow one is busy.
+            (work / f"done{round_number}_{args.index}").touch()
+            deadline = time.monotonic() + args.averaging_timeout
+            while not all((work / f"done{round_number}_{i}").exists() for i in range(N_PEERS)):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
         averager.shutdown()
     finally:
         dht.shutdown()
@@ -258,6 +267,10 @@ def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[flo
 def coordinator_main(args: argparse.Namespace) -> None:
     if os.geteuid() != 0:
         sys.exit("needs root: the test hosts are network namespaces")
+    # Ctrl-C, and a kill, still run the clean-up below (peers' process groups, the namespaces); a
+    # shell that starts us in the background would otherwise leave SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bytes_per_element = 2 if args.compression == "fp16" else 4
     rows = []
     print(f"uptime before: {_uptime()}")
