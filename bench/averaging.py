@@ -63,6 +63,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--fast-rate", type=float, default=100.0, help="Mbit/s of every host")
     parser.add_argument("--slow-rate", type=float, default=20.0, help="Mbit/s of host 3 in the slow case")
+    parser.add_argument("--slow-declares", type=float, default=None,
+                        help="Mbit/s host 3 declares in the slow case's declared mode (default: its shaped rate)")
     parser.add_argument("--compression", choices=("fp16", "none"), default="fp16",
                         help="gradient compression (the agent's default is fp16)")
     parser.add_argument("--matchmaking-time", type=float, default=3.0)
@@ -172,6 +174,14 @@ def round_time_model(size_bytes: float, rates_mbps: list[float], fractions: list
     return max(size_bytes * (1 + (n - 2) * f) * 8 / (rate * 1e6) for rate, f in zip(rates_mbps, fractions))
 
 
+def _declared(args, case: str, mode: str, rates: list[float]) -> list[float]:
+    if mode == "equal":
+        return [args.fast_rate] * N_PEERS
+    if case == "slow" and args.slow_declares is not None:
+        return [*rates[:-1], args.slow_declares]
+    return list(rates)
+
+
 def _lab(args, *command: str) -> None:
     subprocess.run([args.lab, *command], check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "NETNS_LAB_PREFIX": "avg"})
@@ -217,7 +227,7 @@ def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[flo
         if stale.name != "shapes.json":
             stale.unlink()
     clients = [case == "client" and i == N_PEERS - 1 for i in range(N_PEERS)]
-    declared = rates if mode == "declared" else [args.fast_rate] * N_PEERS
+    declared = _declared(args, case, mode, rates)
     processes: list[subprocess.Popen] = []
     log = (work / "peers.log").open("w")
 
@@ -295,7 +305,7 @@ def coordinator_main(args: argparse.Namespace) -> None:
                     _lab(args, "up", str(N_PEERS), *[f"{rate:g}mbit" for rate in rates])
                     try:
                         for mode in args.modes.split(","):
-                            declared = rates if mode == "declared" else [args.fast_rate] * N_PEERS
+                            declared = _declared(args, case, mode, rates)
                             shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)])
                             model = round_time_model(size, rates, shares)
                             before = _uptime()
