@@ -1,0 +1,377 @@
+"""Averaging at the bandwidth limit: hivemind all-reduce rounds on 4 shaped test hosts.
+
+Four peers, each in its own network namespace (``/work/shared/tools/netns-lab``: a bridge, and a tc
+token bucket per host limiting its upload and its download), average a gradient-sized vector with
+hivemind's ``GradientAverager`` built with the options the agent gives it in
+``peer_agent.training.optimizer_build``:
+
+- the same class (``hivemind.optim.grad_averager.GradientAverager``) over tensors of the model's
+  parameter shapes (``peer_agent.model.model_build`` of the preset, built once by the coordinator);
+- ``bandwidth`` (declared Mbit/s), ``target_group_size`` (the config default, 16),
+  ``request_timeout=min(3, matchmaking_time / 2)``, ``compression`` = the run's grad compression
+  (fp16 by default: 2 bytes per element on the wire), ``client_mode`` equal to the DHT's,
+  ``min_matchmaking_time`` = matchmaking time, ``allreduce_timeout`` = averaging timeout,
+  prefix ``<run>_grad_averager``, DHT listening on ``/ip4/0.0.0.0/tcp/0`` as the agent does;
+- not the agent's: no ``hivemind.Optimizer`` around it (no progress tracker, no state averager, no
+  training), so a round starts when every peer asks for one, not when the swarm reaches its batch.
+
+Each round a peer schedules a step, waits until its group is formed, triggers it (as the Optimizer
+does with a pre-scheduled group) and records when its all-reduce started and ended. A round's time
+is the last peer's end minus the first peer's start (all hosts share one clock); matchmaking is not
+included. A round counts only if every peer reports a group of 4; peers wait for each other after
+every round (a file barrier) so that all 4 meet again.
+
+Cases (host 3 is the odd one): ``homogeneous`` all at ``--fast-rate``; ``slow`` host 3 at
+``--slow-rate``; ``client`` all at the fast rate, host 3 firewalled (``client_mode=True`` on its DHT
+and averager: it aggregates nothing). Each case is run with every peer declaring its shaped rate
+(``declared``; the rate given to tc, not measured) and with every peer declaring the same rate
+(``equal``: equal shares). The bound is the time of the optimal partition (hivemind's own
+``load_balance_peers`` given the true rates, clients at 0): peer i with share f_i sends
+S(1 - f_i) as a client and (n - 1) f_i S as an aggregator and receives as much, so a round takes at
+least max_i S (1 + (n - 2) f_i) / B_i; at equal rates that is 2(n-1)/n * S/B. The same formula gives
+the time each partition actually used implies ("model").
+
+Needs root (network namespaces). Run ``python -m bench.averaging --help`` from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+N_PEERS = 4
+LAB_ADDRESS_PREFIX = "/ip4/10.77.0.1/"
+CASES = ("homogeneous", "slow", "client")
+MODES = ("declared", "equal")
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.averaging", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", default="tiny,large", help="model presets whose gradients are averaged")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"any of {','.join(CASES)}")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"any of {','.join(MODES)}")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per configuration")
+    parser.add_argument("--large-rounds", type=int, default=None, help="timed rounds for the large preset")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--fast-rate", type=float, default=100.0, help="Mbit/s of every host")
+    parser.add_argument("--slow-rate", type=float, default=20.0, help="Mbit/s of host 3 in the slow case")
+    parser.add_argument("--slow-declares", type=float, default=None,
+                        help="Mbit/s host 3 declares in the slow case's declared mode (default: its shaped rate)")
+    parser.add_argument("--compression", choices=("fp16", "none"), default="fp16",
+                        help="gradient compression (the agent's default is fp16)")
+    parser.add_argument("--matchmaking-time", type=float, default=3.0)
+    parser.add_argument("--averaging-timeout", type=float, default=180.0)
+    parser.add_argument("--lab", default="/work/shared/tools/netns-lab", help="the netns-lab script")
+    # Set by the coordinator for the peer processes it starts.
+    parser.add_argument("--role", choices=("coordinator", "peer"), default="coordinator")
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--bandwidth", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--client-mode", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--initial-peer", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--total-rounds", type=int, default=0, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+# ---------------------------------------------------------------- peer (inside a namespace)
+
+def peer_main(args: argparse.Namespace) -> None:
+    import torch
+    from hivemind.averaging.control import AveragingStage
+    from hivemind.dht import DHT
+    from hivemind.optim.grad_averager import GradientAverager
+    from hivemind.utils.timed_storage import get_dht_time
+
+    from peer_agent.training import compression_build
+
+    torch.set_num_threads(1)
+    work = Path(args.workdir)
+    shapes = json.loads((work / "shapes.json").read_text())
+    out = work / f"peer{args.index}.jsonl"
+    dht = DHT(start=True, initial_peers=[args.initial_peer] if args.initial_peer else None,
+              client_mode=args.client_mode, host_maddrs=["/ip4/0.0.0.0/tcp/0"], startup_timeout=60)
+    try:
+        if args.index == 0:
+            maddrs = [str(m) for m in dht.get_visible_maddrs() if str(m).startswith(LAB_ADDRESS_PREFIX)]
+            (work / "maddr.tmp").write_text(maddrs[0])
+            (work / "maddr.tmp").rename(work / "maddr")
+        parameters = [torch.zeros(shape, requires_grad=True) for shape in shapes]
+        for parameter in parameters:
+            parameter.grad = torch.randn_like(parameter)
+        mm = args.matchmaking_time
+        averager = GradientAverager(
+            parameters, dht=dht, prefix="bench_grad_averager", min_matchmaking_time=mm,
+            allreduce_timeout=args.averaging_timeout, client_mode=args.client_mode, start=True, warn=False,
+            compression=compression_build(args.compression),
+            bandwidth=args.bandwidth, target_group_size=16, request_timeout=min(3.0, mm / 2))
+        (work / f"ready{args.index}").touch()
+        while not (work / "go").exists():
+            time.sleep(0.05)
+        for round_number in range(args.total_rounds):
+            averager.accumulate_grads_(batch_size=1)
+            control = averager.schedule_step(scheduled_time=get_dht_time() + mm, timeout=args.averaging_timeout)
+            while control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP) and not control.done():
+                time.sleep(0.002)
+            triggered = time.time()
+            averager.step(control=control, wait=False)
+            while control.stage == AveragingStage.AWAITING_TRIGGER and not control.done():
+                time.sleep(0.002)
+            started = time.time()
+            try:
+                gathered = control.result(args.averaging_timeout)
+            except Exception as error:  # a failed round is recorded, not fatal
+                gathered, problem = None, repr(error)
+            else:
+                problem = ""
+            ended = time.time()
+            record = dict(round=round_number, triggered=triggered, started=started, ended=ended,
+                          group=len(gathered) if gathered else 0, problem=problem)
+            with out.open("a") as file:
+                file.write(json.dumps(record) + "\n")
+            # Every peer starts round r + 1 together, as the Optimizer's epochs make them do: without
+            # this the fast hosts finish first and average among themselves while the slow one is busy.
+            (work / f"done{round_number}_{args.index}").touch()
+            deadline = time.monotonic() + args.averaging_timeout
+            while not all((work / f"done{round_number}_{i}").exists() for i in range(N_PEERS)):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        averager.shutdown()
+    finally:
+        dht.shutdown()
+
+
+# ---------------------------------------------------------------- coordinator
+
+def _shapes(preset: str) -> list[list[int]]:
+    from peer_agent.model import model_build
+    from peer_agent.protocol import config_from_preset
+
+    config = config_from_preset(preset)
+    model = model_build(config, config.tokenizer.vocab_size)
+    return [list(parameter.shape) for parameter in model.parameters() if parameter.requires_grad]
+
+
+def _fractions(elements: int, bandwidths: list[float]) -> list[float]:
+    from hivemind.averaging.load_balancing import load_balance_peers
+
+    parts = load_balance_peers(elements, bandwidths)
+    return [part / elements for part in parts]
+
+
+def round_time_model(size_bytes: float, rates_mbps: list[float], fractions: list[float]) -> float:
+    """Seconds a butterfly all-reduce with these shares takes if each host's link runs at its rate:
+    host i sends S(1 - f_i) as a client plus (n - 1) f_i S as an aggregator (and receives as much)."""
+    n = len(rates_mbps)
+    return max(size_bytes * (1 + (n - 2) * f) * 8 / (rate * 1e6) for rate, f in zip(rates_mbps, fractions))
+
+
+def _declared(args, case: str, mode: str, rates: list[float]) -> list[float]:
+    if mode == "equal":
+        return [args.fast_rate] * N_PEERS
+    if case == "slow" and args.slow_declares is not None:
+        return [*rates[:-1], args.slow_declares]
+    return list(rates)
+
+
+def _lab(args, *command: str) -> None:
+    subprocess.run([args.lab, *command], check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "NETNS_LAB_PREFIX": "avg"})
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def _kill(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 10
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for process in processes:  # whatever ignored SIGTERM (p2pd, hivemind's children) in the group
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_for(path: Path, processes: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if any(process.poll() is not None for process in processes):
+            raise RuntimeError(f"a peer exited before {path.name} appeared")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path.name} did not appear within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[float], total_rounds: int) -> list[dict]:
+    """Start the 4 peers for one configuration, let them average, and return per-round records."""
+    for stale in work.glob("*"):
+        if stale.name != "shapes.json":
+            stale.unlink()
+    clients = [case == "client" and i == N_PEERS - 1 for i in range(N_PEERS)]
+    declared = _declared(args, case, mode, rates)
+    processes: list[subprocess.Popen] = []
+    log = (work / "peers.log").open("w")
+
+    def start(i: int, initial_peer: str | None) -> None:
+        command = [args.lab, "exec", str(i), sys.executable, "-m", "bench.averaging", "--role", "peer",
+                   "--index", str(i), "--workdir", str(work), "--bandwidth", str(declared[i]),
+                   "--compression", args.compression, "--matchmaking-time", str(args.matchmaking_time),
+                   "--averaging-timeout", str(args.averaging_timeout), "--total-rounds", str(total_rounds)]
+        if initial_peer:
+            command += ["--initial-peer", initial_peer]
+        if clients[i]:
+            command.append("--client-mode")
+        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env={**os.environ, "NETNS_LAB_PREFIX": "avg"}))
+
+    try:
+        start(0, None)
+        _wait_for(work / "maddr", processes, 180)
+        bootstrap = (work / "maddr").read_text()
+        for i in range(1, N_PEERS):
+            start(i, bootstrap)
+        for i in range(N_PEERS):
+            _wait_for(work / f"ready{i}", processes, 240)
+        (work / "go").touch()
+        round_limit = args.averaging_timeout + args.matchmaking_time * 4
+        for process in processes:
+            process.wait(timeout=total_rounds * round_limit + 60)
+    finally:
+        _kill(processes)
+        log.close()
+    per_peer = []
+    for i in range(N_PEERS):
+        path = work / f"peer{i}.jsonl"
+        per_peer.append([json.loads(line) for line in path.read_text().splitlines()] if path.exists() else [])
+    rounds = []
+    for records in zip(*per_peer):
+        complete = all(record["group"] == N_PEERS for record in records)
+        rounds.append(dict(seconds=max(r["ended"] for r in records) - min(r["started"] for r in records),
+                           complete=complete,
+                           skew=max(r["started"] for r in records) - min(r["started"] for r in records)))
+    if len(rounds) < total_rounds:
+        print(f"  ! only {len(rounds)} of {total_rounds} rounds recorded by every peer; tail of peers.log:")
+        print("    " + "\n    ".join((work / "peers.log").read_text().splitlines()[-15:]))
+    return rounds
+
+
+def coordinator_main(args: argparse.Namespace) -> None:
+    if os.geteuid() != 0:
+        sys.exit("needs root: the test hosts are network namespaces")
+    # Ctrl-C, and a kill, still run the clean-up below (peers' process groups, the namespaces); a
+    # shell that starts us in the background would otherwise leave SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    bytes_per_element = 2 if args.compression == "fp16" else 4
+    rows = []
+    print(f"uptime before: {_uptime()}")
+    with tempfile.TemporaryDirectory(prefix="bench-averaging-") as directory:
+        work = Path(directory)
+        os.chmod(work, 0o755)
+        try:
+            for preset in args.presets.split(","):
+                shapes = _shapes(preset)
+                (work / "shapes.json").write_text(json.dumps(shapes))
+                elements = sum(_numel(shape) for shape in shapes)
+                size = elements * bytes_per_element
+                timed = args.large_rounds if preset == "large" and args.large_rounds else args.rounds
+                print(f"\n{preset}: {elements:,} elements, S = {size / 1e6:.2f} MB on the wire ({args.compression}); "
+                      f"{args.warmup} warm-up + {timed} timed rounds")
+                for case in args.cases.split(","):
+                    rates = [args.fast_rate] * N_PEERS
+                    if case == "slow":
+                        rates[-1] = args.slow_rate
+                    lp_rates = [0.0 if case == "client" and i == N_PEERS - 1 else rate for i, rate in enumerate(rates)]
+                    bound = round_time_model(size, rates, _fractions(elements, lp_rates))
+                    _lab(args, "up", str(N_PEERS), *[f"{rate:g}mbit" for rate in rates])
+                    try:
+                        for mode in args.modes.split(","):
+                            declared = _declared(args, case, mode, rates)
+                            shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)])
+                            model = round_time_model(size, rates, shares)
+                            before = _uptime()
+                            rounds = run_configuration(args, work, case=case, mode=mode, rates=rates,
+                                                       total_rounds=args.warmup + timed)
+                            timed_rounds = [r for r in rounds[args.warmup:] if r["complete"]]
+                            seconds = [r["seconds"] for r in timed_rounds]
+                            row = dict(preset=preset, case=case, mode=mode, rates=rates, shares=shares,
+                                       model=model, bound=bound, seconds=seconds,
+                                       incomplete=len(rounds[args.warmup:]) - len(timed_rounds),
+                                       skew=max((r["skew"] for r in timed_rounds), default=0.0),
+                                       load_before=before, load_after=_uptime())
+                            rows.append(row)
+                            _print_row(row)
+                    finally:
+                        _lab(args, "down")
+        finally:
+            _lab(args, "down")
+    print(f"\nuptime after: {_uptime()}")
+    _print_summary(rows)
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for dimension in shape:
+        count *= dimension
+    return count
+
+
+def _print_row(row: dict) -> None:
+    seconds = row["seconds"]
+    if not seconds:
+        print(f"  {row['case']:<12} {row['mode']:<9} no complete round")
+        return
+    mean, median = statistics.mean(seconds), statistics.median(seconds)
+    shares = "/".join(f"{share:.2f}" for share in row["shares"])
+    print(f"  {row['case']:<12} {row['mode']:<9} shares {shares}  rounds {len(seconds)} "
+          f"(+{row['incomplete']} incomplete)  mean {mean:6.2f} s  median {median:6.2f} s  "
+          f"[{min(seconds):.2f}-{max(seconds):.2f}]  model {row['model']:6.2f} s  bound {row['bound']:6.2f} s  "
+          f"bound/median {row['bound'] / median:5.1%}  start skew {row['skew']:.2f} s  "
+          f"load {row['load_before'].split('average:')[1].split(',')[0].strip()}"
+          f"->{row['load_after'].split('average:')[1].split(',')[0].strip()}")
+
+
+def _print_summary(rows: list[dict]) -> None:
+    print("\npreset  case         mode       median s   mean s   model s   bound s   of bound   declared/equal speedup")
+    by_key = {(row["preset"], row["case"], row["mode"]): row for row in rows}
+    for row in rows:
+        if not row["seconds"]:
+            continue
+        median = statistics.median(row["seconds"])
+        speedup = ""
+        equal = by_key.get((row["preset"], row["case"], "equal"))
+        if row["mode"] == "declared" and equal and equal["seconds"]:
+            speedup = f"{statistics.median(equal['seconds']) / median:.2f}x (medians)"
+        print(f"{row['preset']:<7} {row['case']:<12} {row['mode']:<9} {median:9.2f} {statistics.mean(row['seconds']):8.2f} "
+              f"{row['model']:9.2f} {row['bound']:9.2f} {row['bound'] / median:9.1%}   {speedup}")
+
+
+def main() -> None:
+    args = _parse()
+    if args.role == "peer":
+        peer_main(args)
+    else:
+        coordinator_main(args)
+
+
+if __name__ == "__main__":
+    main()
