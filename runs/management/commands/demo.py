@@ -87,7 +87,10 @@ class Command(BaseCommand):
         call_command("agent_wheel", verbosity=0)
         url = f"http://{host}:{port}"
         self.processes: list[tuple[str, subprocess.Popen]] = []
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C
+        # Stop on Ctrl-C and SIGTERM alike, even when started with SIGINT ignored (as a background
+        # job of a script is, or a child of a process whose hivemind averagers ignored it).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             self._start("web", [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", host, "--port", str(port), "--log-level", "warning"])
             self._start("worker", [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool=solo", "--loglevel=WARNING"])
