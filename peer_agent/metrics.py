@@ -10,6 +10,8 @@ never returns the signed values.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hivemind.dht import DHT
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
@@ -68,14 +70,20 @@ def metrics_publish(dht: DHT, run_id: str, private_key: RSAPrivateKey, metrics: 
 
 def metrics_read(dht: DHT, run_id: str) -> dict[bytes, LocalMetrics]:
     """Every peer's latest metrics, by owner subkey; records that do not parse are skipped."""
-    found = dht.get(metrics_key(run_id), latest=True)
+    return signed_records_read(dht, metrics_key(run_id), LocalMetrics)
+
+
+def signed_records_read(dht: DHT, key: str, schema: type) -> dict[bytes, Any]:
+    """Every peer's latest record under ``key`` parsed with the pydantic ``schema``, by owner
+    subkey; cleared records and records that do not parse are skipped."""
+    found = dht.get(key, latest=True)
     if found is None or not isinstance(found.value, dict):
         return {}
     records = {}
     for subkey, entry in found.value.items():
         if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, dict):
             try:
-                records[subkey] = LocalMetrics.parse_obj(entry.value)
+                records[subkey] = schema.parse_obj(entry.value)
             except ValueError:
                 continue
     return records

@@ -30,9 +30,8 @@ from django.utils import timezone
 from hivemind.dht import DHT
 from hivemind.dht.schema import SchemaValidator
 from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
-from hivemind.utils.timed_storage import ValueWithExpiration
 
-from peer_agent.metrics import LocalMetrics, metrics_read
+from peer_agent.metrics import LocalMetrics, metrics_read, signed_records_read
 from runs import verification
 from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, TrainingSession
 
@@ -55,17 +54,7 @@ def progress_validators(run_id: str) -> list:
 
 def progress_read(dht: DHT, run_id: str) -> dict[bytes, LocalTrainingProgress]:
     """Every peer's latest progress record, by owner subkey; cleared or malformed records are skipped."""
-    found = dht.get(progress_key(run_id), latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return {}
-    records = {}
-    for subkey, entry in found.value.items():
-        if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, dict):
-            try:
-                records[subkey] = LocalTrainingProgress.parse_obj(entry.value)
-            except ValueError:
-                continue
-    return records
+    return signed_records_read(dht, progress_key(run_id), LocalTrainingProgress)
 
 
 def peer_key_text(subkey: bytes) -> str | None:
