@@ -72,10 +72,20 @@ def test_local_epoch_backwards_allows_a_resync_of_one_epoch_only():
 
 def test_samples_beyond_run_pace_allows_more_as_more_epochs_pass():
     session_pace = pace(target_batch_size=64)
-    session_pace.accept(make(1, samples=8, speed=1e5))
+    session_pace.accept(make(1, samples=8, speed=0.0))
     limit = int(ingest.RUN_PACE_SLACK * 64)
     assert refusal(make(2, at=10.0, samples=limit + 1, speed=1e5), session_pace) == "samples_beyond_run_pace"
     assert refusal(make(2, at=10.0, samples=limit * 2, speed=1e5, epoch=4), session_pace) is None
+
+
+def test_samples_beyond_run_pace_allows_what_the_session_computes_while_its_view_of_the_run_lags():
+    # After an epoch, hivemind accumulates into the new one until its next fetch of the run's
+    # progress; a slow fetch lets an honest peer gather several target batches in one epoch.
+    session_pace = pace(target_batch_size=32)
+    session_pace.accept(make(1, samples=40, speed=40.0))
+    lagging = int(ingest.RUN_PACE_SLACK * 32 + 40.0 * ingest.PROGRESS_LAG)
+    assert refusal(make(2, at=60.0, samples=lagging, speed=40.0), session_pace) is None
+    assert refusal(make(2, at=60.0, samples=lagging + 1, speed=1e5), session_pace) == "samples_beyond_run_pace"
 
 
 def test_speed_jump_refuses_a_sudden_multiple_only_after_the_warm_up():
