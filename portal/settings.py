@@ -5,6 +5,7 @@ broker kept in files, console e-mail and DEBUG on. `DATABASE_URL` and `REDIS_URL
 PostgreSQL and Redis; see docs/deploy.md for production.
 """
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -87,7 +88,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     # Tests serve the portal from threads while agents report: an in-memory test database uses
     # SQLite's shared cache, whose table locks fail at once instead of waiting out `timeout`.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    # One file per test process, so that two test runs in one checkout never share it.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"
 
