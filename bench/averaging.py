@@ -2,11 +2,12 @@
 
 Four peers, each in its own network namespace (``/work/shared/tools/netns-lab``: a bridge, and a tc
 token bucket per host limiting its upload and its download), average a gradient-sized vector with
-hivemind's ``GradientAverager`` built with the options the agent gives it in
+the gradient averager built with the options the agent gives it in
 ``peer_agent.training.optimizer_build``:
 
-- the same class (``hivemind.optim.grad_averager.GradientAverager``) over tensors of the model's
-  parameter shapes (``peer_agent.model.model_build`` of the preset, built once by the coordinator);
+- the same class (``peer_agent.averaging.FlooredGradientAverager``: hivemind's ``GradientAverager``
+  that keeps every aggregating peer's share at 1% or more) over tensors of the model's parameter
+  shapes (``peer_agent.model.model_build`` of the preset, built once by the coordinator);
 - ``bandwidth`` (declared Mbit/s), ``target_group_size`` (the config default, 16),
   ``request_timeout=min(3, matchmaking_time / 2)``, ``compression`` = the run's grad compression
   (fp16 by default: 2 bytes per element on the wire), ``client_mode`` equal to the DHT's,
@@ -25,7 +26,8 @@ Cases (host 3 is the odd one): ``homogeneous`` all at ``--fast-rate``; ``slow`` 
 ``--slow-rate``; ``client`` all at the fast rate, host 3 firewalled (``client_mode=True`` on its DHT
 and averager: it aggregates nothing). Each case is run with every peer declaring its shaped rate
 (``declared``; the rate given to tc, not measured) and with every peer declaring the same rate
-(``equal``: equal shares). The bound is the time of the optimal partition (hivemind's own
+(``equal``: equal shares); ``hivemind`` is ``declared`` with hivemind's own ``GradientAverager``,
+whose partition may leave a slow peer no share. The bound is the time of the optimal partition (hivemind's own
 ``load_balance_peers`` given the true rates, clients at 0): peer i with share f_i sends
 S(1 - f_i) as a client and (n - 1) f_i S as an aggregator and receives as much, so a round takes at
 least max_i S (1 + (n - 2) f_i) / B_i; at equal rates that is 2(n-1)/n * S/B. The same formula gives
@@ -50,7 +52,7 @@ from pathlib import Path
 N_PEERS = 4
 LAB_ADDRESS_PREFIX = "/ip4/10.77.0.1/"
 CASES = ("homogeneous", "slow", "client")
-MODES = ("declared", "equal")
+MODES = ("declared", "equal", "hivemind")
 
 
 def _parse() -> argparse.Namespace:
@@ -76,6 +78,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--client-mode", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--hivemind-averager", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--initial-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--total-rounds", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -90,6 +93,7 @@ def peer_main(args: argparse.Namespace) -> None:
     from hivemind.optim.grad_averager import GradientAverager
     from hivemind.utils.timed_storage import get_dht_time
 
+    from peer_agent.averaging import FlooredGradientAverager
     from peer_agent.training import compression_build
 
     torch.set_num_threads(1)
@@ -107,7 +111,8 @@ def peer_main(args: argparse.Namespace) -> None:
         for parameter in parameters:
             parameter.grad = torch.randn_like(parameter)
         mm = args.matchmaking_time
-        averager = GradientAverager(
+        averager_class = GradientAverager if args.hivemind_averager else FlooredGradientAverager
+        averager = averager_class(
             parameters, dht=dht, prefix="bench_grad_averager", min_matchmaking_time=mm,
             allreduce_timeout=args.averaging_timeout, client_mode=args.client_mode, start=True, warn=False,
             compression=compression_build(args.compression),
@@ -160,10 +165,15 @@ def _shapes(preset: str) -> list[list[int]]:
     return [list(parameter.shape) for parameter in model.parameters() if parameter.requires_grad]
 
 
-def _fractions(elements: int, bandwidths: list[float]) -> list[float]:
+def _fractions(elements: int, bandwidths: list[float], floored: bool = False) -> list[float]:
+    """Each peer's share of the vector: hivemind's partition, with the agent's floor if ``floored``."""
     from hivemind.averaging.load_balancing import load_balance_peers
 
+    from peer_agent.averaging import shares_with_floor
+
     parts = load_balance_peers(elements, bandwidths)
+    if floored:
+        parts = shares_with_floor(parts, [bandwidth > 0 for bandwidth in bandwidths])
     return [part / elements for part in parts]
 
 
@@ -240,6 +250,8 @@ def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[flo
             command += ["--initial-peer", initial_peer]
         if clients[i]:
             command.append("--client-mode")
+        if mode == "hivemind":
+            command.append("--hivemind-averager")
         processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                           env={**os.environ, "NETNS_LAB_PREFIX": "avg"}))
 
@@ -306,7 +318,8 @@ def coordinator_main(args: argparse.Namespace) -> None:
                     try:
                         for mode in args.modes.split(","):
                             declared = _declared(args, case, mode, rates)
-                            shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)])
+                            shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)],
+                                                floored=mode != "hivemind")
                             model = round_time_model(size, rates, shares)
                             before = _uptime()
                             rounds = run_configuration(args, work, case=case, mode=mode, rates=rates,
@@ -351,7 +364,7 @@ def _print_row(row: dict) -> None:
 
 
 def _print_summary(rows: list[dict]) -> None:
-    print("\npreset  case         mode       median s   mean s   model s   bound s   of bound   declared/equal speedup")
+    print("\npreset  case         mode       median s   mean s   model s   bound s   of bound   speedup over equal")
     by_key = {(row["preset"], row["case"], row["mode"]): row for row in rows}
     for row in rows:
         if not row["seconds"]:
@@ -359,7 +372,7 @@ def _print_summary(rows: list[dict]) -> None:
         median = statistics.median(row["seconds"])
         speedup = ""
         equal = by_key.get((row["preset"], row["case"], "equal"))
-        if row["mode"] == "declared" and equal and equal["seconds"]:
+        if row["mode"] != "equal" and equal and equal["seconds"]:
             speedup = f"{statistics.median(equal['seconds']) / median:.2f}x (medians)"
         print(f"{row['preset']:<7} {row['case']:<12} {row['mode']:<9} {median:9.2f} {statistics.mean(row['seconds']):8.2f} "
               f"{row['model']:9.2f} {row['bound']:9.2f} {row['bound'] / median:9.1%}   {speedup}")

@@ -28,13 +28,13 @@ from hivemind.compression import (
     Uniform8BitQuantization,
 )
 from hivemind.dht import DHT
-from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.optimizer import Optimizer
 from hivemind.utils.auth import AuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 from transformers import PreTrainedTokenizerFast
 
+from peer_agent.averaging import FlooredGradientAverager
 from peer_agent.checkpoint import checkpoint_load_into, checkpoint_metadata
 from peer_agent.data import batches, dataset_stream
 from peer_agent.metrics import LocalMetrics, metrics_publish, metrics_validators, owner_subkey
@@ -349,7 +349,8 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
 
     In hivemind 1.1.12 ``averager_opts`` reach only the state averager, so the declared
     bandwidth and group size go to the gradient averager (where DeDLOC's bandwidth-aware
-    partitioning matters most) through ``grad_averager_factory``. ``client_mode`` must equal
+    partitioning matters most) through ``grad_averager_factory``, whose averager keeps a slow
+    peer's share of the vector above 0 (``peer_agent.averaging``). ``client_mode`` must equal
     the DHT's: the Optimizer replaces an explicit value with ``dht.client_mode`` anyway.
 
     ``delay_updates`` (delayed parameter updates) delays the optimizer step and gradient
@@ -375,7 +376,7 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
         state_averaging_compression=compression_build(averaging.state_compression),
         matchmaking_time=averaging.matchmaking_time, averaging_timeout=averaging.averaging_timeout,
         client_mode=setup.client_mode,
-        grad_averager_factory=partial(GradientAverager, **averager_opts),
+        grad_averager_factory=partial(FlooredGradientAverager, **averager_opts),
         averager_opts=averager_opts,
         tracker_opts=dict(private_key=setup.private_key, max_refresh_period=setup.progress_refresh_s),
         verbose=False,

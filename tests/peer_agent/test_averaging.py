@@ -1,0 +1,85 @@
+"""The agent's gradient averager keeps a slow peer's share above 0 (peer_agent.averaging)."""
+
+import json
+import threading
+
+import pytest
+import torch
+from hivemind.averaging import averager as hivemind_averager
+from hivemind.averaging.load_balancing import load_balance_peers
+from hivemind.dht import DHT
+
+from peer_agent.averaging import MIN_SHARE, FlooredGradientAverager, shares_with_floor
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_hivemind_gives_a_slow_peer_no_share_and_the_floor_gives_it_one():
+    elements = 5_000_000
+    parts = load_balance_peers(elements, [100.0, 100.0, 100.0, 20.0])
+    assert parts[3] == 0
+    floored = shares_with_floor(parts, [True] * 4)
+    assert sum(floored) == elements
+    assert floored[3] == pytest.approx(MIN_SHARE * elements, abs=1)
+    assert floored[0] == pytest.approx((elements - floored[3]) / 3, abs=1), "the fast peers give up equal parts"
+
+
+def test_a_firewalled_peer_keeps_no_share_and_large_shares_are_left_alone():
+    parts = (1_700_000, 1_700_000, 1_600_000, 0)
+    assert shares_with_floor(parts, [True, True, True, False]) == parts
+    assert shares_with_floor((40, 30, 30), [True, True, True]) == (40, 30, 30)
+
+
+def test_a_floor_that_cannot_be_met_by_every_peer_changes_nothing():
+    assert shares_with_floor((100, 0, 0), [True, True, True], floor=0.5) == (100, 0, 0)
+
+
+def test_peers_average_correctly_with_a_slow_peer_given_a_share(monkeypatch, tmp_path):
+    """Three peers on loopback, one declaring 20 Mbit/s against 100 (hivemind's LP: share 0)."""
+    record = tmp_path / "partitions.jsonl"
+
+    class RecordingRunner(hivemind_averager.AllReduceRunner):
+        """Writes down the partition each averager (a child process) runs its round with."""
+
+        def __init__(self, *args, peer_fractions, **kwargs):
+            with record.open("a") as file:
+                file.write(json.dumps(list(peer_fractions)) + "\n")
+            super().__init__(*args, peer_fractions=peer_fractions, **kwargs)
+
+    monkeypatch.setattr(hivemind_averager, "AllReduceRunner", RecordingRunner)
+    bandwidths = [100.0, 100.0, 20.0]
+    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+                      for _ in bandwidths[1:]]
+    parameters = [[torch.zeros(64, 33, requires_grad=True)] for _ in bandwidths]
+    for index, (parameter,) in enumerate(parameters):
+        parameter.grad = torch.full_like(parameter, float(index))
+    averagers = [
+        FlooredGradientAverager(params, dht=dht, prefix="test_floor", start=True, bandwidth=bandwidth,
+                                target_group_size=3, min_matchmaking_time=2.0, request_timeout=1.0, warn=False)
+        for params, dht, bandwidth in zip(parameters, dhts, bandwidths)
+    ]
+    try:
+        groups = [None] * len(averagers)
+
+        def average(index: int) -> None:
+            averagers[index].accumulate_grads_(batch_size=1)
+            groups[index] = averagers[index].step(timeout=60)
+
+        threads = [threading.Thread(target=average, args=(index,)) for index in range(len(averagers))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+        assert all(group is not None and len(group) == 3 for group in groups), groups
+        partitions = [tuple(json.loads(line)) for line in record.read_text().splitlines()]
+        assert len(set(partitions)) == 1 and len(partitions) == 3, f"every peer partitions alike: {partitions}"
+        assert min(partitions[0]) >= MIN_SHARE * sum(partitions[0]), partitions[0]
+        for averager in averagers:
+            with averager.get_tensors() as (averaged,):
+                assert torch.allclose(averaged, torch.full_like(averaged, 1.0)), "the mean of 0, 1 and 2"
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in dhts:
+            dht.shutdown()
