@@ -8,6 +8,7 @@ import time
 
 import pytest
 from django.db.models import Max, Sum
+from django.utils import timezone
 
 from accounts.services import token_create
 from peer_agent.spool import spool_files, spool_read
@@ -44,7 +45,9 @@ def test_agents_train_through_a_kill_and_a_portal_outage_and_every_report_counts
     amina, rahim = UserFactory(username="amina"), UserFactory(username="rahim")
     homes = {name: tmp_path / name for name in ("amina", "rahim")}
     secrets = {user.username: token_create(user=user, name="e2e")[1] for user in (amina, rahim)}
-    processes = {name: agent(portal, secrets[name], homes[name], "150s") for name in homes}
+    # The test stops the agents itself (SIGTERM, as Ctrl-C), once it has seen what it waits for: a runtime limit
+    # could end an agent during the outage, leaving its last reports on disk for its next start.
+    processes = {name: agent(portal, secrets[name], homes[name], "600s") for name in homes}
     try:
         wait_for(lambda: ContributionEvent.objects.filter(session__user=amina, local_epoch__gte=2).exists(), 240, "epoch 2")
         # Kill amina's agent without warning, mid-training.
@@ -55,15 +58,21 @@ def test_agents_train_through_a_kill_and_a_portal_outage_and_every_report_counts
             lambda: ContributionEvent.objects.filter(session__user=rahim, local_epoch__gt=killed_at_epoch).exists(),
             120, "rahim to keep stepping alone",
         )
-        processes["amina"] = agent(portal, secrets["amina"], homes["amina"], "60s")
+        processes["amina"] = agent(portal, secrets["amina"], homes["amina"], "600s")
         wait_for(lambda: ContributionEvent.objects.filter(session__user=amina).values("session").distinct().count() == 2,
                  180, "amina's restarted agent to train and report")
         # The portal is cut off for a while: the agents keep training and report later.
         link.cut()
         time.sleep(20)
+        restored_at = timezone.now()
         link.restore()
+        for user in (amina, rahim):
+            latest = TrainingSession.objects.filter(user=user).latest("pk")
+            wait_for(lambda latest=latest: ContributionEvent.objects.filter(session=latest, sent_at__gt=restored_at).exists(),
+                     120, f"{user.username}'s agent to report again after the outage")
         for name, process in processes.items():
-            assert process.wait(timeout=300) == 0, (homes[name].parent / f"{name}.log").read_text()[-3000:]
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=120) == 0, (homes[name].parent / f"{name}.log").read_text()[-3000:]
     finally:
         for process in processes.values():
             if process.poll() is None:
