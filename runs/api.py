@@ -127,6 +127,7 @@ def _checkpoint_url(request: HttpRequest, session: TrainingSession, checkpoint: 
 
 @router.post("/sessions/{session_id}/refresh", response=RefreshResponse, auth=AgentBearer(), summary="Refresh hivemind access")
 def session_refresh_endpoint(request: HttpRequest, session_id: int):
+    rate_limit_hit(name="refresh", key=str(request.auth.pk))
     session = TrainingSession.objects.select_related("run").filter(pk=session_id, user=request.auth.user).first()
     if session is None:
         raise ApiError(404, "session_not_found", f"there is no training session {session_id} of yours; join the run again")

@@ -22,7 +22,8 @@ DAY = 86400
 def limits(settings):
     """Low limits and fresh counters; a day-long window so that no test straddles two windows."""
     cache.clear()
-    settings.RATE_LIMITS = {"login": (3, DAY), "signup": (2, DAY), "token_create": (2, DAY), "join": (2, DAY)}
+    settings.RATE_LIMITS = {"login": (3, DAY), "signup": (2, DAY), "token_create": (2, DAY), "join": (2, DAY),
+                            "refresh": (2, DAY)}
     yield settings.RATE_LIMITS
     cache.clear()
 
@@ -119,3 +120,23 @@ def test_joins_are_limited_per_agent_token_with_the_api_error_shape(limits, clie
     assert refused.json()["error"]["code"] == "rate_limited"
     assert "try again in" in refused.json()["error"]["detail"]
     assert join(other_secret).status_code == 200
+
+
+def test_access_refreshes_are_limited_per_agent_token(limits, client, volunteer, organizer):
+    RunFactory(slug="open-run", organizers=[organizer])
+    _, secret = token_create(user=volunteer, name="laptop")
+    _, other_secret = token_create(user=volunteer, name="desktop")
+    joined = client.post("/api/v1/runs/open-run/join", json.dumps(join_body()), content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+    def refresh(secret: str):
+        return client.post(f"/api/v1/sessions/{joined.json()['session_id']}/refresh", "{}",
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+    assert [refresh(secret).status_code for _ in range(2)] == [200, 200]
+    refused = refresh(secret)
+    assert refused.status_code == 429
+    assert int(refused["Retry-After"]) >= 1
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert refresh(other_secret).status_code == 200, "another token of the same volunteer has its own count"
+
