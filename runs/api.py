@@ -150,7 +150,8 @@ def run_tokenizer(request: HttpRequest, slug: str):
     return FileResponse(run.tokenizer_file.open("rb"), content_type="application/json", filename="tokenizer.json")
 
 
-@router.get("/data/{url_token}/{file_id}.txt", summary="One of a run's data files (signed link from the join answer)", response={200: None})
+@router.get("/data/{url_token}/{file_id}.txt", summary="One of a run's data files (signed link from the join answer)",
+            response={200: None})
 def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     try:
         data_file = data_file_for_url_token(url_token=url_token)
