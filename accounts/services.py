@@ -2,6 +2,7 @@
 
 import datetime
 import hashlib
+import logging
 import re
 import secrets
 
@@ -11,6 +12,9 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from accounts.models import AgentToken, Team, TeamEvent, User
+from portal.ratelimit import rate_limit_check, rate_limit_hit
+
+logger = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "dlp_"
 _TOKEN_SHAPE = re.compile(r"^dlp_[A-Za-z0-9_-]{43}$")
@@ -25,9 +29,9 @@ class TeamError(Exception):
 class AgentTokenRefused(Exception):
     """An agent token that cannot be used; `code` and `status` go into the API error."""
 
-    def __init__(self, code: str, detail: str, status: int = 401) -> None:
+    def __init__(self, code: str, detail: str, status: int = 401, token_id: int | None = None) -> None:
         super().__init__(detail)
-        self.code, self.detail, self.status = code, detail, status
+        self.code, self.detail, self.status, self.token_id = code, detail, status, token_id
 
 
 def token_digest(secret: str) -> str:
@@ -57,23 +61,44 @@ def token_revoke(*, token: AgentToken) -> None:
 
 
 def token_authenticate(*, secret: str | None, ip: str | None, run=None) -> AgentToken:
-    """Return the usable token behind `secret`, recording its use, or raise AgentTokenRefused."""
+    """Return the usable token behind `secret`, recording its use, or raise AgentTokenRefused.
+
+    Refusals of a presented secret are logged and counted per client address; an address past
+    `RATE_LIMITS["token_failures"]` gets RateLimited for every token until its window ends.
+    """
     if not secret:
         raise AgentTokenRefused("token_missing", "send your agent token as 'Authorization: Bearer dlp_…'")
+    address = ip or "unknown"
+    rate_limit_check(name="token_failures", key=address)
+    try:
+        token = _token_usable(secret)
+    except AgentTokenRefused as refusal:
+        # The code and the token's id only: the secret, even a wrong one, never goes into a log.
+        logger.warning("agent token refused: %s from %s%s", refusal.code, address,
+                       f" (token {refusal.token_id})" if refusal.token_id else "")
+        rate_limit_hit(name="token_failures", key=address)
+        raise
+    if not token.user.is_active:
+        raise AgentTokenRefused("account_disabled", "the account that owns this token is disabled", status=403)
+    if run is not None:
+        token_check_scope(token=token, run=run)
+    _token_mark_used(token=token, ip=ip)
+    return token
+
+
+def _token_usable(secret: str) -> AgentToken:
+    """The token behind `secret` if it exists and is neither revoked nor expired."""
     if not _TOKEN_SHAPE.match(secret):
         raise AgentTokenRefused("token_malformed", "this is not an agent token; copy it again from your tokens page")
     token = AgentToken.objects.select_related("user", "run").filter(digest=token_digest(secret)).first()
     if token is None:
         raise AgentTokenRefused("token_unknown", "this agent token does not exist; create one on your tokens page")
     if token.revoked_at:
-        raise AgentTokenRefused("token_revoked", f"agent token “{token.name}” was revoked; create a new one")
+        raise AgentTokenRefused("token_revoked", f"agent token “{token.name}” was revoked; create a new one",
+                                token_id=token.pk)
     if token.is_expired:
-        raise AgentTokenRefused("token_expired", f"agent token “{token.name}” expired; create a new one")
-    if not token.user.is_active:
-        raise AgentTokenRefused("account_disabled", "the account that owns this token is disabled", status=403)
-    if run is not None:
-        token_check_scope(token=token, run=run)
-    _token_mark_used(token=token, ip=ip)
+        raise AgentTokenRefused("token_expired", f"agent token “{token.name}” expired; create a new one",
+                                token_id=token.pk)
     return token
 
 

@@ -47,6 +47,18 @@ def rate_limit_hit(*, name: str, key: str) -> None:
         raise RateLimited(name, max(1, math.ceil(window_start + window - now)))
 
 
+def rate_limit_check(*, name: str, key: str) -> None:
+    """Raise RateLimited if `key` has used up its allowance under `name` in this window; count nothing.
+
+    For limits on failures: the check comes before the attempt, `rate_limit_hit` after a failure.
+    """
+    count_allowed, window = settings.RATE_LIMITS[name]
+    now = time.time()
+    window_start = int(now // window) * window
+    if (cache.get(_counter_key(name, key, window_start)) or 0) >= count_allowed:
+        raise RateLimited(name, max(1, math.ceil(window_start + window - now)))
+
+
 def rate_limited_response(exc: RateLimited) -> JsonResponse:
     """The API's 429: the usual error body and a `Retry-After` header."""
     response = error_response(429, "rate_limited", exc.detail)

@@ -174,6 +174,12 @@ RATE_LIMITS = {
     "signup": env_rate("RATE_LIMIT_SIGNUP", "10/1h"),  # per client IP
     "token_create": env_rate("RATE_LIMIT_TOKEN_CREATE", "30/1h"),  # per volunteer
     "join": env_rate("RATE_LIMIT_JOIN", "60/10m"),  # per agent token
+    # Per agent token. An agent refreshes its hivemind access once two thirds of its lifetime have
+    # passed (peer_agent/authorizer.py), so 30 per lifetime leaves room for ten machines on one token.
+    "refresh": env_rate("RATE_LIMIT_REFRESH", f"30/{HIVEMIND_ACCESS_MINUTES}m"),
+    # Per client IP: refused agent tokens (unknown, malformed, revoked, expired). Guessing a token is
+    # hopeless anyway (256 random bits); this keeps guessers from loading the database.
+    "token_failures": env_rate("RATE_LIMIT_TOKEN_FAILURES", "100/1h"),
 }
 # An agent's contribution reports, per websocket connection (a token bucket in runs/consumers.py).
 REPORT_RATE_PER_SECOND = env_int("REPORT_RATE_PER_SECOND", 5, minimum=1)

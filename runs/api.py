@@ -127,6 +127,7 @@ def _checkpoint_url(request: HttpRequest, session: TrainingSession, checkpoint: 
 
 @router.post("/sessions/{session_id}/refresh", response=RefreshResponse, auth=AgentBearer(), summary="Refresh hivemind access")
 def session_refresh_endpoint(request: HttpRequest, session_id: int):
+    rate_limit_hit(name="refresh", key=str(request.auth.pk))
     session = TrainingSession.objects.select_related("run").filter(pk=session_id, user=request.auth.user).first()
     if session is None:
         raise ApiError(404, "session_not_found", f"there is no training session {session_id} of yours; join the run again")
@@ -149,7 +150,8 @@ def run_tokenizer(request: HttpRequest, slug: str):
     return FileResponse(run.tokenizer_file.open("rb"), content_type="application/json", filename="tokenizer.json")
 
 
-@router.get("/data/{url_token}/{file_id}.txt", summary="One of a run's data files (signed link from the join answer)", response={200: None})
+@router.get("/data/{url_token}/{file_id}.txt", summary="One of a run's data files (signed link from the join answer)",
+            response={200: None})
 def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     try:
         data_file = data_file_for_url_token(url_token=url_token)

@@ -9,6 +9,7 @@ from django.conf import settings
 from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
 from peer_agent.protocol import Ack, ErrorFrame, ProtocolError, Report, parse_client_frame
+from portal.ratelimit import RateLimited
 from runs import ingest
 from runs.models import Run, TrainingSession
 
@@ -35,6 +36,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except AgentTokenRefused as refusal:
             await self._send_error(None, refusal.code, refusal.detail)
             await self.close(code=4401)
+            return
+        except RateLimited as limited:  # this address sent too many refused tokens
+            await self._send_error(None, "rate_limited", limited.detail)
+            await self.close(code=4429)
             return
         self.sessions: dict[int, tuple[TrainingSession, float]] = {}
         self.paces: dict[int, ingest.SessionPace] = {}

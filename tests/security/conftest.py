@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.services import team_create, token_create, token_revoke
 from runs.authority import authority_generate
-from runs.models import Checkpoint, SessionEpoch, Run, RunMembership, TrainingSession
+from runs.models import Checkpoint, Run, RunMembership, SessionEpoch, TrainingSession
 from runs.services import data_file_add, run_ban
 from runs.sessions import checkpoint_url_token, data_file_url_token
 from tests.factories import RunFactory, UserFactory

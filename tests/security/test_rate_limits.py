@@ -1,18 +1,25 @@
 """Rate limits: log-in per IP and username, sign-up per IP, token creation per volunteer, joins per
 agent token. Counted atomically in the cache (locmem by default, Redis when REDIS_URL is set)."""
 
+import datetime
 import json
+import logging
+import secrets
 import threading
 import uuid
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
 from django.core.cache import cache
 from django.urls import reverse
 
-from accounts.services import token_create
+from accounts.services import token_create, token_revoke
 from portal import ratelimit
+from portal.asgi import application
 from portal.ratelimit import RateLimited, rate_limit_hit
 from tests.factories import PASSWORD, RunFactory
+from tests.runs.test_agent_socket import report
 from tests.runs.test_join_api import join_body
 
 DAY = 86400
@@ -22,7 +29,8 @@ DAY = 86400
 def limits(settings):
     """Low limits and fresh counters; a day-long window so that no test straddles two windows."""
     cache.clear()
-    settings.RATE_LIMITS = {"login": (3, DAY), "signup": (2, DAY), "token_create": (2, DAY), "join": (2, DAY)}
+    settings.RATE_LIMITS = {"login": (3, DAY), "signup": (2, DAY), "token_create": (2, DAY), "join": (2, DAY),
+                            "refresh": (2, DAY), "token_failures": (3, DAY)}
     yield settings.RATE_LIMITS
     cache.clear()
 
@@ -119,3 +127,100 @@ def test_joins_are_limited_per_agent_token_with_the_api_error_shape(limits, clie
     assert refused.json()["error"]["code"] == "rate_limited"
     assert "try again in" in refused.json()["error"]["detail"]
     assert join(other_secret).status_code == 200
+
+
+def test_access_refreshes_are_limited_per_agent_token(limits, client, volunteer, organizer):
+    RunFactory(slug="open-run", organizers=[organizer])
+    _, secret = token_create(user=volunteer, name="laptop")
+    _, other_secret = token_create(user=volunteer, name="desktop")
+    joined = client.post("/api/v1/runs/open-run/join", json.dumps(join_body()), content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+    def refresh(secret: str):
+        return client.post(f"/api/v1/sessions/{joined.json()['session_id']}/refresh", "{}",
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+    assert [refresh(secret).status_code for _ in range(2)] == [200, 200]
+    refused = refresh(secret)
+    assert refused.status_code == 429
+    assert int(refused["Retry-After"]) >= 1
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert refresh(other_secret).status_code == 200, "another token of the same volunteer has its own count"
+
+
+
+def me(client, secret: str, ip: str):
+    return client.get("/api/v1/me", HTTP_AUTHORIZATION=f"Bearer {secret}", REMOTE_ADDR=ip)
+
+
+def a_guess() -> str:
+    return "dlp_" + secrets.token_urlsafe(32)
+
+
+@pytest.mark.parametrize("refusal", ["token_malformed", "token_unknown", "token_revoked", "token_expired"])
+def test_every_refused_token_is_logged_with_address_and_code_but_never_the_secret(limits, client, volunteer, caplog,
+                                                                                  refusal):
+    revoked, revoked_secret = token_create(user=volunteer, name="old laptop")
+    token_revoke(token=revoked)
+    secret = {"token_malformed": "dlp_copied-half", "token_unknown": a_guess(), "token_revoked": revoked_secret,
+              "token_expired": token_create(user=volunteer, name="x", lifetime=datetime.timedelta(seconds=-1))[1]}[refusal]
+    with caplog.at_level(logging.INFO):
+        response = me(client, secret, "203.0.113.5")
+    assert response.status_code == 401 and response.json()["error"]["code"] == refusal
+    [record] = [record for record in caplog.records if record.name == "accounts.services"]
+    assert record.levelno == logging.WARNING
+    assert refusal in record.getMessage() and "203.0.113.5" in record.getMessage()
+    assert secret[len("dlp_"):] not in caplog.text
+
+
+def test_an_honest_token_is_not_logged_as_refused(limits, client, volunteer, caplog):
+    _, secret = token_create(user=volunteer, name="laptop")
+    with caplog.at_level(logging.INFO, logger="accounts.services"):
+        assert me(client, secret, "203.0.113.5").status_code == 200
+    assert not [record for record in caplog.records if record.name == "accounts.services"]
+
+
+def test_an_address_that_sends_too_many_refused_tokens_gets_429_and_other_addresses_do_not(limits, client, volunteer):
+    _, secret = token_create(user=volunteer, name="laptop")
+    assert [me(client, a_guess(), "203.0.113.5").status_code for _ in range(3)] == [401, 401, 401]
+    refused = me(client, a_guess(), "203.0.113.5")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert me(client, secret, "203.0.113.5").status_code == 429, "past the limit, the address is refused every token"
+    assert me(client, secret, "198.51.100.20").status_code == 200
+    assert me(client, a_guess(), "198.51.100.20").status_code == 401, "and its failures are counted apart"
+
+
+def agent_socket(secret: str, ip: str) -> tuple[dict, int | None]:
+    """Connect to `WS /ws/agent/` from `ip`; the first answer to a report, and the close code that follows
+    (None when the socket stayed open)."""
+
+    async def exchange():
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {secret}".encode())])
+        communicator.scope["client"] = [ip, 50000]  # read when the consumer starts, at connect()
+        connected, _ = await communicator.connect(timeout=10)
+        assert connected
+        try:
+            await communicator.send_to(text_data=json.dumps(report(10**9, 1)))
+            answer = json.loads(await communicator.receive_from(timeout=10))
+            if answer.get("code") not in {"token_unknown", "rate_limited"}:
+                return answer, None
+            return answer, (await communicator.receive_output(timeout=10))["code"]
+        finally:
+            await communicator.disconnect()
+
+    return async_to_sync(exchange)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agent_socket_throttles_an_address_that_sends_too_many_refused_tokens(limits, volunteer):
+    _, secret = token_create(user=volunteer, name="laptop")
+    for _ in range(3):
+        answer, closed = agent_socket(a_guess(), "203.0.113.5")
+        assert (answer["code"], closed) == ("token_unknown", 4401)
+    for attempt in (a_guess(), secret):
+        answer, closed = agent_socket(attempt, "203.0.113.5")
+        assert (answer["code"], closed) == ("rate_limited", 4429)
+        assert "try again in" in answer["detail"]
+    answer, closed = agent_socket(secret, "198.51.100.20")
+    assert (answer["code"], closed) == ("session_not_found", None), "authenticated: only the session is unknown"
