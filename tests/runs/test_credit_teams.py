@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from accounts.services import team_create, team_disband, team_join
 from peer_agent.protocol import RunConfig
-from runs import credit, tasks
+from runs import credit, exports, tasks
 from runs.credit import credit_rollup
 from runs.leaderboard import WINDOWS, leaderboard_rows
 from runs.models import RunCredit, RunTeamCredit, SessionEpoch, TeamCredit, TeamCreditHour, VolunteerCredit
@@ -127,6 +127,9 @@ def test_a_volunteer_who_changes_teams_leaves_past_work_with_the_old_team(teams,
     assert (rows["Lima"]["samples"], rows["Dhaka Compute"]["samples"]) == (60, 200)
     assert (rows["Lima"]["members"], rows["Dhaka Compute"]["members"]) == (1, 2), "members are the current ones"
     assert sum(row["samples"] for row in rows.values()) == sum(row["samples"] for row in old.values())
+    dumped = {team["name"]: team for team in exports._teams()}
+    assert dumped["Lima"]["credit"] == pytest.approx(TeamCredit.objects.get(team=lima).credit), "the daily dump agrees"
+    assert dumped["Dhaka Compute"]["members"] == 2
 
     clock.now = NOW + 2 * datetime.timedelta(days=1)  # the windows age for both teams with no new work
     tasks.credit_rollup_task()
