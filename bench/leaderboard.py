@@ -4,8 +4,10 @@ Generates volunteers (1 in 20 hidden, 1 in 20 anonymous, half in 1,000 teams), o
 one session each in one of three runs, and contribution events in SQL (``generate_series``): each
 session reports every 30 s for a stretch that starts at a random moment of the last 7 days. Then it
 runs the rollup (``runs.credit.credit_rollup``), timed, and times each board ``--repeats`` times:
-p50/p95 in ms. The baseline is the query the portal ran before the rollup existed (group the run's
-events by volunteer at request time), timed ``--baseline-repeats`` times in the same run.
+p50/p95 in ms. The baselines, timed ``--baseline-repeats`` times in the same run: for boards by
+volunteer, the query the portal ran before the rollup existed (group the run's events by volunteer
+at request time); for boards by team, the query it ran before the rollup kept team totals (group
+the volunteers' totals by team at request time).
 
 ERASES the database's volunteers, runs and events first: point DATABASE_URL at a scratch database.
 
@@ -111,6 +113,30 @@ def old_board(run, window: str) -> list:
     return list(grouped)
 
 
+def old_team_board(run, window: str) -> list:
+    """The team board as main computed it before team totals: the volunteers' totals grouped by
+    team per request (with the board's total credit for the share column, as the board does)."""
+    from django.db.models import Count, Max, Sum
+
+    from runs.leaderboard import WINDOWS
+    from runs.models import RunCredit, VolunteerCredit
+
+    samples_column, credit_column = WINDOWS[window]
+    totals = (RunCredit.objects.filter(run=run) if run is not None else VolunteerCredit.objects.all()).filter(
+        **{f"{samples_column}__gt": 0})
+    totals.aggregate(credit=Sum(credit_column))
+    teams = (
+        totals.exclude(user__team=None)
+        .values("user__team_id", "user__team__name", "user__team__slug")
+        .annotate(samples=Sum(samples_column), credit=Sum(credit_column), credit_provisional=Sum("credit_provisional"),
+                  credit_verified=Sum("credit_verified"), recent_average_credit=Sum("recent_average_credit"),
+                  compute_seconds=Sum("compute_seconds"), last_seen=Max("last_seen_at"), machines=Sum("machines"),
+                  members=Count("user_id"))
+        .order_by("-credit", "user__team_id")[:100]
+    )
+    return list(teams)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--volunteers", type=int, default=100_000)
@@ -138,6 +164,7 @@ def main() -> None:
         "run, by volunteer, 24h": lambda: leaderboard_rows(run=run, by="user", window="24h"),
         "run, by volunteer, 7d": lambda: leaderboard_rows(run=run, by="user", window="7d"),
         "run, by team, all": lambda: leaderboard_rows(run=run, by="team", window="all"),
+        "run, by team, 24h": lambda: leaderboard_rows(run=run, by="team", window="24h"),
         "all runs, by volunteer, all": lambda: leaderboard_rows(run=None, by="user", window="all"),
         "all runs, by team, 7d": lambda: leaderboard_rows(run=None, by="team", window="7d"),
     }
@@ -151,6 +178,13 @@ def main() -> None:
         baseline = timed(lambda window=window: old_board(run, window), args.baseline_repeats)
         print(f"old board {window:4} p50 {baseline['p50']:9.1f} ms  p95 {baseline['p95']:9.1f} ms  (n={args.baseline_repeats})  "
               f"ratio old/new p50: {baseline['p50'] / results[name]['p50']:,.0f}x", flush=True)
+    print("\nbaseline: grouping the volunteers' totals by team per request (the team boards before team totals)")
+    for board_run, window, name in ((run, "all", "run, by team, all"), (run, "24h", "run, by team, 24h"),
+                                    (None, "7d", "all runs, by team, 7d")):
+        baseline = timed(lambda board_run=board_run, window=window: old_team_board(board_run, window), args.baseline_repeats)
+        print(f"old {name:22} p50 {baseline['p50']:7.1f} ms  p95 {baseline['p95']:7.1f} ms  (n={args.baseline_repeats})  "
+              f"ratio old/new p50: {baseline['p50'] / results[name]['p50']:,.1f}x  p95: "
+              f"{baseline['p95'] / results[name]['p95']:,.1f}x", flush=True)
 
 
 if __name__ == "__main__":
