@@ -16,7 +16,7 @@ from django.db.models import Case, Count, Exists, F, FloatField, Max, OuterRef, 
 from django.db.models.functions import Least, TruncHour
 from django.utils import timezone
 
-from accounts.models import User
+from accounts.models import TeamEvent, User
 from peer_agent.protocol import RunConfig
 from runs.models import (
     ContributionEvent,
@@ -124,6 +124,7 @@ def credit_rollup(*, batch_size: int | None = None, max_batches: int = 100) -> i
             break
     credit_epochs_refresh()
     credit_windows_age()
+    credit_teams_refresh()
     return consumed
 
 
@@ -365,6 +366,7 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
         for field, old in zip(SPLIT_FIELDS, before[key], strict=True):
             change[field] = change.get(field, 0) + getattr(total, field) - old
     run_team_credit_apply(changes=changes, now=now)
+    team_members_refresh(team_ids={team_id for team_id in teams.values() if team_id is not None} | {t for _, t in changes})
 
 
 def _teams_of(user_ids: set[int]) -> dict[int, int | None]:
@@ -414,6 +416,50 @@ def run_team_credit_apply(*, changes: dict[tuple[int, int], dict], now: datetime
     _upsert(RunTeamCredit, list(totals.values()), ["run", "team"],
             [*SUMMED_FIELDS, "recent_average_credit", "rac_updated_at", "last_seen_at"])
     team_credit_refresh(team_ids={team_id for _, team_id in keys}, now=now)
+
+
+WINDOW_SAMPLES = {"": "samples", "_24h": "samples_24h", "_7d": "samples_7d"}
+TEAM_COUNTS = {
+    **{f"members{suffix}": Count("pk", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
+    **{f"machines{suffix}": Sum("machines", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
+}
+
+
+def team_members_refresh(*, team_ids: set[int]) -> None:
+    """Recount what the team boards show of these teams' current members: those who contributed
+    in each window, and their machines (as the boards did when they grouped the volunteers'
+    totals by team per request), from the volunteers' totals, in each run and across runs."""
+    teams = sorted(team_ids)
+    for start in range(0, len(teams), CHUNK):
+        chunk = teams[start:start + CHUNK]
+        per_run, all_runs = (RunTeamCredit, RunCredit, ("run_id", "team_id")), (TeamCredit, VolunteerCredit, ("team_id",))
+        for model, source, key in (per_run, all_runs):
+            grouped = source.objects.filter(user__team_id__in=chunk).values(*key[:-1], team_id=F("user__team_id"))
+            # annotated as counted_<field>: a name of the volunteers' columns cannot name an aggregate
+            counted = grouped.annotate(**{f"counted_{field}": count for field, count in TEAM_COUNTS.items()})
+            counts = {tuple(row[field] for field in key): row for row in counted}
+            rows = list(model.objects.filter(team_id__in=chunk))
+            for row in rows:
+                found = counts.get(tuple(getattr(row, field) for field in key), {})
+                for field in TEAM_COUNTS:
+                    setattr(row, field, found.get(f"counted_{field}") or 0)
+            _upsert(model, rows, [field.removesuffix("_id") for field in key], list(TEAM_COUNTS))
+
+
+def credit_teams_refresh() -> int:
+    """Recount the members of the teams volunteers joined or left since the last pass (team
+    changes happen outside the rollup; credit stays where it was earned). Returns the teams."""
+    now = timezone.now()
+    with transaction.atomic():
+        mark = _watermark()
+        changed = TeamEvent.objects.filter(kind__in=[TeamEvent.Kind.JOINED, TeamEvent.Kind.LEFT])
+        if mark.teams_checked_at is not None:
+            changed = changed.filter(at__gte=mark.teams_checked_at - EPOCH_CHANGES_OVERLAP)
+        team_ids = set(changed.values_list("team_id", flat=True).distinct())
+        team_members_refresh(team_ids=team_ids)
+        mark.teams_checked_at = now
+        mark.save(update_fields=["teams_checked_at"])
+    return len(team_ids)
 
 
 def team_credit_refresh(*, team_ids: set[int], now: datetime.datetime) -> None:

@@ -13,6 +13,8 @@ from runs.models import ContributionEvent, Run, RunCredit, RunSample, RunTeamCre
 
 # window -> (samples column, credit column) of the aggregates
 WINDOWS = {"24h": ("samples_24h", "credit_24h"), "7d": ("samples_7d", "credit_7d"), "all": ("samples", "credit")}
+# window -> (members column, machines column) of the team totals
+TEAM_COUNTS = {"24h": ("members_24h", "machines_24h"), "7d": ("members_7d", "machines_7d"), "all": ("members", "machines")}
 BY = ("user", "team")
 ALIVE_AFTER = datetime.timedelta(seconds=60)
 PAGE_MAX = 500
@@ -42,7 +44,7 @@ def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", 
     totals = _totals(run).filter(**{f"{samples_column}__gt": 0})
     board = totals.aggregate(credit=Sum(credit_column))["credit"] or 0.0
     if by == "team":
-        rows = _team_rows(run, totals, samples_column, credit_column, limit=limit, offset=offset)
+        rows = _team_rows(run, window, limit=limit, offset=offset)
     else:
         rows = _user_rows(totals, samples_column, credit_column, limit=limit, offset=offset)
     for rank, row in enumerate(rows, start=offset + 1):
@@ -78,21 +80,17 @@ def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, o
     ]
 
 
-def _team_rows(run: Run | None, totals, samples_column: str, credit_column: str, *, limit: int, offset: int) -> list[dict]:
+def _team_rows(run: Run | None, window: str, *, limit: int, offset: int) -> list[dict]:
+    samples_column, credit_column = WINDOWS[window]
+    members_column, machines_column = TEAM_COUNTS[window]
     team_totals = RunTeamCredit.objects.filter(run=run) if run is not None else TeamCredit.objects.all()
-    ranked = list(
+    ranked = (
         team_totals.filter(**{f"{samples_column}__gt": 0}, team__disbanded_at=None)
         .select_related("team")
         .only(samples_column, credit_column, "credit_provisional", "credit_verified", "recent_average_credit",
-              "rac_updated_at", "compute_seconds", "last_seen_at", "team__name", "team__slug")
+              "rac_updated_at", "compute_seconds", "last_seen_at", members_column, machines_column, "team__name", "team__slug")
         .order_by(f"-{credit_column}", "team_id")[offset:offset + limit]
     )
-    # Only the page's teams: a few hundred volunteers' rows, found through the user.team index.
-    counts = {
-        row["user__team_id"]: row
-        for row in totals.filter(user__team_id__in=[total.team_id for total in ranked])
-        .values("user__team_id").annotate(members=Count("user_id"), machines=Sum("machines"))
-    }
     now = timezone.now()
     return [
         {
@@ -105,8 +103,8 @@ def _team_rows(run: Run | None, totals, samples_column: str, credit_column: str,
             "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
             "compute_seconds": total.compute_seconds,
             "last_seen": total.last_seen_at,
-            "machines": counts.get(total.team_id, {}).get("machines") or 0,
-            "members": counts.get(total.team_id, {}).get("members") or 0,
+            "machines": getattr(total, machines_column),
+            "members": getattr(total, members_column),
         }
         for total in ranked
     ]

@@ -323,7 +323,23 @@ class CreditHour(models.Model):
         indexes = [models.Index(fields=["hour"]), models.Index(fields=["user", "hour"])]
 
 
-class RunTeamCredit(CreditSums):
+class TeamFigures(CreditSums):
+    """A team's totals, with what its board shows of its current members: those who contributed
+    (in each window) and their machines. The rollup recounts them when members' totals change or
+    members join or leave (TeamEvent)."""
+
+    members = models.PositiveIntegerField(default=0)
+    members_24h = models.PositiveIntegerField(default=0)
+    members_7d = models.PositiveIntegerField(default=0)
+    machines = models.PositiveIntegerField(default=0)
+    machines_24h = models.PositiveIntegerField(default=0)
+    machines_7d = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class RunTeamCredit(TeamFigures):
     """A team's totals in one run. Like BOINC's, a team keeps the credit its members earned while
     they were in it: the rollup adds each change of a volunteer's figures to the team they belong
     to when it applies the change, so a volunteer who changes teams takes nothing away from the old one."""
@@ -340,7 +356,7 @@ class RunTeamCredit(CreditSums):
         ]
 
 
-class TeamCredit(CreditSums):
+class TeamCredit(TeamFigures):
     """A team's totals across all runs: sums of its RunTeamCredit rows."""
 
     team = models.OneToOneField("accounts.Team", on_delete=models.CASCADE, related_name="credit")
@@ -376,4 +392,5 @@ class CreditRollup(models.Model):
     event_id = models.BigIntegerField(default=0)
     epochs_checked_at = models.DateTimeField(null=True, blank=True, help_text="SessionEpoch changes seen up to here.")
     windows_hour = models.DateTimeField(null=True, blank=True, help_text="Hour at which the 24 h / 7 d columns were last aged.")
+    teams_checked_at = models.DateTimeField(null=True, blank=True, help_text="Team membership changes seen up to here.")
     updated_at = models.DateTimeField(null=True, blank=True)

@@ -10,7 +10,7 @@ from django.apps import apps
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
-from accounts.services import team_create, team_disband, team_join
+from accounts.services import team_create, team_disband, team_join, team_leave
 from peer_agent.protocol import RunConfig
 from runs import credit, exports, tasks
 from runs.credit import credit_rollup
@@ -139,6 +139,21 @@ def test_a_volunteer_who_changes_teams_leaves_past_work_with_the_old_team(teams,
     assert TeamCredit.objects.get(team=lima).samples_7d == 400 + 60 + 3
 
 
+def test_members_who_leave_are_no_longer_counted_but_their_credit_stays(teams, clock):  # noqa: F811
+    small, big, dhaka, lima = teams
+    before = RunTeamCredit.objects.get(run=small, team=dhaka)
+    assert (before.members, before.members_24h, before.machines) == (3, 3, 4)
+    team_leave(user=dhaka.members.get(username="bo"))  # no new work from anyone
+    clock.now = NOW + datetime.timedelta(minutes=1)
+    assert credit_rollup() == 0
+    after = RunTeamCredit.objects.get(run=small, team=dhaka)
+    assert (after.members, after.members_24h, after.machines) == (2, 2, 3)
+    assert after.credit == pytest.approx(before.credit) and after.samples == before.samples
+    assert TeamCredit.objects.get(team=dhaka).members == 2
+    [row] = [row for row in leaderboard_rows(run=small, by="team") if row["name"] == "Dhaka Compute"]
+    assert (row["members"], row["machines"], row["samples"]) == (2, 3, 500)
+
+
 def test_verification_and_rejection_reach_the_team(db, clock):  # noqa: F811
     run, vik = RunFactory(), UserFactory()
     team = team_create(founder=vik, name="Verified")
@@ -223,7 +238,7 @@ def test_the_migration_backfills_team_totals_from_the_volunteers_totals(teams):
                                  (TeamCredit.objects.all(), kept_teams, lambda row: row.team_id)):
         assert {key(row) for row in rows} == set(kept_rows)
         for row in rows:
-            for field in credit.SUMMED_FIELDS:
+            for field in [*credit.SUMMED_FIELDS, *credit.TEAM_COUNTS]:
                 assert getattr(row, field) == pytest.approx(getattr(kept_rows[key(row)], field)), field
             assert row.last_seen_at == kept_rows[key(row)].last_seen_at
             assert credit.rac_now(average=row.recent_average_credit, updated_at=row.rac_updated_at) == pytest.approx(
