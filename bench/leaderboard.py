@@ -137,6 +137,33 @@ def old_team_board(run, window: str) -> list:
     return list(teams)
 
 
+def rollup_cost(events: int, batch: int) -> None:
+    """The rollup's cost with team totals: one more report from each of ``events`` sessions of
+    volunteers without a team (the team totals have nothing to do), then as many from volunteers
+    in teams, each rolled up and timed in batches of ``batch``."""
+    from django.db import connection
+
+    from runs.credit import credit_rollup
+
+    seconds = {}
+    for label, in_team in (("volunteers without a team", False), ("volunteers in teams", True)):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO runs_contributionevent (session_id, seq, samples, steps, local_epoch, loss, samples_per_second,"
+                " sent_at, received_at) "
+                "SELECT s.id, (SELECT max(seq) FROM runs_contributionevent e WHERE e.session_id = s.id) + 1, 64, 1, 1, 5.0, 2.0,"
+                " now() - interval '1 minute', now() - interval '1 minute' "
+                "FROM runs_trainingsession s JOIN accounts_user u ON u.id = s.user_id "
+                f"WHERE u.team_id {'IS NOT NULL' if in_team else 'IS NULL'} "
+                "ORDER BY random() LIMIT %s", [events])
+        started = time.perf_counter()
+        consumed = credit_rollup(batch_size=batch, max_batches=10_000)
+        seconds[in_team] = time.perf_counter() - started
+        print(f"rollup of {consumed:,} new events from {label}: {seconds[in_team]:.1f} s "
+              f"({consumed / seconds[in_team]:,.0f} events/s)", flush=True)
+    print(f"ratio in teams / without a team: {seconds[True] / seconds[False]:.2f}x the time", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--volunteers", type=int, default=100_000)
@@ -145,6 +172,8 @@ def main() -> None:
     parser.add_argument("--baseline-repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=500_000, help="events per rollup transaction")
     parser.add_argument("--skip-generate", action="store_true", help="reuse the data of a previous run")
+    parser.add_argument("--rollup-events", type=int, default=0,
+                        help="then time the rollup of this many new events without and with team totals to keep")
     args = parser.parse_args()
     _setup_django()
     from runs.credit import credit_rollup
@@ -158,6 +187,10 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     print(f"rollup: {consumed:,} events in {elapsed:.1f} s ({consumed / max(elapsed, 1e-9):,.0f} events/s); "
           f"{ContributionEvent.objects.count():,} events, {RunCredit.objects.count():,} (run, volunteer) totals", flush=True)
+    if args.rollup_events:
+        from django.conf import settings
+
+        rollup_cost(args.rollup_events, settings.CREDIT_ROLLUP_BATCH)
     run = runs[0]
     boards = {
         "run, by volunteer, all": lambda: leaderboard_rows(run=run, by="user", window="all"),
