@@ -216,8 +216,8 @@ def _team_buckets_add(groups: list[dict]) -> None:
     if not added:
         return
     existing = {}
+    hours = {hour for _, _, hour in added}
     for runs, teams in _chunks({(run_id, team_id) for run_id, team_id, _ in added}):
-        hours = {hour for _, _, hour in added}
         for bucket in TeamCreditHour.objects.filter(run_id__in=runs, team_id__in=teams, hour__in=hours):
             existing[(bucket.run_id, bucket.team_id, bucket.hour)] = bucket
     for key, (samples, credit_) in added.items():
@@ -571,8 +571,8 @@ def credit_windows_age() -> int:
 
 
 def credit_rac_decay() -> int:
-    """Decay the RAC of volunteers and teams who earned nothing for an hour, so that boards sorted by RAC
-    stay right for idle volunteers. Returns the rows decayed."""
+    """Decay the RAC of volunteers and teams who earned nothing for an hour, so that boards sorted
+    by RAC stay right for idle ones. Returns the rows decayed."""
     now = timezone.now()
     decayed = 0
     unique = {RunCredit: ["run", "user"], VolunteerCredit: ["user"], RunTeamCredit: ["run", "team"], TeamCredit: ["team"]}

@@ -342,7 +342,10 @@ class TeamFigures(CreditSums):
 class RunTeamCredit(TeamFigures):
     """A team's totals in one run. Like BOINC's, a team keeps the credit its members earned while
     they were in it: the rollup adds each change of a volunteer's figures to the team they belong
-    to when it applies the change, so a volunteer who changes teams takes nothing away from the old one."""
+    to when it applies the change, so a volunteer who changes teams takes nothing away from the old one.
+    New samples count for the team the volunteer is in when the rollup takes them in; a later
+    verification or rejection of earlier work moves credit within (or out of) the team the volunteer
+    is in when it is applied, as BOINC grants credit to the team of the moment of validation."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="team_credits")
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="run_credits")
