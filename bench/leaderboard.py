@@ -4,8 +4,10 @@ Generates volunteers (1 in 20 hidden, 1 in 20 anonymous, half in 1,000 teams), o
 one session each in one of three runs, and contribution events in SQL (``generate_series``): each
 session reports every 30 s for a stretch that starts at a random moment of the last 7 days. Then it
 runs the rollup (``runs.credit.credit_rollup``), timed, and times each board ``--repeats`` times:
-p50/p95 in ms. The baseline is the query the portal ran before the rollup existed (group the run's
-events by volunteer at request time), timed ``--baseline-repeats`` times in the same run.
+p50/p95 in ms. The baselines, timed ``--baseline-repeats`` times in the same run: for boards by
+volunteer, the query the portal ran before the rollup existed (group the run's events by volunteer
+at request time); for boards by team, the query it ran before the rollup kept team totals (group
+the volunteers' totals by team at request time).
 
 ERASES the database's volunteers, runs and events first: point DATABASE_URL at a scratch database.
 
@@ -111,6 +113,57 @@ def old_board(run, window: str) -> list:
     return list(grouped)
 
 
+def old_team_board(run, window: str) -> list:
+    """The team board as main computed it before team totals: the volunteers' totals grouped by
+    team per request (with the board's total credit for the share column, as the board does)."""
+    from django.db.models import Count, Max, Sum
+
+    from runs.leaderboard import WINDOWS
+    from runs.models import RunCredit, VolunteerCredit
+
+    samples_column, credit_column = WINDOWS[window]
+    totals = (RunCredit.objects.filter(run=run) if run is not None else VolunteerCredit.objects.all()).filter(
+        **{f"{samples_column}__gt": 0})
+    totals.aggregate(credit=Sum(credit_column))
+    teams = (
+        totals.exclude(user__team=None)
+        .values("user__team_id", "user__team__name", "user__team__slug")
+        .annotate(samples=Sum(samples_column), credit=Sum(credit_column), credit_provisional=Sum("credit_provisional"),
+                  credit_verified=Sum("credit_verified"), recent_average_credit=Sum("recent_average_credit"),
+                  compute_seconds=Sum("compute_seconds"), last_seen=Max("last_seen_at"), machines=Sum("machines"),
+                  members=Count("user_id"))
+        .order_by("-credit", "user__team_id")[:100]
+    )
+    return list(teams)
+
+
+def rollup_cost(events: int, batch: int) -> None:
+    """The rollup's cost with team totals: one more report from each of ``events`` sessions of
+    volunteers without a team (the team totals have nothing to do), then as many from volunteers
+    in teams, each rolled up and timed in batches of ``batch``."""
+    from django.db import connection
+
+    from runs.credit import credit_rollup
+
+    seconds = {}
+    for label, in_team in (("volunteers without a team", False), ("volunteers in teams", True)):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO runs_contributionevent (session_id, seq, samples, steps, local_epoch, loss, samples_per_second,"
+                " sent_at, received_at) "
+                "SELECT s.id, (SELECT max(seq) FROM runs_contributionevent e WHERE e.session_id = s.id) + 1, 64, 1, 1, 5.0, 2.0,"
+                " now() - interval '1 minute', now() - interval '1 minute' "
+                "FROM runs_trainingsession s JOIN accounts_user u ON u.id = s.user_id "
+                f"WHERE u.team_id {'IS NOT NULL' if in_team else 'IS NULL'} "
+                "ORDER BY random() LIMIT %s", [events])
+        started = time.perf_counter()
+        consumed = credit_rollup(batch_size=batch, max_batches=10_000)
+        seconds[in_team] = time.perf_counter() - started
+        print(f"rollup of {consumed:,} new events from {label}: {seconds[in_team]:.1f} s "
+              f"({consumed / seconds[in_team]:,.0f} events/s)", flush=True)
+    print(f"ratio in teams / without a team: {seconds[True] / seconds[False]:.2f}x the time", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--volunteers", type=int, default=100_000)
@@ -119,6 +172,8 @@ def main() -> None:
     parser.add_argument("--baseline-repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=500_000, help="events per rollup transaction")
     parser.add_argument("--skip-generate", action="store_true", help="reuse the data of a previous run")
+    parser.add_argument("--rollup-events", type=int, default=0,
+                        help="then time the rollup of this many new events without and with team totals to keep")
     args = parser.parse_args()
     _setup_django()
     from runs.credit import credit_rollup
@@ -132,12 +187,17 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     print(f"rollup: {consumed:,} events in {elapsed:.1f} s ({consumed / max(elapsed, 1e-9):,.0f} events/s); "
           f"{ContributionEvent.objects.count():,} events, {RunCredit.objects.count():,} (run, volunteer) totals", flush=True)
+    if args.rollup_events:
+        from django.conf import settings
+
+        rollup_cost(args.rollup_events, settings.CREDIT_ROLLUP_BATCH)
     run = runs[0]
     boards = {
         "run, by volunteer, all": lambda: leaderboard_rows(run=run, by="user", window="all"),
         "run, by volunteer, 24h": lambda: leaderboard_rows(run=run, by="user", window="24h"),
         "run, by volunteer, 7d": lambda: leaderboard_rows(run=run, by="user", window="7d"),
         "run, by team, all": lambda: leaderboard_rows(run=run, by="team", window="all"),
+        "run, by team, 24h": lambda: leaderboard_rows(run=run, by="team", window="24h"),
         "all runs, by volunteer, all": lambda: leaderboard_rows(run=None, by="user", window="all"),
         "all runs, by team, 7d": lambda: leaderboard_rows(run=None, by="team", window="7d"),
     }
@@ -151,6 +211,13 @@ def main() -> None:
         baseline = timed(lambda window=window: old_board(run, window), args.baseline_repeats)
         print(f"old board {window:4} p50 {baseline['p50']:9.1f} ms  p95 {baseline['p95']:9.1f} ms  (n={args.baseline_repeats})  "
               f"ratio old/new p50: {baseline['p50'] / results[name]['p50']:,.0f}x", flush=True)
+    print("\nbaseline: grouping the volunteers' totals by team per request (the team boards before team totals)")
+    for board_run, window, name in ((run, "all", "run, by team, all"), (run, "24h", "run, by team, 24h"),
+                                    (None, "7d", "all runs, by team, 7d")):
+        baseline = timed(lambda board_run=board_run, window=window: old_team_board(board_run, window), args.baseline_repeats)
+        print(f"old {name:22} p50 {baseline['p50']:7.1f} ms  p95 {baseline['p95']:7.1f} ms  (n={args.baseline_repeats})  "
+              f"ratio old/new p50: {baseline['p50'] / results[name]['p50']:,.1f}x  p95: "
+              f"{baseline['p95'] / results[name]['p95']:,.1f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from django.db.models import Case, Count, Exists, F, FloatField, Max, OuterRef, 
 from django.db.models.functions import Least, TruncHour
 from django.utils import timezone
 
+from accounts.models import TeamEvent, User
 from peer_agent.protocol import RunConfig
 from runs.models import (
     ContributionEvent,
@@ -23,7 +24,10 @@ from runs.models import (
     CreditRollup,
     Run,
     RunCredit,
+    RunTeamCredit,
     SessionEpoch,
+    TeamCredit,
+    TeamCreditHour,
     TrainingSession,
     VolunteerCredit,
 )
@@ -120,6 +124,7 @@ def credit_rollup(*, batch_size: int | None = None, max_batches: int = 100) -> i
             break
     credit_epochs_refresh()
     credit_windows_age()
+    credit_teams_refresh()
     return consumed
 
 
@@ -142,8 +147,8 @@ def _batch_upper_id(*, after: int, batch_size: int, now: datetime.datetime) -> i
 
 
 def credit_rollup_batch(*, batch_size: int) -> int:
-    """Add the next events after the watermark to hourly buckets and totals, and move the
-    watermark, in one transaction: all of it happens, or none."""
+    """Add the next events after the watermark to hourly buckets and totals (the volunteers' and
+    their teams'), and move the watermark, in one transaction: all of it happens, or none."""
     now = timezone.now()
     with transaction.atomic():
         mark = _watermark()
@@ -152,13 +157,18 @@ def credit_rollup_batch(*, batch_size: int) -> int:
             return 0
         events = ContributionEvent.objects.filter(id__gt=mark.event_id, id__lte=upper)
         count = events.count()
+        # The team is the volunteer's team now, read in the same statement as their events: the
+        # work is the team's for good, whatever team the volunteer joins later (BOINC's rule).
         groups = list(
-            events.values(run_id=F("session__run_id"), user_id=F("session__user_id"), hour=TruncHour("received_at"))
+            events.values(run_id=F("session__run_id"), user_id=F("session__user_id"), team_id=F("session__user__team_id"),
+                          hour=TruncHour("received_at"))
             .annotate(reported=Sum("samples"), last_seen=Max("received_at"), compute=Sum(_report_seconds()))
         )
         _buckets_add(groups)
-        pairs = _totals_add(groups, now=now)
-        run_credit_derive(pairs=pairs, now=now)
+        _team_buckets_add(groups)
+        pairs, rac_gained = _totals_add(groups, now=now)
+        run_credit_derive(pairs=pairs, now=now, teams={group["user_id"]: group["team_id"] for group in groups},
+                          team_added=_team_added(groups, rac_gained))
         mark.event_id = upper
         mark.updated_at = now
         mark.save(update_fields=["event_id", "updated_at"])
@@ -194,8 +204,53 @@ def _buckets_add(groups: list[dict]) -> None:
     )
 
 
-def _totals_add(groups: list[dict], *, now: datetime.datetime) -> set[tuple[int, int]]:
-    """Add the batch's samples, compute time and RAC work to each (run, user) total."""
+def _team_buckets_add(groups: list[dict]) -> None:
+    """Add the batch's samples and credit to the hourly buckets of the teams the volunteers are in."""
+    cps = _credit_per_sample_of(group["run_id"] for group in groups)
+    added: dict[tuple[int, int, datetime.datetime], list] = defaultdict(lambda: [0, 0.0])
+    for group in groups:
+        if group["team_id"] is not None:
+            sums = added[(group["run_id"], group["team_id"], group["hour"])]
+            sums[0] += group["reported"]
+            sums[1] += group["reported"] * cps[group["run_id"]]
+    if not added:
+        return
+    existing = {}
+    hours = {hour for _, _, hour in added}
+    for runs, teams in _chunks({(run_id, team_id) for run_id, team_id, _ in added}):
+        for bucket in TeamCreditHour.objects.filter(run_id__in=runs, team_id__in=teams, hour__in=hours):
+            existing[(bucket.run_id, bucket.team_id, bucket.hour)] = bucket
+    for key, (samples, credit_) in added.items():
+        bucket = existing.setdefault(key, TeamCreditHour(run_id=key[0], team_id=key[1], hour=key[2]))
+        bucket.samples += samples
+        bucket.credit += credit_
+    _upsert(TeamCreditHour, list(existing.values()), ["run", "team", "hour"], ["samples", "credit"])
+
+
+def _team_added(groups: list[dict], rac_gained: dict[tuple[int, int], float]) -> dict[tuple[int, int], dict]:
+    """What the batch adds to each (run, team): samples, compute time, last seen, and the RAC its
+    members gained. A team's RAC is the sum of what its members gained while in it, decayed alike:
+    with no team changes it equals the sum of its members' RACs."""
+    added: dict[tuple[int, int], dict] = defaultdict(dict)
+    teams = {}
+    for group in groups:
+        if group["team_id"] is None:
+            continue
+        teams[group["user_id"]] = group["team_id"]
+        sums = added[(group["run_id"], group["team_id"])]
+        sums["samples"] = sums.get("samples", 0) + group["reported"]
+        sums["compute_seconds"] = sums.get("compute_seconds", 0.0) + (group["compute"] or 0.0)
+        sums["last_seen_at"] = max(filter(None, [sums.get("last_seen_at"), group["last_seen"]]))
+    for (run_id, user_id), gained in rac_gained.items():
+        if user_id in teams:
+            sums = added[(run_id, teams[user_id])]
+            sums["rac"] = sums.get("rac", 0.0) + gained
+    return added
+
+
+def _totals_add(groups: list[dict], *, now: datetime.datetime) -> tuple[set[tuple[int, int]], dict[tuple[int, int], float]]:
+    """Add the batch's samples, compute time and RAC work to each (run, user) total. Returns the
+    pairs and what each one's RAC gained over its old value decayed to ``now``."""
     cps = _credit_per_sample_of(group["run_id"] for group in groups)
     added: dict[tuple[int, int], dict] = defaultdict(lambda: {"samples": 0, "compute": 0.0, "last_seen": None})
     for group in groups:
@@ -204,15 +259,18 @@ def _totals_add(groups: list[dict], *, now: datetime.datetime) -> set[tuple[int,
         sums["compute"] += group["compute"] or 0.0
         sums["last_seen"] = max(filter(None, [sums["last_seen"], group["last_seen"]]))
     totals = _run_credits(added.keys())
+    rac_gained = {}
     for (run_id, user_id), sums in added.items():
         total = totals.setdefault((run_id, user_id), RunCredit(run_id=run_id, user_id=user_id))
         total.samples += sums["samples"]
         total.compute_seconds += sums["compute"]
         total.last_seen_at = max(filter(None, [total.last_seen_at, sums["last_seen"]]))
+        decayed = rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
         total.recent_average_credit, total.rac_updated_at = rac_update(
             average=total.recent_average_credit, updated_at=total.rac_updated_at,
             work=sums["samples"] * cps[run_id], now=now,
         )
+        rac_gained[(run_id, user_id)] = total.recent_average_credit - decayed
     for total in totals.values():
         total.pk = None  # upserted on (run, user)
     RunCredit.objects.bulk_create(
@@ -220,7 +278,7 @@ def _totals_add(groups: list[dict], *, now: datetime.datetime) -> set[tuple[int,
         update_fields=["samples", "compute_seconds", "last_seen_at", "recent_average_credit", "rac_updated_at"],
         batch_size=CHUNK,
     )
-    return set(added)
+    return set(added), rac_gained
 
 
 def _upsert(model, rows: list, unique_fields: list[str], update_fields: list[str]) -> None:
@@ -245,21 +303,28 @@ def _run_credits(pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], RunC
 
 
 def _chunks(pairs: set[tuple[int, int]]):
-    """(run ids, user ids) filters covering the pairs, a bounded number of users at a time."""
+    """(run ids, user ids) filters covering the (run, user) pairs, a bounded number of users at a
+    time; the same for (run, team) pairs."""
     users = sorted({user_id for _, user_id in pairs})
     runs = sorted({run_id for run_id, _ in pairs})
     for start in range(0, len(users), CHUNK):
         yield runs, users[start:start + CHUNK]
 
 
-def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime) -> None:
+def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, teams: dict[int, int | None] | None = None,
+                      team_added: dict[tuple[int, int], dict] | None = None) -> None:
     """Recompute what follows from the events' totals for these (run, user) pairs: the verified,
     rejected and provisional split (SessionEpoch rows), the 24 h / 7 d windows (hourly buckets)
     and the machines (agent tokens that reported); then the volunteers' all-runs totals.
-    Idempotent: it reads only stored rows."""
+    Idempotent for the volunteers' totals: it reads only stored rows.
+
+    Teams: what the recomputation changes in the split is added to the team each volunteer is in
+    now (``teams``, user id -> team id, read here when not given), with ``team_added`` (the
+    batch's new samples, by the team they were rolled up for)."""
     if not pairs:
         return
     totals = _run_credits(pairs)
+    before = {key: [getattr(total, field) for field in SPLIT_FIELDS] for key, total in totals.items()}
     cps = _credit_per_sample_of(run_id for run_id, _ in totals)
     epochs, windows, machines = {}, {}, {}
     starts = window_starts(now)
@@ -290,10 +355,133 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime) ->
         total.machines = machines.get(key, 0)
     _upsert(RunCredit, list(totals.values()), ["run", "user"], DERIVED_FIELDS)
     volunteer_credit_refresh(user_ids={user_id for _, user_id in pairs}, now=now)
+    changes: dict[tuple[int, int], dict] = defaultdict(dict, {key: dict(sums) for key, sums in (team_added or {}).items()})
+    if teams is None:
+        teams = _teams_of({user_id for _, user_id in totals})
+    for key, total in totals.items():
+        team_id = teams.get(key[1])
+        if team_id is None:
+            continue
+        change = changes[(key[0], team_id)]
+        for field, old in zip(SPLIT_FIELDS, before[key], strict=True):
+            change[field] = change.get(field, 0) + getattr(total, field) - old
+    run_team_credit_apply(changes=changes, now=now)
+    team_members_refresh(team_ids={team_id for team_id in teams.values() if team_id is not None} | {t for _, t in changes})
+
+
+def _teams_of(user_ids: set[int]) -> dict[int, int | None]:
+    users = sorted(user_ids)
+    teams = {}
+    for start in range(0, len(users), CHUNK):
+        teams.update(User.objects.filter(pk__in=users[start:start + CHUNK]).values_list("pk", "team_id"))
+    return teams
+
+
+def run_team_credit_apply(*, changes: dict[tuple[int, int], dict], now: datetime.datetime) -> None:
+    """Add the changes to these (run, team) totals and recompute their 24 h / 7 d windows from
+    the teams' hourly buckets; then the teams' all-runs totals. A change is a dict of field ->
+    amount to add, plus ``rac`` (RAC gained) and ``last_seen_at``; an empty one only recomputes
+    the windows."""
+    if not changes:
+        return
+    keys = set(changes)
+    totals, windows = {}, {}
+    starts = window_starts(now)
+    in_24h = Q(hour__gte=starts["24h"])
+    for runs, teams in _chunks(keys):
+        for total in RunTeamCredit.objects.filter(run_id__in=runs, team_id__in=teams):
+            if (total.run_id, total.team_id) in keys:
+                totals[(total.run_id, total.team_id)] = total
+        buckets = TeamCreditHour.objects.filter(run_id__in=runs, team_id__in=teams, hour__gte=starts["7d"])
+        for row in buckets.values("run_id", "team_id").annotate(
+            samples_24h=Sum("samples", filter=in_24h), credit_24h=Sum("credit", filter=in_24h),
+            samples_7d=Sum("samples"), credit_7d=Sum("credit"),
+        ):
+            windows[(row["run_id"], row["team_id"])] = row
+    for key, change in changes.items():
+        total = totals.setdefault(key, RunTeamCredit(run_id=key[0], team_id=key[1]))
+        for field in TEAM_ADDED_FIELDS:
+            setattr(total, field, getattr(total, field) + change.get(field, 0))
+        # A verification or rejection decided after a volunteer changed teams is applied to the
+        # new team (see the docstring of RunTeamCredit); counts never go below zero there.
+        total.samples_verified, total.samples_rejected = max(total.samples_verified, 0), max(total.samples_rejected, 0)
+        if change.get("rac"):
+            total.recent_average_credit = rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at,
+                                                  now=now) + change["rac"]
+            total.rac_updated_at = now
+        total.last_seen_at = max(filter(None, [total.last_seen_at, change.get("last_seen_at")]), default=None)
+        window = windows.get(key, {})
+        total.samples_24h, total.credit_24h = window.get("samples_24h") or 0, window.get("credit_24h") or 0.0
+        total.samples_7d, total.credit_7d = window.get("samples_7d") or 0, window.get("credit_7d") or 0.0
+    _upsert(RunTeamCredit, list(totals.values()), ["run", "team"],
+            [*SUMMED_FIELDS, "recent_average_credit", "rac_updated_at", "last_seen_at"])
+    team_credit_refresh(team_ids={team_id for _, team_id in keys}, now=now)
+
+
+WINDOW_SAMPLES = {"": "samples", "_24h": "samples_24h", "_7d": "samples_7d"}
+TEAM_COUNTS = {
+    **{f"members{suffix}": Count("pk", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
+    **{f"machines{suffix}": Sum("machines", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
+}
+
+
+def team_members_refresh(*, team_ids: set[int]) -> None:
+    """Recount what the team boards show of these teams' current members: those who contributed
+    in each window, and their machines (as the boards did when they grouped the volunteers'
+    totals by team per request), from the volunteers' totals, in each run and across runs."""
+    teams = sorted(team_ids)
+    for start in range(0, len(teams), CHUNK):
+        chunk = teams[start:start + CHUNK]
+        per_run, all_runs = (RunTeamCredit, RunCredit, ("run_id", "team_id")), (TeamCredit, VolunteerCredit, ("team_id",))
+        for model, source, key in (per_run, all_runs):
+            grouped = source.objects.filter(user__team_id__in=chunk).values(*key[:-1], team_id=F("user__team_id"))
+            # annotated as counted_<field>: a name of the volunteers' columns cannot name an aggregate
+            counted = grouped.annotate(**{f"counted_{field}": count for field, count in TEAM_COUNTS.items()})
+            counts = {tuple(row[field] for field in key): row for row in counted}
+            rows = list(model.objects.filter(team_id__in=chunk))
+            for row in rows:
+                found = counts.get(tuple(getattr(row, field) for field in key), {})
+                for field in TEAM_COUNTS:
+                    setattr(row, field, found.get(f"counted_{field}") or 0)
+            _upsert(model, rows, [field.removesuffix("_id") for field in key], list(TEAM_COUNTS))
+
+
+def credit_teams_refresh() -> int:
+    """Recount the members of the teams volunteers joined or left since the last pass (team
+    changes happen outside the rollup; credit stays where it was earned). Returns the teams."""
+    now = timezone.now()
+    with transaction.atomic():
+        mark = _watermark()
+        changed = TeamEvent.objects.filter(kind__in=[TeamEvent.Kind.JOINED, TeamEvent.Kind.LEFT])
+        if mark.teams_checked_at is not None:
+            changed = changed.filter(at__gte=mark.teams_checked_at - EPOCH_CHANGES_OVERLAP)
+        team_ids = set(changed.values_list("team_id", flat=True).distinct())
+        team_members_refresh(team_ids=team_ids)
+        mark.teams_checked_at = now
+        mark.save(update_fields=["teams_checked_at"])
+    return len(team_ids)
+
+
+def team_credit_refresh(*, team_ids: set[int], now: datetime.datetime) -> None:
+    """A team's all-runs totals: sums of its runs' totals (RAC as for volunteers)."""
+    teams = sorted(team_ids)
+    for start in range(0, len(teams), CHUNK):
+        rows: dict[int, TeamCredit] = {}
+        for total in RunTeamCredit.objects.filter(team_id__in=teams[start:start + CHUNK]):
+            row = rows.setdefault(total.team_id, TeamCredit(team_id=total.team_id, rac_updated_at=now))
+            for field in SUMMED_FIELDS:
+                setattr(row, field, getattr(row, field) + getattr(total, field))
+            row.recent_average_credit += rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
+            row.last_seen_at = max(filter(None, [row.last_seen_at, total.last_seen_at]), default=None)
+        _upsert(TeamCredit, list(rows.values()), ["team"],
+                [*SUMMED_FIELDS, "recent_average_credit", "rac_updated_at", "last_seen_at"])
 
 
 DERIVED_FIELDS = ["samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit",
                   "samples_24h", "credit_24h", "samples_7d", "credit_7d", "machines"]
+# What run_credit_derive recomputes from SessionEpoch rows; teams get the difference it makes.
+SPLIT_FIELDS = ["samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit"]
+TEAM_ADDED_FIELDS = ["samples", "compute_seconds", *SPLIT_FIELDS]
 SUMMED_FIELDS = ["samples", "samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit",
                  "samples_24h", "credit_24h", "samples_7d", "credit_7d", "compute_seconds"]
 
@@ -373,23 +561,27 @@ def credit_windows_age() -> int:
         )
         pairs = set(aged.values_list("run_id", "user_id").distinct())
         run_credit_derive(pairs=pairs, now=now)
+        team_aged = TeamCreditHour.objects.filter(
+            Q(hour__gte=old["24h"], hour__lt=new["24h"]) | Q(hour__gte=old["7d"], hour__lt=new["7d"])
+        )
+        run_team_credit_apply(changes={pair: {} for pair in team_aged.values_list("run_id", "team_id").distinct()}, now=now)
         mark.windows_hour = _hour(now)
         mark.save(update_fields=["windows_hour"])
     return len(pairs)
 
 
 def credit_rac_decay() -> int:
-    """Decay the RAC of volunteers who earned nothing for an hour, so that boards sorted by RAC
-    stay right for idle volunteers. Returns the rows decayed."""
+    """Decay the RAC of volunteers and teams who earned nothing for an hour, so that boards sorted
+    by RAC stay right for idle ones. Returns the rows decayed."""
     now = timezone.now()
     decayed = 0
-    for model in (RunCredit, VolunteerCredit):
+    unique = {RunCredit: ["run", "user"], VolunteerCredit: ["user"], RunTeamCredit: ["run", "team"], TeamCredit: ["team"]}
+    for model, unique_fields in unique.items():
         idle = model.objects.filter(rac_updated_at__lt=now - datetime.timedelta(hours=1), recent_average_credit__gt=0)
         while batch := list(idle.order_by("pk")[:CHUNK]):
             for row in batch:
                 row.recent_average_credit, row.rac_updated_at = rac_update(
                     average=row.recent_average_credit, updated_at=row.rac_updated_at, work=0.0, now=now)
-            unique_fields = ["run", "user"] if model is RunCredit else ["user"]
             _upsert(model, batch, unique_fields, ["recent_average_credit", "rac_updated_at"])
             decayed += len(batch)
     return decayed

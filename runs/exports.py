@@ -14,12 +14,12 @@ import os
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from accounts.models import User
 from runs.leaderboard import volunteer_profile_key
-from runs.models import Run, RunCredit, VolunteerCredit
+from runs.models import Run, RunCredit, TeamCredit, VolunteerCredit
 
 KINDS = ("users", "teams", "runs")
 FORMATS = ("json.gz", "csv.gz")
@@ -42,16 +42,17 @@ def _volunteers() -> list[dict]:
 
 
 def _teams() -> list[dict]:
-    teams = (
-        VolunteerCredit.objects.exclude(user__team=None)
-        .values("user__team__name", "user__team__slug")
-        .annotate(members=Count("user_id"), credit=Sum("credit"), credit_verified=Sum("credit_verified"),
-                  credit_provisional=Sum("credit_provisional"), recent_average_credit=Sum("recent_average_credit"),
-                  compute_seconds=Sum("compute_seconds"), machines=Sum("machines"), last_seen=Max("last_seen_at"))
-        .order_by("-credit")
-    )
-    return [{"name": team["user__team__name"], "slug": team["user__team__slug"], "members": team["members"],
-             **{field: team[field] for field in CREDIT_FIELDS}} for team in teams]
+    """Teams' totals as the team boards show them (the credit members earned while in the team),
+    with their current members who contributed and those members' machines."""
+    counts = {
+        row["user__team_id"]: row
+        for row in VolunteerCredit.objects.exclude(user__team=None).values("user__team_id")
+        .annotate(members=Count("user_id"), machines=Sum("machines"))
+    }
+    totals = TeamCredit.objects.filter(team__disbanded_at=None).select_related("team").order_by("-credit", "team_id")
+    return [{"name": total.team.name, "slug": total.team.slug, "members": counts.get(total.team_id, {}).get("members", 0),
+             **{field: getattr(total, field) for field in CREDIT_FIELDS if field != "machines"},
+             "machines": counts.get(total.team_id, {}).get("machines") or 0} for total in totals]
 
 
 def _run_credits() -> list[dict]:

@@ -9,10 +9,12 @@ from django.utils import timezone
 
 from accounts.models import User
 from runs.credit import rac_now
-from runs.models import ContributionEvent, Run, RunCredit, RunSample, VolunteerCredit
+from runs.models import ContributionEvent, Run, RunCredit, RunSample, RunTeamCredit, TeamCredit, VolunteerCredit
 
 # window -> (samples column, credit column) of the aggregates
 WINDOWS = {"24h": ("samples_24h", "credit_24h"), "7d": ("samples_7d", "credit_7d"), "all": ("samples", "credit")}
+# window -> (members column, machines column) of the team totals
+TEAM_COUNTS = {"24h": ("members_24h", "machines_24h"), "7d": ("members_7d", "machines_7d"), "all": ("members", "machines")}
 BY = ("user", "team")
 ALIVE_AFTER = datetime.timedelta(seconds=60)
 PAGE_MAX = 500
@@ -33,12 +35,16 @@ def _totals(run: Run | None):
 def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", limit: int = 100, offset: int = 0) -> list[dict]:
     """Ranked rows of one run's board, or of all runs' when ``run`` is None: name, samples, credit
     (provisional and verified), share of the board's credit, RAC, compute time, last seen,
-    machines. Hidden volunteers count toward the total and their team's row but never appear."""
+    machines. Hidden volunteers count toward the total and their team's row but never appear.
+
+    A team's row is the credit its members earned while in it (RunTeamCredit: a volunteer who
+    changes teams leaves their past work with the old team); members and machines are those of
+    its current members who contributed in the window."""
     samples_column, credit_column = WINDOWS[window]
     totals = _totals(run).filter(**{f"{samples_column}__gt": 0})
     board = totals.aggregate(credit=Sum(credit_column))["credit"] or 0.0
     if by == "team":
-        rows = _team_rows(totals, samples_column, credit_column, limit=limit, offset=offset)
+        rows = _team_rows(run, window, limit=limit, offset=offset)
     else:
         rows = _user_rows(totals, samples_column, credit_column, limit=limit, offset=offset)
     for rank, row in enumerate(rows, start=offset + 1):
@@ -74,32 +80,33 @@ def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, o
     ]
 
 
-def _team_rows(totals, samples_column: str, credit_column: str, *, limit: int, offset: int) -> list[dict]:
-    teams = (
-        totals.exclude(user__team=None)
-        .values("user__team_id", "user__team__name", "user__team__slug")
-        .annotate(samples=Sum(samples_column), credit=Sum(credit_column), credit_provisional=Sum("credit_provisional"),
-                  credit_verified=Sum("credit_verified"), recent_average_credit=Sum("recent_average_credit"),
-                  compute_seconds=Sum("compute_seconds"), last_seen=Max("last_seen_at"), machines=Sum("machines"),
-                  members=Count("user_id"))
-        .order_by("-credit", "user__team_id")[offset:offset + limit]
+def _team_rows(run: Run | None, window: str, *, limit: int, offset: int) -> list[dict]:
+    samples_column, credit_column = WINDOWS[window]
+    members_column, machines_column = TEAM_COUNTS[window]
+    team_totals = RunTeamCredit.objects.filter(run=run) if run is not None else TeamCredit.objects.all()
+    ranked = (
+        team_totals.filter(**{f"{samples_column}__gt": 0}, team__disbanded_at=None)
+        .select_related("team")
+        .only(samples_column, credit_column, "credit_provisional", "credit_verified", "recent_average_credit",
+              "rac_updated_at", "compute_seconds", "last_seen_at", members_column, machines_column, "team__name", "team__slug")
+        .order_by(f"-{credit_column}", "team_id")[offset:offset + limit]
     )
+    now = timezone.now()
     return [
         {
-            "name": team["user__team__name"],
-            "profile_url": reverse("team-detail", args=[team["user__team__slug"]]),
-            "samples": team["samples"],
-            "credit": team["credit"],
-            "credit_provisional": team["credit_provisional"],
-            "credit_verified": team["credit_verified"],
-            # Stored RACs, not decayed to this moment: a sum over many rows stays one query.
-            "recent_average_credit": team["recent_average_credit"],
-            "compute_seconds": team["compute_seconds"],
-            "last_seen": team["last_seen"],
-            "machines": team["machines"],
-            "members": team["members"],
+            "name": total.team.name,
+            "profile_url": reverse("team-detail", args=[total.team.slug]),
+            "samples": getattr(total, samples_column),
+            "credit": getattr(total, credit_column),
+            "credit_provisional": total.credit_provisional,
+            "credit_verified": total.credit_verified,
+            "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
+            "compute_seconds": total.compute_seconds,
+            "last_seen": total.last_seen_at,
+            "machines": getattr(total, machines_column),
+            "members": getattr(total, members_column),
         }
-        for team in teams
+        for total in ranked
     ]
 
 

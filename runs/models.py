@@ -248,8 +248,8 @@ class Checkpoint(models.Model):
 
 
 
-class CreditFigures(models.Model):
-    """A volunteer's totals: what the leaderboards read. Written only by the rollup
+class CreditSums(models.Model):
+    """Totals of a volunteer or a team: what the leaderboards read. Written only by the rollup
     (runs/credit.py), in batches, never per report."""
 
     samples = models.PositiveBigIntegerField(default=0, help_text="All samples reported.")
@@ -265,8 +265,16 @@ class CreditFigures(models.Model):
     compute_seconds = models.FloatField(default=0, help_text="Time the volunteer's agents spent training.")
     recent_average_credit = models.FloatField(default=0, help_text="BOINC RAC: credit per day, half-life one week.")
     rac_updated_at = models.DateTimeField(null=True, blank=True)
-    machines = models.PositiveIntegerField(default=0, help_text="Distinct agent tokens that reported.")
     last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class CreditFigures(CreditSums):
+    """A volunteer's totals, with the machines they contributed from."""
+
+    machines = models.PositiveIntegerField(default=0, help_text="Distinct agent tokens that reported.")
 
     class Meta:
         abstract = True
@@ -315,6 +323,70 @@ class CreditHour(models.Model):
         indexes = [models.Index(fields=["hour"]), models.Index(fields=["user", "hour"])]
 
 
+class TeamFigures(CreditSums):
+    """A team's totals, with what its board shows of its current members: those who contributed
+    (in each window) and their machines. The rollup recounts them when members' totals change or
+    members join or leave (TeamEvent)."""
+
+    members = models.PositiveIntegerField(default=0)
+    members_24h = models.PositiveIntegerField(default=0)
+    members_7d = models.PositiveIntegerField(default=0)
+    machines = models.PositiveIntegerField(default=0)
+    machines_24h = models.PositiveIntegerField(default=0)
+    machines_7d = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class RunTeamCredit(TeamFigures):
+    """A team's totals in one run. Like BOINC's, a team keeps the credit its members earned while
+    they were in it: the rollup adds each change of a volunteer's figures to the team they belong
+    to when it applies the change, so a volunteer who changes teams takes nothing away from the old one.
+    New samples count for the team the volunteer is in when the rollup takes them in; a later
+    verification or rejection of earlier work moves credit within (or out of) the team the volunteer
+    is in when it is applied, as BOINC grants credit to the team of the moment of validation."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="team_credits")
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="run_credits")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "team"], name="one_credit_per_run_team")]
+        indexes = [
+            models.Index(fields=["run", "-credit", "team"], name="run_team_credit_board_all"),
+            models.Index(fields=["run", "-credit_24h", "team"], name="run_team_credit_board_24h"),
+            models.Index(fields=["run", "-credit_7d", "team"], name="run_team_credit_board_7d"),
+        ]
+
+
+class TeamCredit(TeamFigures):
+    """A team's totals across all runs: sums of its RunTeamCredit rows."""
+
+    team = models.OneToOneField("accounts.Team", on_delete=models.CASCADE, related_name="credit")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["-credit", "team"], name="team_credit_board_all"),
+            models.Index(fields=["-credit_24h", "team"], name="team_credit_board_24h"),
+            models.Index(fields=["-credit_7d", "team"], name="team_credit_board_7d"),
+        ]
+
+
+class TeamCreditHour(models.Model):
+    """Samples and credit a team's members reported in one run during one hour while in the team:
+    the team's 24 h and 7 d windows are sums of these, as a volunteer's are of CreditHour."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField(help_text="Start of the hour (UTC).")
+    samples = models.PositiveBigIntegerField(default=0)
+    credit = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "team", "hour"], name="one_team_credit_hour")]
+        indexes = [models.Index(fields=["hour"], name="team_credit_hour_hour")]
+
+
 class CreditRollup(models.Model):
     """The rollup's progress (one row): every contribution event with an id up to ``event_id``
     is in the aggregates. Moved in the same transaction as the aggregates, so a crash never
@@ -323,4 +395,5 @@ class CreditRollup(models.Model):
     event_id = models.BigIntegerField(default=0)
     epochs_checked_at = models.DateTimeField(null=True, blank=True, help_text="SessionEpoch changes seen up to here.")
     windows_hour = models.DateTimeField(null=True, blank=True, help_text="Hour at which the 24 h / 7 d columns were last aged.")
+    teams_checked_at = models.DateTimeField(null=True, blank=True, help_text="Team membership changes seen up to here.")
     updated_at = models.DateTimeField(null=True, blank=True)

@@ -6,11 +6,21 @@ import pytest
 from django.utils import timezone
 from transformers import AlbertConfig, AlbertForMaskedLM
 
-from accounts.services import token_create
+from accounts.services import team_create, token_create
 from peer_agent.protocol import RunConfig
 from runs import credit, tasks
 from runs.credit import credit_per_sample, credit_rollup, rac_update
-from runs.models import ContributionEvent, CreditHour, CreditRollup, RunCredit, SessionEpoch, TrainingSession, VolunteerCredit
+from runs.models import (
+    ContributionEvent,
+    CreditHour,
+    CreditRollup,
+    RunCredit,
+    RunTeamCredit,
+    SessionEpoch,
+    TeamCreditHour,
+    TrainingSession,
+    VolunteerCredit,
+)
 from tests.factories import RunFactory, UserFactory
 
 NOW = datetime.datetime(2026, 11, 29, 12, 30, tzinfo=datetime.UTC)
@@ -79,6 +89,7 @@ def test_the_rollup_counts_each_event_once_however_often_it_runs(db, clock):
 
 def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkeypatch, settings):
     run, vik = RunFactory(), UserFactory(username="vik")
+    team = team_create(founder=vik, name="Crashers")
     session = session_for(run, vik)
     for _ in range(5):
         report(session, 100)
@@ -97,12 +108,14 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
         credit_rollup()
     assert RunCredit.objects.get(run=run, user=vik).samples == 200, "the first batch committed, the second rolled back"
     assert CreditHour.objects.get().samples == 200
+    assert RunTeamCredit.objects.get(run=run, team=team).samples == 200 and TeamCreditHour.objects.get().samples == 200
     assert CreditRollup.objects.get().event_id == session.events.order_by("seq")[1].pk
     monkeypatch.setattr(credit, "run_credit_derive", real_derive)
     credit_rollup()
     credit_rollup()
     assert RunCredit.objects.get(run=run, user=vik).samples == 500
     assert CreditHour.objects.get().samples == 500
+    assert RunTeamCredit.objects.get(run=run, team=team).samples == 500 and TeamCreditHour.objects.get().samples == 500
 
 
 def test_events_still_settling_wait_for_the_next_pass(db, settings):
