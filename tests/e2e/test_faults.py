@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import ExitStack, suppress
 from pathlib import Path
 
@@ -39,10 +40,12 @@ PG_BIN = Path(sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda path:
 VOLUNTEERS = ("amina", "rahim")
 SLUG = "e2e-run"  # tests.e2e.agents.small_run
 
-# Run inside `manage.py shell` against the test's own database: the organizer, the run the other
-# e2e tests use, and an agent token for each volunteer (printed for the test to read).
+# Run inside `manage.py shell` against the test's own database: its tables, the organizer, the run the
+# other e2e tests use, and an agent token for each volunteer (printed for the test to read).
 PREPARE = f"""
 import json
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
 from accounts.services import token_create
 from tests.e2e.agents import small_run
 from tests.factories import UserFactory
@@ -163,7 +166,9 @@ def answers(url: str) -> bool:
 
 def live_viewer(portal: str) -> ClientConnection:
     ws = portal.replace("http://", "ws://")
-    return connect(f"{ws}/ws/runs/{SLUG}/live/", origin=portal, open_timeout=30)  # a browser route: Origin checked
+    # A browser route: the Origin is checked. The test reads the snapshots only now and then: an
+    # unbounded queue keeps the client reading (and answering pings) in between, as a browser does.
+    return connect(f"{ws}/ws/runs/{SLUG}/live/", origin=portal, open_timeout=30, max_queue=None)
 
 
 def snapshot_until(viewer: ClientConnection, condition, timeout: float, what: str) -> dict:
@@ -181,6 +186,11 @@ def snapshot_until(viewer: ClientConnection, condition, timeout: float, what: st
 
 
 def test_agents_train_through_restarts_of_every_server_and_each_report_counts_once(tmp_path):
+    began = time.monotonic()
+
+    def phase(what: str) -> None:  # the timeline, shown with a failure's report (or with -s)
+        print(f"{time.monotonic() - began:6.1f} s  {what}", flush=True)
+
     work = Path(tempfile.mkdtemp(prefix="dedloc-faults-"))
     work.chmod(0o755)
     if os.geteuid() == 0:
@@ -199,7 +209,6 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
             "MEDIA_ROOT": str(tmp_path / "media"), "COORDINATOR_STATE_DIR": str(tmp_path / "coordinator"),
             "CREDIT_ROLLUP_SETTLE_SECONDS": "0", "LOG_LEVEL": "WARNING",
         }
-        manage(env, "migrate", "--verbosity", "0")
         secrets = json.loads(manage(env, "shell", "-c", PREPARE).split("SECRETS ", 1)[1])
         port = free_port()
         portal = f"http://127.0.0.1:{port}"
@@ -218,8 +227,6 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
             children_reap()
 
         cleanup.callback(services_reap)
-        web.start()
-        wait_for(lambda: answers(portal + "/"), 60, "the web server")
 
         def db_now():
             return postgres.rows("SELECT now()")[0][0]
@@ -228,8 +235,11 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
             return bool(postgres.rows("SELECT 1 FROM runs_run WHERE slug = %s AND coordinator_heartbeat_at > %s", SLUG, moment))
 
         started = db_now()
+        web.start()
         coordinator.start()
+        wait_for(lambda: answers(portal + "/"), 60, "the web server")
         wait_for(lambda: heartbeat_after(started), 120, "the coordinator's backbone peer")
+        phase("servers, portal and coordinator up")
         for name in VOLUNTEERS:
             agents[name] = agent(portal, secrets[name], homes[name], "600s")
 
@@ -257,16 +267,20 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
             that they report into the outage), start it again and wait until both agents' reports
             are stored again."""
             all_alive()
+            phase(what)
             stop()
             before = last_seqs()
             wait_for(lambda: all(seq > before[name] for name, seq in last_seqs().items()), 60,
                      f"both agents to report while {what}")
+            phase("  both agents reported meanwhile; starting it again")
             start()
             mark = last_event_id()
             wait_for(lambda: stored_after(mark) == set(VOLUNTEERS), 120, f"reports of both agents stored after {what}")
+            phase("  reports of both agents stored again")
             all_alive()
 
         wait_for(lambda: stored_after(0) == set(VOLUNTEERS), 240, "both agents to train and report")
+        phase("both agents train and report")
 
         def web_start() -> None:
             web.start()
@@ -287,6 +301,7 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
 
         through_fault("the coordinator was killed", coordinator.kill, coordinator_start)
 
+        phase("stopping the agents")
         # Stop the agents as a volunteer does (Ctrl-C): they finish the step, send the last reports, leave.
         for process in agents.values():
             os.kill(process.pid, signal.SIGINT)
@@ -314,6 +329,9 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
         assert {row["name"] for row in snapshot["leaderboard"]} >= set(VOLUNTEERS)
         web.assert_alive()
         coordinator.assert_alive()
+        # Through a database restart too, the agent socket answers "try again later" (server_error), never crashes.
+        assert "Exception in ASGI application" not in web.log.read_text(), "the web server logged an unhandled exception"
+        phase("done")
 
 
 def assert_counted_exactly_once(postgres: Postgres, summary: SpoolSummary) -> None:
