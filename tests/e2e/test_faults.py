@@ -13,6 +13,7 @@ queues a task, and the one credit rollup the live totals need is run here, as be
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -57,9 +58,17 @@ ROLLUP = "from runs.credit import credit_rollup; credit_rollup()"
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range: while a server is down, no other
+    process's outgoing connection can take its port, so it starts again on the same one."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(max(1024, ephemeral_low - 10000), ephemeral_low), 100):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free loopback port")
 
 
 def as_postgres(command: list[str]) -> list[str]:
@@ -237,7 +246,7 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
         started = db_now()
         web.start()
         coordinator.start()
-        wait_for(lambda: answers(portal + "/"), 60, "the web server")
+        wait_for(lambda: answers(portal + "/"), 120, "the web server")
         wait_for(lambda: heartbeat_after(started), 120, "the coordinator's backbone peer")
         phase("servers, portal and coordinator up")
         for name in VOLUNTEERS:
@@ -284,7 +293,7 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
 
         def web_start() -> None:
             web.start()
-            wait_for(lambda: answers(portal + "/"), 60, "the restarted web server")
+            wait_for(lambda: answers(portal + "/"), 120, "the restarted web server")
 
         through_fault("the web server was killed", web.kill, web_start)
         # A viewer of the live page from now on stays connected through the remaining faults.
