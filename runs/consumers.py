@@ -5,6 +5,7 @@ import time
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import DatabaseError
 
 from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
@@ -41,6 +42,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._send_error(None, "rate_limited", limited.detail)
             await self.close(code=4429)
             return
+        except DatabaseError:
+            # The database is away (restarting): no fault of the agent's, which connects again later.
+            logger.warning("agent socket: could not check the token now", exc_info=True)
+            await self._send_error(None, "server_error", "the portal cannot check agent tokens now; connect again later")
+            await self.close(code=1011)
+            return
         self.sessions: dict[int, tuple[TrainingSession, float]] = {}
         self.paces: dict[int, ingest.SessionPace] = {}
         self.allowance, self.allowance_at, self.limited = float(BURST), time.monotonic(), False
@@ -53,6 +60,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except ProtocolError as error:
             await self._send_error(error.seq, error.code, error.detail)
             return
+        try:
+            await self._report_receive(report)
+        except DatabaseError:
+            # The database is away (restarting): the agent keeps the report and sends it again.
+            logger.warning("agent socket: report %s of session %s not handled now", report.seq, report.session_id, exc_info=True)
+            await self._send_error(report.seq, "server_error", "the report could not be handled now; it will be sent again")
+
+    async def _report_receive(self, report: Report) -> None:
         if not self._within_rate():
             await self._rate_limited(report)
             return
