@@ -119,6 +119,7 @@ if REDIS_URL:
 else:
     # A broker kept in files: worker, beat and web talk across processes with no server.
     CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT = "portal.broker:Transport"  # kombu's, with messages that appear whole
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_CELERY_DIR / "queue"),
         "data_folder_out": str(_CELERY_DIR / "queue"),

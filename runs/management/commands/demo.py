@@ -70,6 +70,37 @@ def demo_run_ensure(*, organizer: User, preset: str) -> Run:
     return run
 
 
+def web_command(host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", host, "--port", str(port),
+            "--log-level", "warning"]
+
+
+def worker_command() -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool=solo", "--loglevel=WARNING"]
+
+
+def coordinator_command() -> list[str]:
+    return [sys.executable, "manage.py", "run_coordinator"]
+
+
+def agent_launch(volunteer: User, url: str, home) -> tuple[list[str], dict]:
+    """The `peer-agent join` command and environment of a local agent of ``volunteer`` (a fresh token)."""
+    _, secret = token_create(user=volunteer, name=f"demo agent of {volunteer.username}", lifetime=datetime.timedelta(days=1))
+    # Client mode off: loopback looks unreachable to "auto", but the local peers can reach each other.
+    env = {"PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1",
+           "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0", "PEER_AGENT_CLIENT_MODE": "off"}
+    return [sys.executable, "-m", "peer_agent", "join", "--portal", url, RUN_SLUG], env
+
+
+def backbone_wait(run: Run, timeout: float = 180) -> None:
+    """Wait until the coordinator has announced the run's backbone peer."""
+    deadline = time.monotonic() + timeout
+    while not Run.objects.get(pk=run.pk).initial_peers or not Run.objects.get(pk=run.pk).coordinator_heartbeat_at:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the coordinator did not start its backbone peer within {timeout:.0f} s; see its log above")
+        time.sleep(1)
+
+
 class Command(BaseCommand):
     help = "Run the portal, worker, coordinator and training agents on embedded defaults until Ctrl-C."
 
@@ -92,12 +123,13 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            self._start("web", [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", host, "--port", str(port), "--log-level", "warning"])
-            self._start("worker", [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool=solo", "--loglevel=WARNING"])
-            self._start("coordinator", [sys.executable, "manage.py", "run_coordinator"])
-            self._wait_for_backbone(run)
+            self._start("web", web_command(host, port))
+            self._start("worker", worker_command())
+            self._start("coordinator", coordinator_command())
+            backbone_wait(run)
             for volunteer in volunteers[:agents]:
-                self._start_agent(volunteer, url)
+                home = settings.VAR_DIR / "demo-agents" / volunteer.username
+                self._start(f"agent {volunteer.username}", *agent_launch(volunteer, url, home))
             self._banner(url, run, volunteers[: max(agents, 2)])
             self._watch()
         except KeyboardInterrupt:
@@ -108,20 +140,6 @@ class Command(BaseCommand):
     def _start(self, name: str, command: list[str], env: dict | None = None) -> None:
         process = subprocess.Popen(command, cwd=settings.BASE_DIR, env={**os.environ, **(env or {})}, start_new_session=True)
         self.processes.append((name, process))
-
-    def _start_agent(self, volunteer: User, url: str) -> None:
-        _, secret = token_create(user=volunteer, name=f"demo agent of {volunteer.username}", lifetime=datetime.timedelta(days=1))
-        home = settings.VAR_DIR / "demo-agents" / volunteer.username
-        env = {"PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1", "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0",
-               "PEER_AGENT_CLIENT_MODE": "off"}  # loopback looks unreachable to "auto"; the demo peers can reach each other
-        self._start(f"agent {volunteer.username}", [sys.executable, "-m", "peer_agent", "join", "--portal", url, RUN_SLUG], env)
-
-    def _wait_for_backbone(self, run: Run) -> None:
-        deadline = time.monotonic() + 180
-        while not Run.objects.get(pk=run.pk).initial_peers or not Run.objects.get(pk=run.pk).coordinator_heartbeat_at:
-            if time.monotonic() > deadline:
-                raise SystemExit("the coordinator did not start its backbone peer within 3 minutes; see its log above")
-            time.sleep(1)
 
     def _banner(self, url: str, run: Run, volunteers: list[User]) -> None:
         lines = [
@@ -146,7 +164,7 @@ class Command(BaseCommand):
         for name, process in reversed(self.processes):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGINT if name.startswith("agent") else signal.SIGTERM)
-        for name, process in self.processes:
+        for _, process in self.processes:
             try:
                 process.wait(timeout=60)  # an agent finishes its averaging round (up to averaging_timeout)
             except subprocess.TimeoutExpired:

@@ -1,0 +1,52 @@
+"""The embedded-defaults broker (portal/broker.py): a consumer never takes a message half-written."""
+
+import os
+from queue import Empty
+
+import pytest
+from django.conf import settings
+from kombu import Connection
+
+from portal import broker
+from portal.celery import app
+
+
+@pytest.fixture
+def connection(tmp_path):
+    folder = str(tmp_path / "queue")
+    os.makedirs(folder)
+    with Connection(transport=broker.Transport, transport_options={"data_folder_in": folder, "data_folder_out": folder}) as c:
+        yield c
+
+
+def test_the_embedded_defaults_use_this_transport_and_redis_its_own():
+    with app.connection_for_write() as c:
+        expected = "redis" if settings.REDIS_URL else "portal.broker:Transport"
+        assert c.transport_cls == expected
+
+
+def test_a_message_goes_through_whole(connection):
+    queue = connection.SimpleQueue("tasks")
+    queue.put({"task": "credit_rollup", "args": [1, 2]})
+    assert queue.get(timeout=5).payload == {"task": "credit_rollup", "args": [1, 2]}
+    queue.close()
+
+
+def test_a_message_is_not_in_the_queue_until_it_is_written_whole(connection, monkeypatch):
+    channel = connection.default_channel
+    rename = os.rename
+    seen_while_writing = []
+
+    def rename_and_look(source, target):
+        # The moment before the message appears: complete on disk, and no consumer can take it yet.
+        monkeypatch.setattr(os, "rename", rename)  # consumers rename files too
+        seen_while_writing.append(os.path.getsize(source))
+        with pytest.raises(Empty):
+            channel._get("tasks")
+        rename(source, target)
+
+    monkeypatch.setattr(os, "rename", rename_and_look)
+    payload = {"body": "x" * 100_000}
+    channel._put("tasks", payload)
+    assert seen_while_writing and seen_while_writing[0] > 100_000
+    assert channel._get("tasks") == payload
