@@ -57,10 +57,17 @@ _CLEAN_STOPS = ("stopped_by_you", "max_runtime")
 
 
 class StopRequest:
-    """Ctrl-C or SIGTERM: stop after the current step, flush reports and leave the swarm; twice quits at once."""
+    """Ctrl-C or SIGTERM: stop after the current step, flush reports and leave the swarm; twice quits at once.
 
-    def __init__(self) -> None:
-        self.event = threading.Event()
+    Also the coordinator's (``manage.py run_coordinator``), with its own ``event`` and ``notice``: any
+    process that forks hivemind's DHT and averagers needs what ``_handle`` does for forked children.
+    """
+
+    def __init__(self, event: threading.Event | None = None,
+                 notice: str = "Stopping after the current step and sending the last reports (Ctrl-C again to quit now)",
+                 ) -> None:
+        self.event = event or threading.Event()
+        self.notice = notice
         self._pid = os.getpid()
 
     def install(self) -> None:
@@ -69,8 +76,9 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self._pid:
-            # A hivemind process forked from the agent inherited this handler. Ctrl-C reaches the whole
-            # process group: leave it to the agent to shut its children down; SIGTERM must still end them.
+            # A hivemind process forked from this one inherited this handler. Ctrl-C reaches the whole
+            # process group: leave it to the parent to shut its children down; SIGTERM must still end
+            # them (hivemind's last resort for a child that does not stop is to terminate it).
             if signum == signal.SIGTERM:
                 signal.signal(signum, signal.SIG_DFL)
                 os.kill(os.getpid(), signum)
@@ -78,7 +86,7 @@ class StopRequest:
         if self.event.is_set():
             raise KeyboardInterrupt
         self.event.set()
-        logger.info("Stopping after the current step and sending the last reports (Ctrl-C again to quit now)")
+        logger.info("%s", self.notice)
 
 
 @dataclass

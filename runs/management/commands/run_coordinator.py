@@ -1,9 +1,8 @@
 """`manage.py run_coordinator [--run SLUG]`: backbone peers for active runs, until SIGTERM or Ctrl-C."""
 
-import signal
-
 from django.core.management.base import BaseCommand
 
+from peer_agent.join import StopRequest
 from runs.coordinator import Coordinator
 
 
@@ -16,6 +15,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, slug: str | None, interval: float, **options) -> None:
         coordinator = Coordinator(slug=slug, interval=interval)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: coordinator.stopping.set())
+        # Not a bare handler: the DHT processes the coordinator forks inherit it, and one that
+        # ignored SIGTERM kept the coordinator from exiting after "coordinator stopped".
+        StopRequest(event=coordinator.stopping, notice="Stopping: leaving the runs' swarms (Ctrl-C again to quit now)").install()
         coordinator.serve()
