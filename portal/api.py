@@ -2,6 +2,7 @@
 
 import logging
 
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -60,6 +61,16 @@ def _http_error(request: HttpRequest, exc: HttpError):
 @api.exception_handler(Http404)
 def _not_found(request: HttpRequest, exc: Http404):
     return error_response(404, "not_found", str(exc) or "no such object")
+
+
+@api.exception_handler(DatabaseError)
+def _database_away(request: HttpRequest, exc: DatabaseError):
+    # The database restarting or unreachable: no fault of the client's, which asks again later
+    # (agents retry 5xx answers with backoff).
+    logger.warning("API %s %s: database error", request.method, request.path, exc_info=exc)
+    response = error_response(503, "unavailable", "the portal cannot reach its database now; try again shortly")
+    response["Retry-After"] = "30"
+    return response
 
 
 api.add_router("/", accounts_router)

@@ -36,3 +36,18 @@ def test_the_channel_layer_delivers_between_consumers():
         return message
 
     assert async_to_sync(roundtrip)() == {"type": "ping", "n": 1}
+
+
+def test_a_database_outage_is_a_503_with_retry_after_not_a_500(client, db, monkeypatch):
+    from django.db import OperationalError
+
+    from runs import selectors
+
+    def away(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(selectors, "run_list_public", away)
+    response = client.get("/api/v1/runs/")
+    assert response.status_code == 503
+    assert response["Retry-After"] == "30"
+    assert response.json()["error"]["code"] == "unavailable"
