@@ -37,7 +37,14 @@ from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 
-PG_BIN = Path(sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda path: int(path.parent.name))[-1])
+
+def _postgres_bin() -> Path:
+    """The newest installed PostgreSQL's programs (Debian's `postgresql` package, as `.ci/run` installs)."""
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda path: int(path.parent.name))
+    if not versions or not shutil.which("redis-server"):
+        pytest.fail("this test starts its own PostgreSQL and Redis: install Debian's postgresql and redis-server")
+    return versions[-1]
+
 VOLUNTEERS = ("amina", "rahim")
 SLUG = "e2e-run"  # tests.e2e.agents.small_run
 
@@ -84,7 +91,7 @@ class Postgres:
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/portal"
 
     def create(self) -> None:
-        subprocess.run(as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"]),
+        subprocess.run(as_postgres([str(_postgres_bin() / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"]),
                        check=True, capture_output=True, timeout=120)
         self.start()
         with psycopg.connect(self.url.replace("/portal", "/postgres"), autocommit=True) as connection:
@@ -103,7 +110,7 @@ class Postgres:
             self._ctl("-m", "immediate", "-w", "stop")
 
     def _ctl(self, *args: str) -> None:
-        subprocess.run(as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), *args]),
+        subprocess.run(as_postgres([str(_postgres_bin() / "pg_ctl"), "-D", str(self.data), *args]),
                        check=True, capture_output=True, timeout=150)
 
     def rows(self, query: str, *params) -> list[tuple]:
