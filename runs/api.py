@@ -22,13 +22,11 @@ from runs.models import Checkpoint, Run, TrainingSession
 from runs.series import series_points
 from runs.sessions import (
     JoinRefused,
-    checkpoint_for_url_token,
-    checkpoint_url_token,
-    data_file_for_url_token,
-    data_file_url_token,
     run_join_refusal,
     run_may_download_checkpoints,
     run_may_view,
+    session_link_target,
+    session_link_token,
     session_open,
     session_refresh,
 )
@@ -110,18 +108,20 @@ def run_join(request: HttpRequest, slug: str, body: JoinRequest):
         "initial_peers": run.initial_peers,
         "report_url": _absolute(request, "/ws/agent/", scheme="ws"),
         "tokenizer_url": _absolute(request, f"/api/v1/runs/{run.slug}/tokenizer.json"),
-        "data_files": [
-            _absolute(request, f"/api/v1/data/{data_file_url_token(session=session, data_file=data_file)}/{data_file.pk}.txt")
-            for data_file in run.data_files.all()
-        ],
+        "data_files": [_data_file_url(request, session, data_file) for data_file in run.data_files.all()],
         "checkpoint_url": _checkpoint_url(request, session, run.checkpoints.first()),
     }
+
+
+def _data_file_url(request: HttpRequest, session: TrainingSession, data_file) -> str:
+    url_token = session_link_token(session=session, kind="data", target=data_file)
+    return _absolute(request, f"/api/v1/data/{url_token}/{data_file.pk}.txt")
 
 
 def _checkpoint_url(request: HttpRequest, session: TrainingSession, checkpoint: Checkpoint | None) -> str | None:
     if checkpoint is None:
         return None
-    url_token = checkpoint_url_token(session=session, checkpoint=checkpoint)
+    url_token = session_link_token(session=session, kind="checkpoint", target=checkpoint)
     return _absolute(request, f"/api/v1/checkpoints/{url_token}/{checkpoint.pk}.zip")
 
 
@@ -154,7 +154,7 @@ def run_tokenizer(request: HttpRequest, slug: str):
             response={200: None})
 def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     try:
-        data_file = data_file_for_url_token(url_token=url_token)
+        data_file = session_link_target(url_token=url_token, kind="data")
     except JoinRefused as refusal:
         raise _refused(refusal) from None
     if data_file.pk != file_id:
@@ -166,7 +166,7 @@ def data_file_download(request: HttpRequest, url_token: str, file_id: int):
             summary="A run's checkpoint (signed link from the join answer)")
 def checkpoint_download_signed(request: HttpRequest, url_token: str, checkpoint_id: int):
     try:
-        checkpoint = checkpoint_for_url_token(url_token=url_token)
+        checkpoint = session_link_target(url_token=url_token, kind="checkpoint")
     except JoinRefused as refusal:
         raise _refused(refusal) from None
     if checkpoint.pk != checkpoint_id:

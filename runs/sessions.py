@@ -4,6 +4,7 @@ import datetime
 
 from django.conf import settings
 from django.core import signing
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -112,43 +113,35 @@ def session_refresh(*, session: TrainingSession, token: AgentToken) -> dict:
     return access
 
 
-def data_file_url_token(*, session: TrainingSession, data_file: DataFile) -> str:
-    """An unguessable path component that lets the session's agent stream one data file."""
-    return signing.dumps({"s": session.pk, "f": data_file.pk}, salt=_FILE_SIGNER_SALT, compress=True)
+# Signed links that let a session's agent fetch one of its run's files without its token (the data
+# stream and the checkpoint download go through libraries that cannot send headers): per kind, the
+# signing salt, the run's related files and what a refused link says.
+_SESSION_LINKS = {
+    "data": (_FILE_SIGNER_SALT, "data_files", "this data link is not valid; the agent gets fresh links when it joins"),
+    "checkpoint": (_CHECKPOINT_SIGNER_SALT, "checkpoints", "this checkpoint link is not valid, or a newer checkpoint "
+                                                           "replaced it; the agent gets a fresh link when it joins"),
+}
 
 
-def data_file_for_url_token(*, url_token: str) -> DataFile:
-    """The data file behind a signed URL, if its session may still read it; else JoinRefused."""
+def session_link_token(*, session: TrainingSession, kind: str, target: DataFile | Checkpoint) -> str:
+    """An unguessable path component that lets the session's agent fetch ``target`` (of ``kind``)."""
+    salt, _, _ = _SESSION_LINKS[kind]
+    return signing.dumps({"s": session.pk, "o": target.pk}, salt=salt, compress=True)
+
+
+def session_link_target(*, url_token: str, kind: str) -> DataFile | Checkpoint:
+    """The file behind a signed link while its session may still train in the run; else JoinRefused."""
+    salt, related, invalid = _SESSION_LINKS[kind]
     try:
-        payload = signing.loads(url_token, salt=_FILE_SIGNER_SALT, max_age=settings.DATA_URL_MAX_AGE_SECONDS)
+        payload = signing.loads(url_token, salt=salt, max_age=settings.DATA_URL_MAX_AGE_SECONDS)
         session = TrainingSession.objects.select_related("run", "user").get(pk=payload["s"])
-        data_file = session.run.data_files.get(pk=payload["f"])
-    except (signing.BadSignature, KeyError, TypeError, TrainingSession.DoesNotExist, DataFile.DoesNotExist):
-        raise JoinRefused(404, "not_found", "this data link is not valid; the agent gets fresh links when it joins") from None
+        target = getattr(session.run, related).get(pk=payload["o"])
+    except (signing.BadSignature, KeyError, TypeError, ObjectDoesNotExist):
+        raise JoinRefused(404, "not_found", invalid) from None
     refusal = run_join_refusal(run=session.run, user=session.user)
     if refusal and refusal.code != "run_paused":
         raise refusal
-    return data_file
-
-
-def checkpoint_url_token(*, session: TrainingSession, checkpoint: Checkpoint) -> str:
-    """An unguessable path component that lets the session's agent download one checkpoint."""
-    return signing.dumps({"s": session.pk, "c": checkpoint.pk}, salt=_CHECKPOINT_SIGNER_SALT, compress=True)
-
-
-def checkpoint_for_url_token(*, url_token: str) -> Checkpoint:
-    """The checkpoint behind a signed URL while its session may still train in the run; else JoinRefused."""
-    try:
-        payload = signing.loads(url_token, salt=_CHECKPOINT_SIGNER_SALT, max_age=settings.DATA_URL_MAX_AGE_SECONDS)
-        session = TrainingSession.objects.select_related("run", "user").get(pk=payload["s"])
-        checkpoint = session.run.checkpoints.get(pk=payload["c"])
-    except (signing.BadSignature, KeyError, TypeError, TrainingSession.DoesNotExist, Checkpoint.DoesNotExist):
-        raise JoinRefused(404, "not_found", "this checkpoint link is not valid, or a newer checkpoint replaced it; "
-                                            "the agent gets a fresh link when it joins") from None
-    refusal = run_join_refusal(run=session.run, user=session.user)
-    if refusal and refusal.code != "run_paused":
-        raise refusal
-    return checkpoint
+    return target
 
 
 def sessions_close_silent(*, silent_for: datetime.timedelta) -> int:

@@ -16,7 +16,7 @@ from accounts.services import team_create, token_create, token_revoke
 from runs.authority import authority_generate
 from runs.models import Checkpoint, Run, RunMembership, SessionEpoch, TrainingSession
 from runs.services import data_file_add, run_ban
-from runs.sessions import checkpoint_url_token, data_file_url_token
+from runs.sessions import session_link_token
 from tests.factories import RunFactory, UserFactory
 from tests.runs.test_join_api import join_body
 
@@ -82,8 +82,8 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
         "flag": SessionEpoch.objects.create(session=public_session, epoch=1, reported_samples=64, announced_samples=32,
                                             status=SessionEpoch.Status.FLAGGED).pk,
         "vik": volunteer.username,
-        "invite_data_link": f"{data_file_url_token(session=invite_session, data_file=data_file)}/{data_file.pk}.txt",
-        "invite_checkpoint_link": (f"{checkpoint_url_token(session=invite_session, checkpoint=checkpoints[invite])}"
+        "invite_data_link": f"{session_link_token(session=invite_session, kind='data', target=data_file)}/{data_file.pk}.txt",
+        "invite_checkpoint_link": (f"{session_link_token(session=invite_session, kind='checkpoint', target=checkpoints[invite])}"
                                    f"/{checkpoints[invite].pk}.zip"),
     }
     return World(users, tokens, values)
