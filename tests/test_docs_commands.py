@@ -29,6 +29,7 @@ EXERCISED = [
     (r"make demo", DEMO_TEST),
     (r"make test", ".ci/run"),
     (r"python manage\.py migrate", DEMO_TEST),
+    (r"(time )?(\S+=\S+ )*\.venv/bin/python manage\.py migrate( \w+)?", DEMO_TEST),
     (r"python manage\.py collectstatic --noinput", "tests/test_docs_commands.py::test_collectstatic_gathers_the_pages_assets"),
     (r"python manage\.py agent_wheel", WHEEL_TEST),
     (r"python manage\.py createsuperuser", "tests/test_docs_commands.py::test_createsuperuser_makes_an_admin"),
