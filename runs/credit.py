@@ -398,6 +398,10 @@ def run_credit_total_apply(*, changes: dict[int, dict]) -> None:
         total = totals.setdefault(run_id, RunCreditTotal(run_id=run_id))
         for field, amount in change.items():
             setattr(total, field, getattr(total, field) + amount)
+        # Added differences leave float rounding behind; a window with no samples has no credit.
+        for samples_field, credit_field in (("samples_24h", "credit_24h"), ("samples_7d", "credit_7d")):
+            if getattr(total, samples_field) == 0:
+                setattr(total, credit_field, 0.0)
     _upsert(RunCreditTotal, list(totals.values()), ["run"], RUN_TOTAL_FIELDS)
 
 

@@ -72,7 +72,7 @@ def test_shares_follow_the_windows_as_they_age(teams, clock, later):  # noqa: F8
     clock.now = NOW + later  # nobody sends anything more; the fixture's last work was 1 and 2 h before NOW
     tasks.credit_rollup_task()
     total = RunCreditTotal.objects.get(run=small)
-    assert total.samples_24h == 0
+    assert (total.samples_24h, total.credit_24h) == (0, 0.0), "no rounding left behind"
     assert (total.samples_7d == 0) == (later > datetime.timedelta(days=7))
     assert_shares_as_summed(small, big)
     assert_totals_are_the_volunteers_sums()
