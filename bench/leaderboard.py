@@ -7,7 +7,9 @@ runs the rollup (``runs.credit.credit_rollup``), timed, and times each board ``-
 p50/p95 in ms. The baselines, timed ``--baseline-repeats`` times in the same run: for boards by
 volunteer, the query the portal ran before the rollup existed (group the run's events by volunteer
 at request time); for boards by team, the query it ran before the rollup kept team totals (group
-the volunteers' totals by team at request time).
+the volunteers' totals by team at request time); and, timed ``--repeats`` times, the same boards
+summing the share column's denominator over the volunteers' totals per request, as they did before
+the rollup kept run totals.
 
 ERASES the database's volunteers, runs and events first: point DATABASE_URL at a scratch database.
 
@@ -137,6 +139,19 @@ def old_team_board(run, window: str) -> list:
     return list(teams)
 
 
+def summed_board_credit(run, window: str) -> float:
+    """The share's denominator as the boards computed it before run totals: a sum over all the
+    run's (or all runs') volunteer totals per request."""
+    from django.db.models import Sum
+
+    from runs.leaderboard import WINDOWS
+    from runs.models import RunCredit, VolunteerCredit
+
+    samples_column, credit_column = WINDOWS[window]
+    totals = (RunCredit.objects.filter(run=run) if run else VolunteerCredit.objects.all()).filter(**{f"{samples_column}__gt": 0})
+    return totals.aggregate(credit=Sum(credit_column))["credit"] or 0.0
+
+
 def rollup_cost(events: int, batch: int) -> None:
     """The rollup's cost with team totals: one more report from each of ``events`` sessions of
     volunteers without a team (the team totals have nothing to do), then as many from volunteers
@@ -206,6 +221,20 @@ def main() -> None:
     for name, board in boards.items():
         results[name] = timed(board, args.repeats)
         print(f"{name:32} {results[name]['p50']:9.1f} {results[name]['p95']:9.1f} {args.repeats:4}", flush=True)
+    print("\nbaseline: the same boards summing the share's denominator over the volunteers' totals per request "
+          "(before run totals)")
+    from runs import leaderboard
+
+    kept = leaderboard.board_credit
+    leaderboard.board_credit = lambda *, run, window="all": summed_board_credit(run, window)
+    try:
+        for name, board in boards.items():
+            baseline = timed(board, args.repeats)
+            print(f"summed {name:25} p50 {baseline['p50']:7.1f} ms  p95 {baseline['p95']:7.1f} ms  (n={args.repeats})  "
+                  f"ratio summed/new p50: {baseline['p50'] / results[name]['p50']:,.1f}x  p95: "
+                  f"{baseline['p95'] / results[name]['p95']:,.1f}x", flush=True)
+    finally:
+        leaderboard.board_credit = kept
     print(f"\nbaseline: grouping the run's {ContributionEvent.objects.filter(session__run=run).count():,} events per request")
     for window, name in (("all", "run, by volunteer, all"), ("24h", "run, by volunteer, 24h")):
         baseline = timed(lambda window=window: old_board(run, window), args.baseline_repeats)

@@ -24,6 +24,7 @@ from runs.models import (
     CreditRollup,
     Run,
     RunCredit,
+    RunCreditTotal,
     RunTeamCredit,
     SessionEpoch,
     TeamCredit,
@@ -167,8 +168,11 @@ def credit_rollup_batch(*, batch_size: int) -> int:
         _buckets_add(groups)
         _team_buckets_add(groups)
         pairs, rac_gained = _totals_add(groups, now=now)
+        samples_added = defaultdict(int)
+        for group in groups:
+            samples_added[group["run_id"]] += group["reported"]
         run_credit_derive(pairs=pairs, now=now, teams={group["user_id"]: group["team_id"] for group in groups},
-                          team_added=_team_added(groups, rac_gained))
+                          team_added=_team_added(groups, rac_gained), samples_added=samples_added)
         mark.event_id = upper
         mark.updated_at = now
         mark.save(update_fields=["event_id", "updated_at"])
@@ -312,7 +316,8 @@ def _chunks(pairs: set[tuple[int, int]]):
 
 
 def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, teams: dict[int, int | None] | None = None,
-                      team_added: dict[tuple[int, int], dict] | None = None) -> None:
+                      team_added: dict[tuple[int, int], dict] | None = None,
+                      samples_added: dict[int, int] | None = None) -> None:
     """Recompute what follows from the events' totals for these (run, user) pairs: the verified,
     rejected and provisional split (SessionEpoch rows), the 24 h / 7 d windows (hourly buckets)
     and the machines (agent tokens that reported); then the volunteers' all-runs totals.
@@ -320,11 +325,16 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
 
     Teams: what the recomputation changes in the split is added to the team each volunteer is in
     now (``teams``, user id -> team id, read here when not given), with ``team_added`` (the
-    batch's new samples, by the team they were rolled up for)."""
+    batch's new samples, by the team they were rolled up for).
+
+    Runs: what the recomputation changes in the split and the windows is added to the run's
+    totals, with ``samples_added`` (run id -> the batch's new samples), so that they stay the sum
+    of the run's volunteer totals."""
     if not pairs:
         return
     totals = _run_credits(pairs)
     before = {key: [getattr(total, field) for field in SPLIT_FIELDS] for key, total in totals.items()}
+    before_run = {key: [getattr(total, field) for field in RUN_DERIVED_FIELDS] for key, total in totals.items()}
     cps = _credit_per_sample_of(run_id for run_id, _ in totals)
     epochs, windows, machines = {}, {}, {}
     starts = window_starts(now)
@@ -354,6 +364,14 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
         total.samples_7d, total.credit_7d = window.get("samples_7d") or 0, window.get("credit_7d") or 0.0
         total.machines = machines.get(key, 0)
     _upsert(RunCredit, list(totals.values()), ["run", "user"], DERIVED_FIELDS)
+    run_changes: dict[int, dict] = defaultdict(dict)
+    for run_id, added in (samples_added or {}).items():
+        run_changes[run_id]["samples"] = added
+    for key, total in totals.items():
+        change = run_changes[key[0]]
+        for field, old in zip(RUN_DERIVED_FIELDS, before_run[key], strict=True):
+            change[field] = change.get(field, 0) + getattr(total, field) - old
+    run_credit_total_apply(changes=run_changes)
     volunteer_credit_refresh(user_ids={user_id for _, user_id in pairs}, now=now)
     changes: dict[tuple[int, int], dict] = defaultdict(dict, {key: dict(sums) for key, sums in (team_added or {}).items()})
     if teams is None:
@@ -367,6 +385,24 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
             change[field] = change.get(field, 0) + getattr(total, field) - old
     run_team_credit_apply(changes=changes, now=now)
     team_members_refresh(team_ids={team_id for team_id in teams.values() if team_id is not None} | {t for _, t in changes})
+
+
+def run_credit_total_apply(*, changes: dict[int, dict]) -> None:
+    """Add the changes (run id -> field -> amount) to the runs' totals. Called only by the rollup,
+    which holds the watermark lock, so no two passes add to the same row at once."""
+    changes = {run_id: change for run_id, change in changes.items() if any(change.values())}
+    if not changes:
+        return
+    totals = {total.run_id: total for total in RunCreditTotal.objects.filter(run_id__in=changes)}
+    for run_id, change in changes.items():
+        total = totals.setdefault(run_id, RunCreditTotal(run_id=run_id))
+        for field, amount in change.items():
+            setattr(total, field, getattr(total, field) + amount)
+        # Added differences leave float rounding behind; a window with no samples has no credit.
+        for samples_field, credit_field in (("samples_24h", "credit_24h"), ("samples_7d", "credit_7d")):
+            if getattr(total, samples_field) == 0:
+                setattr(total, credit_field, 0.0)
+    _upsert(RunCreditTotal, list(totals.values()), ["run"], RUN_TOTAL_FIELDS)
 
 
 def _teams_of(user_ids: set[int]) -> dict[int, int | None]:
@@ -482,6 +518,9 @@ DERIVED_FIELDS = ["samples_verified", "samples_rejected", "credit_provisional", 
 # What run_credit_derive recomputes from SessionEpoch rows; teams get the difference it makes.
 SPLIT_FIELDS = ["samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit"]
 TEAM_ADDED_FIELDS = ["samples", "compute_seconds", *SPLIT_FIELDS]
+# What run_credit_derive recomputes that a run's totals sum; the run gets the difference it makes.
+RUN_DERIVED_FIELDS = [*SPLIT_FIELDS, "samples_24h", "credit_24h", "samples_7d", "credit_7d"]
+RUN_TOTAL_FIELDS = ["samples", *RUN_DERIVED_FIELDS]
 SUMMED_FIELDS = ["samples", "samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit",
                  "samples_24h", "credit_24h", "samples_7d", "credit_7d", "compute_seconds"]
 

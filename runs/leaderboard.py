@@ -9,7 +9,16 @@ from django.utils import timezone
 
 from accounts.models import User
 from runs.credit import rac_now
-from runs.models import ContributionEvent, Run, RunCredit, RunSample, RunTeamCredit, TeamCredit, VolunteerCredit
+from runs.models import (
+    ContributionEvent,
+    Run,
+    RunCredit,
+    RunCreditTotal,
+    RunSample,
+    RunTeamCredit,
+    TeamCredit,
+    VolunteerCredit,
+)
 
 # window -> (samples column, credit column) of the aggregates
 WINDOWS = {"24h": ("samples_24h", "credit_24h"), "7d": ("samples_7d", "credit_7d"), "all": ("samples", "credit")}
@@ -41,16 +50,25 @@ def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", 
     changes teams leaves their past work with the old team); members and machines are those of
     its current members who contributed in the window."""
     samples_column, credit_column = WINDOWS[window]
-    totals = _totals(run).filter(**{f"{samples_column}__gt": 0})
-    board = totals.aggregate(credit=Sum(credit_column))["credit"] or 0.0
+    board = board_credit(run=run, window=window)
     if by == "team":
         rows = _team_rows(run, window, limit=limit, offset=offset)
     else:
+        totals = _totals(run).filter(**{f"{samples_column}__gt": 0})
         rows = _user_rows(totals, samples_column, credit_column, limit=limit, offset=offset)
     for rank, row in enumerate(rows, start=offset + 1):
         row["rank"] = rank
         row["share"] = row["credit"] / board if board else 0.0
     return rows
+
+
+def board_credit(*, run: Run | None, window: str = "all") -> float:
+    """The credit of the whole board in the window (what the share column divides by): the run's
+    total, or the sum of the runs' totals across runs, which the rollup keeps (RunCreditTotal)."""
+    credit_column = WINDOWS[window][1]
+    if run is not None:
+        return RunCreditTotal.objects.filter(run=run).values_list(credit_column, flat=True).first() or 0.0
+    return RunCreditTotal.objects.aggregate(credit=Sum(credit_column))["credit"] or 0.0
 
 
 def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, offset: int) -> list[dict]:

@@ -308,6 +308,25 @@ class VolunteerCredit(CreditFigures):
         ]
 
 
+class RunCreditTotal(models.Model):
+    """A run's totals over all its volunteers: the denominator of the boards' share column, one row
+    read instead of a sum over the run's (up to 100,000) volunteer totals per request. Always the
+    sum of the run's RunCredit rows: the rollup adds every change it makes to them here, in the
+    same transaction. The all-runs board sums these rows (one per run)."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="credit_total")
+    samples = models.PositiveBigIntegerField(default=0, help_text="All samples reported.")
+    samples_verified = models.PositiveBigIntegerField(default=0)
+    samples_rejected = models.PositiveBigIntegerField(default=0)
+    credit_provisional = models.FloatField(default=0)
+    credit_verified = models.FloatField(default=0)
+    credit = models.FloatField(default=0, help_text="Provisional + verified: reported credit less rejected.")
+    samples_24h = models.PositiveBigIntegerField(default=0)
+    credit_24h = models.FloatField(default=0)
+    samples_7d = models.PositiveBigIntegerField(default=0)
+    credit_7d = models.FloatField(default=0)
+
+
 class CreditHour(models.Model):
     """Samples and credit one volunteer reported in one run during one hour: the 24 h and 7 d
     windows and the daily history of a profile are sums of these."""

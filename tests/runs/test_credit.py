@@ -15,6 +15,7 @@ from runs.models import (
     CreditHour,
     CreditRollup,
     RunCredit,
+    RunCreditTotal,
     RunTeamCredit,
     SessionEpoch,
     TeamCreditHour,
@@ -109,6 +110,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
     assert RunCredit.objects.get(run=run, user=vik).samples == 200, "the first batch committed, the second rolled back"
     assert CreditHour.objects.get().samples == 200
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 200 and TeamCreditHour.objects.get().samples == 200
+    assert RunCreditTotal.objects.get(run=run).samples == 200
     assert CreditRollup.objects.get().event_id == session.events.order_by("seq")[1].pk
     monkeypatch.setattr(credit, "run_credit_derive", real_derive)
     credit_rollup()
@@ -116,6 +118,9 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
     assert RunCredit.objects.get(run=run, user=vik).samples == 500
     assert CreditHour.objects.get().samples == 500
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 500 and TeamCreditHour.objects.get().samples == 500
+    total = RunCreditTotal.objects.get(run=run)
+    assert (total.samples, total.samples_24h) == (500, 500)
+    assert total.credit == pytest.approx(500 * credit.run_credit_per_sample(run))
 
 
 def test_events_still_settling_wait_for_the_next_pass(db, settings):

@@ -15,7 +15,7 @@ from peer_agent.protocol import RunConfig
 from runs import credit, exports, tasks
 from runs.credit import credit_rollup
 from runs.leaderboard import WINDOWS, leaderboard_rows
-from runs.models import RunCredit, RunTeamCredit, SessionEpoch, TeamCredit, TeamCreditHour, VolunteerCredit
+from runs.models import RunCredit, RunCreditTotal, RunTeamCredit, SessionEpoch, TeamCredit, TeamCreditHour, VolunteerCredit
 from tests.factories import RunFactory, UserFactory
 from tests.runs.test_credit import NOW, clock, report, session_for  # noqa: F401 (clock is a fixture)
 
@@ -196,11 +196,13 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice_for_teams(db, clo
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 200
     assert TeamCreditHour.objects.get().samples == 200 and TeamCredit.objects.get().samples == 200
     assert RunCredit.objects.get(run=run, user=vik).samples == 200, "the volunteer's totals rolled back with the team's"
+    assert RunCreditTotal.objects.get(run=run).samples == 200, "the run's total, written before the crash, rolled back too"
     monkeypatch.setattr(credit, "run_team_credit_apply", real_apply)
     credit_rollup()
     credit_rollup()
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 500
     assert TeamCreditHour.objects.get().samples == 500 and TeamCredit.objects.get().samples == 500
+    assert RunCreditTotal.objects.get(run=run).samples == 500
 
 
 def test_team_rac_decays_like_a_volunteers(db, clock):  # noqa: F811
