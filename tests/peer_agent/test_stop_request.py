@@ -20,6 +20,22 @@ def handlers_restored():
         signal.signal(signum, handler)
 
 
+def _sleep_when_ready(ready) -> None:
+    ready.set()
+    time.sleep(60)
+
+
+def forked_child() -> multiprocessing.Process:
+    """A forked child that sleeps, once it runs Python code of its own: a signal that arrives while the
+    interpreter is still settling after the fork is cleared by it, and would make the test flaky."""
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    child = context.Process(target=_sleep_when_ready, args=(ready,), daemon=True)
+    child.start()
+    assert ready.wait(30)
+    return child
+
+
 def test_sigterm_asks_to_stop_and_a_second_signal_quits_at_once(handlers_restored):
     stopping = threading.Event()
     StopRequest(event=stopping, notice="stopping").install()
@@ -34,8 +50,7 @@ def test_a_forked_child_still_dies_of_sigterm(handlers_restored):
     # As hivemind's DHT does when it "terminates it the hard way": a child that ignored this left
     # the coordinator waiting for it forever at exit.
     StopRequest().install()
-    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
-    child.start()
+    child = forked_child()
     child.terminate()
     child.join(10)
     assert not child.is_alive()

@@ -1,16 +1,15 @@
 """`manage.py run_coordinator` stops on SIGTERM, and the hivemind processes it forks still die of it
 (before, a forked DHT that inherited a bare handler ignored SIGTERM, and the coordinator never exited)."""
 
-import multiprocessing
 import os
 import signal
 import threading
-import time
 
 import pytest
 from django.core.management import call_command
 
 from runs.management.commands import run_coordinator
+from tests.peer_agent.test_stop_request import forked_child
 
 
 @pytest.fixture
@@ -31,8 +30,7 @@ def test_sigterm_stops_the_coordinator_and_ends_its_forked_children(handlers_res
             self.stopping = threading.Event()
 
         def serve(self):
-            child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
-            child.start()  # as hivemind's DHT and averagers are
+            child = forked_child()  # as hivemind's DHT and averagers are
             os.kill(os.getpid(), signal.SIGTERM)
             seen["stopping"] = self.stopping.wait(5)
             child.terminate()  # hivemind's last resort for a child that does not shut down
