@@ -13,9 +13,10 @@ from portal.celery import app
 
 @pytest.fixture
 def connection(tmp_path):
-    folder = str(tmp_path / "queue")
+    folder, control = str(tmp_path / "queue"), str(tmp_path / "control")
     os.makedirs(folder)
-    with Connection(transport=broker.Transport, transport_options={"data_folder_in": folder, "data_folder_out": folder}) as c:
+    options = {"data_folder_in": folder, "data_folder_out": folder, "control_folder": control}
+    with Connection(transport=broker.Transport, transport_options=options) as c:
         yield c
 
 
