@@ -71,6 +71,19 @@ def board_credit(*, run: Run | None, window: str = "all") -> float:
     return RunCreditTotal.objects.aggregate(credit=Sum(credit_column))["credit"] or 0.0
 
 
+def _credit_fields(total, samples_column: str, credit_column: str, now) -> dict:
+    """The columns a volunteer's row and a team's row share, read from their totals."""
+    return {
+        "samples": getattr(total, samples_column),
+        "credit": getattr(total, credit_column),
+        "credit_provisional": total.credit_provisional,
+        "credit_verified": total.credit_verified,
+        "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
+        "compute_seconds": total.compute_seconds,
+        "last_seen": total.last_seen_at,
+    }
+
+
 def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, offset: int) -> list[dict]:
     visible = (
         totals.exclude(user__visibility=User.Visibility.HIDDEN)
@@ -85,13 +98,7 @@ def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, o
         {
             "name": total.user.public_name,
             "profile_url": reverse("volunteer-detail", args=[volunteer_profile_key(total.user)]),
-            "samples": getattr(total, samples_column),
-            "credit": getattr(total, credit_column),
-            "credit_provisional": total.credit_provisional,
-            "credit_verified": total.credit_verified,
-            "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
-            "compute_seconds": total.compute_seconds,
-            "last_seen": total.last_seen_at,
+            **_credit_fields(total, samples_column, credit_column, now),
             "machines": total.machines,
         }
         for total in visible
@@ -114,13 +121,7 @@ def _team_rows(run: Run | None, window: str, *, limit: int, offset: int) -> list
         {
             "name": total.team.name,
             "profile_url": reverse("team-detail", args=[total.team.slug]),
-            "samples": getattr(total, samples_column),
-            "credit": getattr(total, credit_column),
-            "credit_provisional": total.credit_provisional,
-            "credit_verified": total.credit_verified,
-            "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
-            "compute_seconds": total.compute_seconds,
-            "last_seen": total.last_seen_at,
+            **_credit_fields(total, samples_column, credit_column, now),
             "machines": getattr(total, machines_column),
             "members": getattr(total, members_column),
         }
