@@ -139,8 +139,11 @@ def report_frame(agent: Agent, samples: int) -> str:
         "sent_at": datetime.datetime.now(datetime.UTC).isoformat()})
 
 
-async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float, seconds: float) -> Tally:
-    """Every agent connects, then all send in a closed loop; answers inside the window are timed."""
+async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float, seconds: float,
+                rate: float = 0.0) -> Tally:
+    """Every agent connects, then all send: in a closed loop (the next report once the previous is
+    answered) or, with ``rate``, at that many reports/s in all, each agent on its own schedule
+    whether or not its previous report was answered yet. Answers inside the window are timed."""
     import websockets
 
     tally = Tally()
@@ -148,7 +151,48 @@ async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float,
     ready = 0
     opening = asyncio.Semaphore(100)
 
-    async def one(agent: Agent) -> None:
+    def answered(answer: dict) -> bool:
+        if answer.get("type") == "error":
+            tally.errors[answer["code"]] = tally.errors.get(answer["code"], 0) + 1
+            return False
+        tally.answers += 1
+        return True
+
+    async def closed_loop(ws, agent: Agent, window_from: float, window_to: float) -> None:
+        while (sent := time.perf_counter()) < window_to:
+            await ws.send(frame(agent))
+            answer = json.loads(await ws.recv())
+            at = time.perf_counter()
+            if answered(answer) and window_from <= at <= window_to:
+                tally.latencies.append(at - sent)
+
+    async def paced(ws, agent: Agent, index: int, window_from: float, window_to: float) -> None:
+        interval = len(agents) / rate
+        sent_at: dict[int, float] = {}
+        sending = True
+
+        async def receive() -> None:
+            while sending or sent_at:
+                answer = json.loads(await ws.recv())
+                at = time.perf_counter()
+                sent = sent_at.pop(answer.get("seq"), None)
+                if answered(answer) and sent is not None and window_from <= at <= window_to:
+                    tally.latencies.append(at - sent)
+
+        receiving = asyncio.create_task(receive())
+        due = time.perf_counter() + interval * index / len(agents)  # spread the agents over one interval
+        while due < window_to:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            text = frame(agent)
+            sent_at[agent.seq] = time.perf_counter()
+            await ws.send(text)
+            due += interval
+        sending = False
+        if not sent_at:
+            receiving.cancel()  # it waits for an answer that no report will bring
+        await asyncio.wait_for(asyncio.gather(receiving, return_exceptions=True), timeout=60)
+
+    async def one(index: int, agent: Agent) -> None:
         nonlocal ready
         async with opening:
             # No permessage-deflate: it would cost the echo (long frames both ways) more than an ack.
@@ -157,34 +201,23 @@ async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float,
         try:
             # The first report authenticates the session and loads its pace: done before the window.
             await ws.send(frame(agent))
-            first = json.loads(await ws.recv())
-            if first.get("type") == "error":
-                tally.errors[first["code"]] = tally.errors.get(first["code"], 0) + 1
-            else:
-                tally.answers += 1
+            answered(json.loads(await ws.recv()))
             ready += 1
             if ready == len(agents):
                 connected.set()
             await start.wait()
             window_from, window_to = time.perf_counter() + warmup, time.perf_counter() + warmup + seconds
-            while (sent := time.perf_counter()) < window_to:
-                try:
-                    await ws.send(frame(agent))
-                    answer = json.loads(await ws.recv())
-                except websockets.ConnectionClosed:
-                    tally.errors["closed"] = tally.errors.get("closed", 0) + 1
-                    return
-                answered = time.perf_counter()
-                if answer.get("type") == "error":
-                    tally.errors[answer["code"]] = tally.errors.get(answer["code"], 0) + 1
-                    continue
-                tally.answers += 1
-                if window_from <= answered <= window_to:
-                    tally.latencies.append(answered - sent)
+            try:
+                if rate:
+                    await paced(ws, agent, index, window_from, window_to)
+                else:
+                    await closed_loop(ws, agent, window_from, window_to)
+            except websockets.ConnectionClosed:
+                tally.errors["closed"] = tally.errors.get("closed", 0) + 1
         finally:
             await ws.close()
 
-    tasks = [asyncio.create_task(one(agent)) for agent in agents]
+    tasks = [asyncio.create_task(one(index, agent)) for index, agent in enumerate(agents)]
     await asyncio.wait_for(connected.wait(), timeout=300)
     start.set()
     await asyncio.gather(*tasks)
@@ -243,6 +276,8 @@ def main() -> None:
     parser.add_argument("--writers", default="batch,per_report,one_thread", help="storing strategies to compare")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured window per phase")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before the window opens")
+    parser.add_argument("--rate", type=float, nargs="+", default=[0.0],
+                        help="reports/s offered by all agents together, one measurement each (0: closed loop, capacity)")
     parser.add_argument("--viewers", type=int, default=0, help="live-page viewers to measure fan-out with (0: skip)")
     parser.add_argument("--conn-max-age", type=int, default=60, help="DB_CONN_MAX_AGE of the server (0: a connection per call)")
     parser.add_argument("--port", type=int, default=8765)
@@ -274,14 +309,17 @@ def main() -> None:
         server = server_start(port, writer, args.conn_max_age)
         try:
             for count in args.agents:
-                some = agents[:count]
-                frame = lambda agent: report_frame(agent, peer_batch)  # noqa: E731
-                ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds))
-                echo = asyncio.run(drive(base, "/ws/echo/", some, frame, args.warmup, args.seconds))
-                acked += ingest.answers
-                ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
-                print(ingest.line(f"{writer}, {count} agents", args.seconds))
-                print(echo.line(f"echo, {count} agents", args.seconds) + f"   ingest/echo {ratio:.2f}   load {load():.2f}")
+                for rate in args.rate:
+                    some = agents[:count]
+                    frame = lambda agent: report_frame(agent, peer_batch)  # noqa: E731
+                    ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds, rate))
+                    echo = asyncio.run(drive(base, "/ws/echo/", some, frame, args.warmup, args.seconds, rate))
+                    acked += ingest.answers
+                    ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
+                    offered = f", {rate:g}/s offered" if rate else ""
+                    print(ingest.line(f"{writer}, {count} agents{offered}", args.seconds))
+                    print(echo.line(f"echo, {count} agents{offered}", args.seconds)
+                          + f"   ingest/echo {ratio:.2f}   load {load():.2f}")
             if args.viewers and writer == "batch":
                 answers, line = asyncio.run(watch(base, run.slug, args.viewers, agents[:100], peer_batch, args.seconds))
                 acked += answers

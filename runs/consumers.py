@@ -3,6 +3,7 @@
 import logging
 import time
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
@@ -18,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 db = ingest.db  # on PostgreSQL, not every agent's calls queued on one thread (PITFALLS: ~136 msg/s)
 SESSION_RECHECK_SECONDS = 5.0
+run_admissions = ingest.RunAdmissions(max_age=SESSION_RECHECK_SECONDS)
 REPORTS_PER_SECOND = float(settings.REPORT_RATE_PER_SECOND)
 BURST = settings.REPORT_RATE_BURST  # a reconnecting agent resends its spool at once
 
@@ -26,6 +28,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
     # Agents get nothing through the channel layer; without it, a connection holds no blocking
     # Redis BRPOP of its own (with channels_redis, one Redis connection per agent).
     channel_layer_alias = None
+
+    async def dispatch(self, message: dict) -> None:
+        # Channels' dispatch first hops to its one sync thread to close stale database connections,
+        # for every frame: a thread round trip per report, queued behind every other socket's.
+        # Each database call here runs through database_sync_to_async, which does that itself.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self) -> None:
         headers = dict(self.scope.get("headers", []))
@@ -48,7 +59,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._send_error(None, "server_error", "the portal cannot check agent tokens now; connect again later")
             await self.close(code=1011)
             return
-        self.sessions: dict[int, tuple[TrainingSession, float]] = {}
+        self.sessions: dict[int, TrainingSession] = {}
         self.paces: dict[int, ingest.SessionPace] = {}
         self.allowance, self.allowance_at, self.limited = float(BURST), time.monotonic(), False
 
@@ -72,7 +83,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._rate_limited(report)
             return
         try:
-            session = await self._session(report.session_id)
+            session, status = await self._session(report.session_id)
         except ingest.ReportRefused as refusal:
             await self._refuse(report, refusal)
             return
@@ -89,7 +100,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 return
             pace.accept(report)
         await self.send(Ack(seq=report.seq).model_dump_json())
-        if session.run.status == Run.Status.PAUSED:
+        if status == Run.Status.PAUSED:
             # Work done before the pause counts; the notice tells the agent to stop and wait.
             detail = f"run “{session.run.slug}” is paused by its organizer; the agent will retry every 60 s"
             await self._send_error(None, "run_paused", detail)
@@ -114,17 +125,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 seq=report.seq, code="rate_limited", detail=detail)
         await self._send_error(report.seq, "rate_limited", detail)
 
-    async def _session(self, session_id: int) -> TrainingSession:
-        """The session, re-checked every few seconds so that bans and finished runs act quickly."""
-        cached = self.sessions.get(session_id)
-        if cached and time.monotonic() - cached[1] < SESSION_RECHECK_SECONDS:
-            return cached[0]
-        session, pace = await db(ingest.report_session_paced)(
-            token=self.token, session_id=session_id, paced=session_id in self.paces)
-        if pace is not None:
-            self.paces[session_id] = pace
-        self.sessions[session_id] = (session, time.monotonic())
-        return session
+    async def _session(self, session_id: int) -> tuple[TrainingSession, str]:
+        """The session and its run's status: checked fully when this connection first names the
+        session, then re-checked through the run's shared admission, so that bans, finished runs
+        and revoked tokens act within SESSION_RECHECK_SECONDS."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            session, pace = await db(ingest.report_session_paced)(
+                token=self.token, session_id=session_id, paced=session_id in self.paces)
+            if pace is not None:
+                self.paces[session_id] = pace
+            self.sessions[session_id] = session
+            return session, session.run.status
+        admission = await run_admissions.admission(run_id=session.run_id, token_id=self.token.pk)
+        ingest.admission_check(admission=admission, session=session, token=self.token)
+        return session, admission.status
 
     async def _refuse(self, report: Report, refusal: ingest.ReportRefused) -> None:
         await db(ingest.report_rejection_record)(

@@ -1,9 +1,10 @@
 """Storing agents' contribution reports exactly once (the server side of `WS /ws/agent/`).
 
-Three parts: which session a report may name (`report_session`), whether the report is plausible
-(`report_check`, the rules in `RULES`), and storing it (`ReportWriter`, shared by every agent
-socket of the process). Exactly-once rests on the (session, seq) unique constraint alone: a
-report that is resent, reordered or stored twice by two connections is one row.
+Three parts: which session a report may name (`report_session` when a connection first names it,
+then `RunAdmissions` every few seconds), whether the report is plausible (`report_check`, the
+rules in `RULES`), and storing it (`ReportWriter`, shared by every agent socket of the process).
+Exactly-once rests on the (session, seq) unique constraint alone: a report that is resent,
+reordered or stored twice by two connections is one row.
 """
 
 import asyncio
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from channels.db import database_sync_to_async
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from accounts.models import AgentToken
@@ -25,7 +26,7 @@ from runs.models import ContributionEvent, ReportRejection, Run, RunBan, Trainin
 logger = logging.getLogger(__name__)
 
 # Codes after which the agent must stop sending for this session (it tells the volunteer why).
-FATAL_CODES = {"banned", "run_finished", "session_not_found"}
+FATAL_CODES = {"banned", "run_finished", "session_not_found", "token_revoked", "token_expired"}
 
 
 def db(function: Callable) -> Callable:
@@ -53,6 +54,80 @@ def report_session(*, token: AgentToken, session_id: int) -> TrainingSession:
     if RunBan.objects.filter(run_id=session.run_id, user_id=session.user_id).exists():
         raise ReportRefused("banned", f"you were banned from run “{session.run.slug}”; reports are not counted")
     return session
+
+
+@dataclass(frozen=True)
+class RunAdmission:
+    """What may have changed about a run since a connection first checked its session: the run's
+    status, who is banned from it, and which of the agent tokens reporting to it were revoked or
+    have expired."""
+
+    status: str | None  # None: the run was deleted
+    slug: str
+    banned: frozenset[int]
+    refused_tokens: dict[int, str]  # token id -> "token_revoked" or "token_expired"
+
+
+def run_admission(*, run_id: int, token_ids: frozenset[int]) -> RunAdmission:
+    """Three queries for the whole run, however many sessions report to it."""
+    run = Run.objects.filter(pk=run_id).values("status", "slug").first()
+    if run is None:
+        return RunAdmission(status=None, slug="", banned=frozenset(), refused_tokens={})
+    banned = frozenset(RunBan.objects.filter(run_id=run_id).values_list("user_id", flat=True))
+    refused = {}
+    now = timezone.now()
+    for pk, revoked_at in AgentToken.objects.filter(pk__in=token_ids).filter(
+            models.Q(revoked_at__isnull=False) | models.Q(expires_at__lte=now)).values_list("pk", "revoked_at"):
+        refused[pk] = "token_revoked" if revoked_at else "token_expired"
+    return RunAdmission(status=run["status"], slug=run["slug"], banned=banned, refused_tokens=refused)
+
+
+def admission_check(*, admission: RunAdmission, session: TrainingSession, token: AgentToken) -> None:
+    """ReportRefused if the run, a ban or the token's state now refuses reports of this session."""
+    if admission.status is None:
+        raise ReportRefused("session_not_found", f"there is no training session {session.pk} any more; join again")
+    if admission.status == Run.Status.FINISHED:
+        raise ReportRefused("run_finished", f"run “{admission.slug}” has finished and takes no more reports")
+    if session.user_id in admission.banned:
+        raise ReportRefused("banned", f"you were banned from run “{admission.slug}”; reports are not counted")
+    code = admission.refused_tokens.get(token.pk)
+    if code is not None:
+        state = "was revoked" if code == "token_revoked" else "expired"
+        raise ReportRefused(code, f"agent token “{token.name}” {state}; reports are not counted")
+
+
+class RunAdmissions:
+    """Each run's `RunAdmission`, shared by every agent socket of the process and fetched again
+    once it is ``max_age`` seconds old, by one database call however many sockets wait for it.
+
+    A connection checks its session fully once (`report_session`); re-checking every session
+    on its own every few seconds cost, at 100 agents, 200 queries that arrived together and
+    held acks back by up to half a second (docs/benchmarks.md, section 5); at 10,000 agents it
+    would be 4,000 queries/s.
+    """
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        # Per event loop, as ReportWriter: a fetch in flight is a task of one loop.
+        self._fetches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, tuple[float, asyncio.Task]]] = (
+            weakref.WeakKeyDictionary())
+        self._tokens: dict[int, set[int]] = {}  # run id -> tokens whose sockets reported to it
+
+    async def admission(self, *, run_id: int, token_id: int) -> RunAdmission:
+        loop = asyncio.get_running_loop()
+        fetches = self._fetches.setdefault(loop, {})
+        # A token joins the next fetch: it was checked when its socket connected, so a revocation
+        # since then shows within max_age, as for the other tokens.
+        tokens = self._tokens.setdefault(run_id, set())
+        tokens.add(token_id)
+        fetch = fetches.get(run_id)
+        stale = fetch is None or time.monotonic() - fetch[0] >= self.max_age or (
+            fetch[1].done() and (fetch[1].cancelled() or fetch[1].exception() is not None))
+        if stale:
+            fetch = (time.monotonic(), loop.create_task(db(run_admission)(run_id=run_id, token_ids=frozenset(tokens))))
+            fetches[run_id] = fetch
+        # Shielded: a socket that closes while it waits must not cancel the others' fetch.
+        return await asyncio.shield(fetch[1])
 
 
 # --- plausibility ------------------------------------------------------------------------------

@@ -1,18 +1,22 @@
 """`WS /ws/agent/`: token-authenticated reports, acknowledged after storage, counted exactly once."""
 
+import asyncio
 import datetime
 import json
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db.models import Sum
 
+from accounts.models import AgentToken
 from accounts.services import token_create, token_revoke
 from portal.asgi import application
+from runs import consumers, ingest
 from runs.models import ContributionEvent, ReportRejection, TrainingSession
 from runs.services import run_ban
-from tests.factories import RunFactory
+from tests.factories import RunFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -166,3 +170,100 @@ def test_a_flood_is_rate_limited_without_closing_the_socket(session):
     assert any(answer.get("code") == "rate_limited" for answer in answers)
     acked = [answer["seq"] for answer in answers if answer["type"] == "ack"]
     assert total(session) == 32 * len(acked)
+
+
+def converse(secret: str, steps: list) -> list[dict]:
+    """On one connection, per step: a frame to send (its answer is kept) or a function to call
+    in between (on the database, as another request would)."""
+
+    async def run() -> list[dict]:
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {secret}".encode())])
+        assert (await communicator.connect())[0]
+        answers = []
+        try:
+            for step in steps:
+                if callable(step):
+                    await database_sync_to_async(step)()
+                    continue
+                await communicator.send_to(text_data=json.dumps(step))
+                answers.append(json.loads(await communicator.receive_from(timeout=10)))
+        finally:
+            await communicator.disconnect()
+        return answers
+
+    return async_to_sync(run)()
+
+
+@pytest.fixture
+def recheck_now(monkeypatch):
+    """Every report re-checks its run's admission (the portal does so every few seconds)."""
+    monkeypatch.setattr(consumers.run_admissions, "max_age", 0.0)
+
+
+def _finish(run) -> None:
+    run.status = "finished"
+    run.save(update_fields=["status"])
+
+
+@pytest.mark.parametrize("change, code", [
+    (lambda session: run_ban(run=session.run, actor=session.run.organizers.first(), user=session.user), "banned"),
+    (lambda session: token_revoke(token=session.token), "token_revoked"),
+    (lambda session: _finish(session.run), "run_finished"),
+])
+def test_a_ban_a_revoked_token_or_a_finished_run_stops_credit_on_an_open_connection(session, organizer, recheck_now,
+                                                                                    change, code):
+    session.run.organizers.add(organizer)
+    answers = converse(session.secret, [report(session.pk, 1), lambda: change(session), report(session.pk, 2)])
+    assert answers[0] == {"type": "ack", "seq": 1}
+    assert (answers[1]["type"], answers[1]["code"], answers[1]["seq"]) == ("error", code, 2)
+    assert total(session) == 32
+    assert ReportRejection.objects.get().code == code
+
+
+def test_an_expired_token_stops_credit_on_an_open_connection(session, recheck_now):
+    def expire() -> None:
+        AgentToken.objects.filter(pk=session.token_id).update(expires_at=datetime.datetime.now(datetime.UTC))
+
+    answers = converse(session.secret, [report(session.pk, 1), expire, report(session.pk, 2)])
+    assert answers[1]["code"] == "token_expired"
+    assert total(session) == 32
+
+
+def test_the_sockets_of_one_run_share_one_admission_check(monkeypatch):
+    """Twenty agents re-checking together cost one fetch for their run, not one each."""
+    run = RunFactory()
+    sessions = []
+    for index in range(20):
+        user = UserFactory()
+        token, secret = token_create(user=user, name=f"machine {index}")
+        sessions.append((TrainingSession.objects.create(
+            run=run, user=user, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
+            access_expires_at=datetime.datetime.now(datetime.UTC)), secret))
+    fetches = []
+    fetch = ingest.run_admission
+
+    def counted(**kwargs):
+        fetches.append(kwargs["run_id"])
+        return fetch(**kwargs)
+
+    monkeypatch.setattr(ingest, "run_admission", counted)
+    monkeypatch.setattr(consumers, "run_admissions", ingest.RunAdmissions(max_age=60.0))
+
+    async def agent(session, secret) -> list[dict]:
+        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {secret}".encode())])
+        assert (await communicator.connect())[0]
+        answers = []
+        for seq in (1, 2, 3):
+            await communicator.send_to(text_data=json.dumps(report(session.pk, seq)))
+            answers.append(json.loads(await communicator.receive_from(timeout=10)))
+        await communicator.disconnect()
+        return answers
+
+    async def everyone() -> list[list[dict]]:
+        return await asyncio.gather(*(agent(session, secret) for session, secret in sessions))
+
+    answers = async_to_sync(everyone)()
+    assert all(answer["type"] == "ack" for agent_answers in answers for answer in agent_answers), answers
+    # Each socket's first report checks its session fully; the 40 later ones read one admission.
+    assert fetches == [run.pk]
+    assert ContributionEvent.objects.filter(session__run=run).count() == 60
