@@ -132,10 +132,11 @@ def agents_create(count: int, peer_batch_run) -> list[Agent]:
 
 def report_frame(agent: Agent, samples: int) -> str:
     agent.seq += 1
-    # samples ≤ one local step: plausible at any pace (runs.ingest.samples_beyond_speed).
+    # samples ≤ one local step: plausible at any pace (runs.ingest.samples_beyond_speed). The loss
+    # falls as training would, so the live page's snapshot changes with every report.
     return json.dumps({
         "type": "report", "session_id": agent.session_id, "seq": agent.seq, "samples": samples, "steps": 1,
-        "local_epoch": 0, "loss": 5.0, "samples_per_second": 100.0,
+        "local_epoch": 0, "loss": 5.0 - agent.seq * 1e-4, "samples_per_second": 100.0,
         "sent_at": datetime.datetime.now(datetime.UTC).isoformat()})
 
 
