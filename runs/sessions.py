@@ -8,8 +8,10 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from packaging.version import InvalidVersion, Version
 
 from accounts.models import AgentToken, User
+from peer_agent import SWARM_COMPATIBLE_SINCE
 from peer_agent.protocol import JoinRequest
 from runs.authority import access_token_sign, authority_load
 from runs.models import Checkpoint, DataFile, Run, RunBan, TrainingSession
@@ -79,10 +81,22 @@ def _access_token(*, run: Run, user: User, peer_public_key: str) -> tuple[dict, 
     return access, timezone.now() + lifetime
 
 
+def agent_version_refusal(version: str) -> JoinRefused | None:
+    """Why an agent of this version may not train with the others, or None when it may."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return JoinRefused(422, "agent_version_invalid", f"agent_version “{version[:64]}” is not a version number like 0.2.0")
+    if parsed < Version(SWARM_COMPATIBLE_SINCE):
+        return JoinRefused(409, "agent_outdated", f"peer-agent {parsed} cannot average with this portal's agents; install "
+                                                  f"peer-agent {SWARM_COMPATIBLE_SINCE} or newer from the run's join page")
+    return None
+
+
 @transaction.atomic
 def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
     """Open a training session for the token's owner and sign its first hivemind access token."""
-    refusal = run_join_refusal(run=run, user=token.user)
+    refusal = agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
     if refusal:
         raise refusal
     access, expires_at = _access_token(run=run, user=token.user, peer_public_key=request.peer_public_key)

@@ -8,6 +8,7 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 from playwright.sync_api import expect
 
+from peer_agent import __version__
 from runs.corpus import corpus_write
 from runs.models import Run
 from tests.factories import PASSWORD
@@ -75,7 +76,7 @@ def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_comma
     joined = httpx.post(
         f"{live_server.url}/api/v1/runs/bengali-demo/join",
         headers={"Authorization": f"Bearer {match.group(1)}"},
-        json={"peer_public_key": RSAPrivateKey().get_public_key().to_bytes().decode(), "agent_version": "0.1.0",
+        json={"peer_public_key": RSAPrivateKey().get_public_key().to_bytes().decode(), "agent_version": __version__,
               "device": {"kind": "cpu", "name": "test"}},
         timeout=30,
     )

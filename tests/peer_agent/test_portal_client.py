@@ -7,6 +7,7 @@ import httpx
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
+from peer_agent import __version__
 from peer_agent.bandwidth import Reachability, client_mode_choose, reachable
 from peer_agent.portal import AccessRefresher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
 from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
@@ -37,7 +38,7 @@ def client(handler, **kwargs) -> PortalClient:
 
 
 def join_request() -> JoinRequest:
-    return JoinRequest(peer_public_key=PEER_KEY, agent_version="0.1.0",
+    return JoinRequest(peer_public_key=PEER_KEY, agent_version=__version__,
                        device=DeviceInfo(kind="cpu", name="test CPU", precision="fp32"))
 
 

@@ -10,6 +10,7 @@ from django.urls import reverse
 from hivemind.utils.crypto import RSAPrivateKey
 
 from accounts.services import token_create
+from peer_agent import __version__
 from peer_agent.checkpoint import CheckpointMetadata
 from peer_agent.join import _checkpoint_fetch
 from peer_agent.portal import PortalClient
@@ -187,7 +188,7 @@ def joined(asgi_server, volunteer):
     def join(run: Run):
         portal = PortalClient(asgi_server, token_create(user=volunteer, name="laptop")[1])
         clients.append(portal)
-        request = JoinRequest(peer_public_key=RSAPrivateKey().get_public_key().to_bytes().decode(), agent_version="test",
+        request = JoinRequest(peer_public_key=RSAPrivateKey().get_public_key().to_bytes().decode(), agent_version=__version__,
                               device={"kind": "cpu", "name": "test CPU"})
         return portal, portal.join(run.slug, request)
 

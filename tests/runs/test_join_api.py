@@ -7,6 +7,7 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from accounts.services import token_create, token_revoke
+from peer_agent import SWARM_COMPATIBLE_SINCE, __version__
 from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
 from peer_agent.protocol import JoinResponse
 from runs.models import RunMembership, TrainingSession
@@ -18,7 +19,7 @@ def join_body(key: RSAPrivateKey | None = None) -> dict:
     key = key or RSAPrivateKey()
     return {
         "peer_public_key": key.get_public_key().to_bytes().decode(),
-        "agent_version": "0.1.0",
+        "agent_version": __version__,
         "device": {"kind": "cpu", "name": "test CPU", "memory_gb": 8},
     }
 
@@ -117,10 +118,10 @@ def test_join_of_an_unknown_or_draft_run_is_404(client, organizer, secret):
 @pytest.mark.parametrize(
     "body",
     [
-        {"peer_public_key": "ssh-rsa AAAA", "agent_version": "0.1", "device": {"kind": "cpu", "name": "x"}},
-        {"peer_public_key": "not a key", "agent_version": "0.1", "device": {"kind": "cpu", "name": "x"}},
-        {"agent_version": "0.1", "device": {"kind": "cpu", "name": "x"}},
-        {"peer_public_key": "ssh-rsa AAAA", "agent_version": "0.1", "device": {"kind": "tpu", "name": "x"}},
+        {"peer_public_key": "ssh-rsa AAAA", "agent_version": __version__, "device": {"kind": "cpu", "name": "x"}},
+        {"peer_public_key": "not a key", "agent_version": __version__, "device": {"kind": "cpu", "name": "x"}},
+        {"agent_version": __version__, "device": {"kind": "cpu", "name": "x"}},
+        {"peer_public_key": "ssh-rsa AAAA", "agent_version": __version__, "device": {"kind": "tpu", "name": "x"}},
     ],
 )
 def test_a_malformed_join_is_a_400_that_names_the_field(client, run, secret, body):
@@ -181,3 +182,23 @@ def test_the_access_token_lives_as_long_as_the_setting_says(client, run, secret,
     session = TrainingSession.objects.get(pk=answer["session_id"])
     remaining = session.access_expires_at - session.started_at
     assert datetime.timedelta(minutes=4) < remaining <= datetime.timedelta(minutes=5, seconds=5)
+
+
+@pytest.mark.parametrize("version, status, code", [
+    ("0.1.0", 409, "agent_outdated"),  # before the share floor: it would split a group's vector otherwise
+    ("0.0.9", 409, "agent_outdated"),
+    ("banana", 422, "agent_version_invalid"),
+])
+def test_an_agent_that_cannot_average_with_the_others_is_told_to_upgrade(client, run, secret, version, status, code):
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, {**join_body(), "agent_version": version})
+    assert (response.status_code, response.json()["error"]["code"]) == (status, code)
+    assert SWARM_COMPATIBLE_SINCE in response.json()["error"]["detail"] or code == "agent_version_invalid"
+    assert not TrainingSession.objects.exists()
+
+
+def test_this_agent_and_newer_ones_may_join(client, run, secret):
+    for version in (SWARM_COMPATIBLE_SINCE, __version__, "9.0.0"):
+        response = post(client, "/api/v1/runs/bengali-albert/join", secret, {**join_body(), "agent_version": version})
+        assert response.status_code == 200, response.json()
+    assert sorted(TrainingSession.objects.values_list("agent_version", flat=True)) == sorted(
+        [SWARM_COMPATIBLE_SINCE, __version__, "9.0.0"])
