@@ -19,16 +19,15 @@ gathered data (:func:`membership_proof`) and averages only with peers whose proo
 the whole group before the all-reduce, which also covers a leader that admitted an outsider.
 """
 
-from __future__ import annotations
-
 import logging
 import math
 from collections.abc import Sequence
+from typing import AsyncIterator  # noqa: UP035 (hivemind recognises a streaming handler by typing's alias only)
 
 from hivemind.averaging.allreduce import AllreduceException, AveragingMode
 from hivemind.averaging.load_balancing import hagenbach_bishoff
 from hivemind.optim.grad_averager import GradientAverager
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.serializer import MSGPackSerializer
@@ -131,7 +130,9 @@ class FlooredGradientAverager(GradientAverager):
                 logger.warning("Averaging without a membership proof, so peers will refuse this one: %s", e)
         return super().schedule_step(scheduled_time, **kwargs)
 
-    async def rpc_join_group(self, request: averaging_pb2.JoinRequest, context):
+    async def rpc_join_group(self, request: averaging_pb2.JoinRequest,
+                             context: P2PContext) -> AsyncIterator[averaging_pb2.MessageFromLeader]:
+        # hivemind registers the averager's handlers by these annotations (no string annotations here).
         refusal = self._member_refusal(request.gather, context.remote_id) if self._membership else None
         if refusal is not None:
             logger.info("Refused peer %s a place in the averaging group: it %s", context.remote_id, refusal)

@@ -165,7 +165,8 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, r
         def average(index: int) -> None:
             averagers[index].accumulate_grads_(batch_size=1)
             try:
-                groups[index] = averagers[index].step(timeout=60)
+                # The outsider keeps trying for less long: the honest group forms in its first seconds.
+                groups[index] = averagers[index].step(timeout=60 if index < 3 else 20)
             except Exception as e:  # a failed round is a valid outcome; the assertions below judge it
                 groups[index] = e
 
