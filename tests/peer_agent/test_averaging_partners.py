@@ -3,12 +3,12 @@
 
 import secrets
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 import torch
 from hivemind.dht import DHT
-from hivemind.optim.grad_averager import GradientAverager
 from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.serializer import MSGPackSerializer
@@ -141,10 +141,27 @@ def test_the_training_thread_refreshes_its_own_token_when_due(authority, monkeyp
     assert len(fetched) == 2 and second.expiration_time == tokens[1]["expiration_time"]
 
 
-def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, reap_children):
-    """Three agents with tokens of one run and an outsider running plain hivemind (no proof, and it
-    admits anyone) look for a group of four at once. The DHTs check no tokens here, so the outsider
-    finds the group through matchmaking: only the averagers' own check keeps it out."""
+@pytest.mark.parametrize("outsider_starts_after", [0.0, 1.5], ids=["outsider-leads", "outsider-follows"])
+def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, outsider_starts_after, monkeypatch,
+                                                                    tmp_path, reap_children):
+    """Three agents with tokens of one run and an outsider look for a group of four at once. The
+    outsider runs the agent's averager without an authorizer: plain hivemind's behaviour (it sends no
+    proof and admits anyone) under the RPC names the agents use (``<prefix>::<class name>.<method>``).
+    The DHTs check no tokens here, so it finds the group through matchmaking: only the averagers' own
+    check keeps it out. Starting first, the outsider usually leads (the agents' members then refuse
+    its group); starting later, it usually asks an agent to lead (which refuses its request)."""
+    refused = tmp_path / "refused.txt"
+    check_refusal = MembershipCheck.refusal
+
+    def refusal_recorded(self, proof, peer_id):
+        """Writes down whom the averagers (child processes) refused, so the test knows the outsider took part."""
+        reason = check_refusal(self, proof, peer_id)
+        if reason is not None:
+            with refused.open("a") as file:
+                file.write(f"{peer_id}\n")
+        return reason
+
+    monkeypatch.setattr(MembershipCheck, "refusal", refusal_recorded)
     first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
                       for _ in range(3)]
@@ -156,7 +173,7 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, r
                    request_timeout=1.0, warn=False)
     averagers = [FlooredGradientAverager(params, dht=dht, authorizer=peer_authorizer(authority), **options)
                  for params, dht in zip(parameters[:3], dhts[:3])]
-    averagers.append(GradientAverager(parameters[3], dht=dhts[3], **options))
+    averagers.append(FlooredGradientAverager(parameters[3], dht=dhts[3], **options))
     honest_ids = {averager.peer_id: value for averager, value in zip(averagers[:3], values)}
     outsider_id = averagers[3].peer_id
     try:
@@ -165,16 +182,19 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, r
         def average(index: int) -> None:
             averagers[index].accumulate_grads_(batch_size=1)
             try:
-                # The outsider keeps trying for less long: the honest group forms in its first seconds.
+                # The outsider keeps trying for less long: the agents' group forms in its first seconds.
                 groups[index] = averagers[index].step(timeout=60 if index < 3 else 20)
             except Exception as e:  # a failed round is a valid outcome; the assertions below judge it
                 groups[index] = e
 
         threads = [threading.Thread(target=average, args=(index,)) for index in range(len(averagers))]
-        for thread in threads:
+        for thread in threads[:3]:
             thread.start()
+        time.sleep(outsider_starts_after)  # arranges who leads; the assertions hold either way
+        threads[3].start()
         for thread in threads:
             thread.join(120)
+        assert str(outsider_id) in refused.read_text().split(), "the outsider took part in matchmaking and was refused"
         honest_groups = groups[:3]
         succeeded = [index for index, group in enumerate(honest_groups) if isinstance(group, dict)]
         assert any(set(honest_groups[index]) == set(honest_ids) for index in succeeded), groups
