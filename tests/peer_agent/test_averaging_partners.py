@@ -16,7 +16,9 @@ from hivemind.utils.serializer import MSGPackSerializer
 from peer_agent import authorizer as authorizer_module
 from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
 from peer_agent.averaging import FlooredGradientAverager, MembershipCheck, membership_payload, membership_proof
+from peer_agent.training import Trainer, TrainerSetup
 from runs.authority import access_token_sign
+from tests.peer_agent.test_training_swarm import train_together
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -209,3 +211,39 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, o
             averager.shutdown()
         for dht in dhts:
             dht.shutdown()
+
+
+@pytest.mark.swarm
+def test_two_agents_with_tokens_average_gradients_together(authority, tiny_config, tokenizer, corpus_file, monkeypatch,
+                                                           tmp_path, reap_children, torch_threads):
+    """Trainers built as the agent builds them (an authorizer on the DHT and the gradient averager)
+    prove their membership to each other and average every round as a pair."""
+    checked = tmp_path / "groups.txt"
+    group_refusal = FlooredGradientAverager._group_refusal
+
+    def group_refusal_recorded(self, group_info):
+        """Writes down each group the averagers (child processes) checked and what they found."""
+        refusal = group_refusal(self, group_info)
+        with checked.open("a") as file:
+            file.write(f"{len(group_info.peer_ids)} {refusal}\n")
+        return refusal
+
+    monkeypatch.setattr(FlooredGradientAverager, "_group_refusal", group_refusal_recorded)
+    config = tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0))
+    trainers = []
+    try:
+        for seed in (1, 2):
+            key = RSAPrivateKey()
+            joins = [str(addr) for addr in trainers[0].dht.get_visible_maddrs()] if trainers else []
+            setup = TrainerSetup(config=config, run_id="test_partners_run", initial_peers=joins,
+                                 authorizer=peer_authorizer(authority, key), private_key=key,
+                                 host_maddrs=["/ip4/127.0.0.1/tcp/0"], threads=1, seed=seed,
+                                 data_files=[str(corpus_file)], progress_refresh_s=1.0, bandwidth=100.0)
+            trainers.append(Trainer(setup, tokenizer))
+        train_together(trainers, epochs=3)
+        groups = checked.read_text().splitlines()
+        assert groups and all(line == "2 None" for line in groups), groups
+        assert min(trainer.optimizer.local_epoch for trainer in trainers) >= 3
+    finally:
+        for trainer in trainers:
+            trainer.shutdown()
