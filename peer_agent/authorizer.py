@@ -108,10 +108,11 @@ class PortalAuthorizer(TokenAuthorizerBase):
 
     ``fetch_token`` returns a fresh ``hivemind_access`` object from the portal; it may be a plain
     function (run in a thread, so a slow portal does not stall the DHT; give it a timeout) or a
-    coroutine function. hivemind calls it inside the DHT's forked process, so it must not rely on
-    connections or event loops opened before the DHT started. A token is refreshed once two thirds of its lifetime have passed. While the
-    portal does not issue one, the peer keeps its current token until it expires, asking again every
-    ``retry_interval`` seconds; after that its requests fail with :class:`PortalAccessError`.
+    coroutine function. hivemind calls it inside the DHT's forked process (and the training thread
+    through :meth:`access_token_current`), so it must not rely on connections or event loops opened
+    before the DHT started. A token is refreshed once two thirds of its lifetime have passed. While
+    the portal does not issue one, the peer keeps its current token until it expires, asking again
+    every ``retry_interval`` seconds; after that its requests fail with :class:`PortalAccessError`.
 
     Give every peer its own ``RSAPrivateKey()``: the token names that key's public half.
     """
@@ -174,6 +175,19 @@ class PortalAuthorizer(TokenAuthorizerBase):
                 "(is this machine's clock right?)"
             )
         return token
+
+    def access_token_current(self) -> AccessToken:
+        """This peer's token, fetched or refreshed first when due; :class:`PortalAccessError` if it holds none.
+
+        For the training thread, which runs no event loop: hivemind refreshes only the copy of this
+        authorizer in the DHT's own process, so the gradient averager's membership proof
+        (``peer_agent.averaging``), built in the training thread, keeps this copy current itself."""
+        asyncio.run(self.refresh_token_if_needed())
+        return self._local_access_token
+
+    def peer_key_sign(self, data: bytes) -> bytes:
+        """Sign ``data`` with this peer's key, the one its access token names."""
+        return self._local_private_key.sign(data)
 
     def is_token_valid(self, access_token: AccessToken) -> bool:
         if not self._authority_public_key.verify(access_token_payload(access_token), access_token.signature):

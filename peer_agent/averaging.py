@@ -10,16 +10,36 @@ and the round takes twice what the LP planned (docs/benchmarks.md, section 6). A
 
 Every peer of a group must compute the same partition, so every peer of a run runs this agent.
 A firewalled peer (client mode) accepts no connections and keeps its share of 0.
+
+hivemind checks access tokens on DHT requests only; anyone who knows a peer's address and the
+run id could otherwise ask it to lead a group (``rpc_join_group``), then read the members'
+gradient parts and poison the average. So each peer sends a membership proof with its round's
+gathered data (:func:`membership_proof`) and averages only with peers whose proof verifies
+(:class:`MembershipCheck`): a leader refuses a join request without one, and every member checks
+the whole group before the all-reduce, which also covers a leader that admitted an outsider.
 """
 
+import logging
 import math
 from collections.abc import Sequence
+from typing import AsyncIterator  # noqa: UP035 (hivemind recognises a streaming handler by typing's alias only)
 
-from hivemind.averaging.allreduce import AveragingMode
+from hivemind.averaging.allreduce import AllreduceException, AveragingMode
 from hivemind.averaging.load_balancing import hagenbach_bishoff
 from hivemind.optim.grad_averager import GradientAverager
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.proto.auth_pb2 import AccessToken
+from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.timed_storage import get_dht_time
+
+from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, expiration_parse, rsa_public_key_parse
+
+logger = logging.getLogger(__name__)
 
 MIN_SHARE = 0.01
+_MEMBERSHIP_LABEL = b"dedloc-portal/averaging-member/v1:"
+_VERIFIED_MAX = 4096  # remembered proofs: far more than the peers of a run
 
 
 def shares_with_floor(parts: Sequence[int], can_aggregate: Sequence[bool], floor: float = MIN_SHARE) -> tuple[int, ...]:
@@ -38,11 +58,109 @@ def shares_with_floor(parts: Sequence[int], can_aggregate: Sequence[bool], floor
     return tuple(int(part) for part in hagenbach_bishoff(total, scores))
 
 
+def membership_payload(peer_id: PeerID) -> bytes:
+    """The bytes a member signs: its libp2p peer id, which libp2p's handshake authenticates on every
+    stream, so a proof replayed by another peer does not match that peer's id."""
+    return _MEMBERSHIP_LABEL + peer_id.to_bytes()
+
+
+def membership_proof(authorizer: PortalAuthorizer, peer_id: PeerID) -> list[bytes]:
+    """This peer's current access token and, made with the key that token names, a signature over its
+    peer id; :class:`PortalAccessError` if the peer holds no valid token."""
+    token = authorizer.access_token_current()
+    return [token.SerializeToString(), authorizer.peer_key_sign(membership_payload(peer_id))]
+
+
+class MembershipCheck:
+    """Verifies membership proofs against the run's authority; a proof that verified is remembered
+    until its token expires, so a group that meets every round costs one check per peer."""
+
+    def __init__(self, authorizer: PortalAuthorizer):
+        self._authorizer = authorizer
+        self._verified: dict[tuple[bytes, bytes], float] = {}  # (peer id, proof) -> token expiration
+
+    def refusal(self, proof: bytes, peer_id: PeerID) -> str | None:
+        """Why ``proof`` (a member's serialized gathered data) does not admit ``peer_id``; None if it does."""
+        key = (peer_id.to_bytes(), proof)
+        if self._verified.get(key, float("-inf")) > get_dht_time():
+            return None
+        reason, token = self._verify(proof, peer_id)
+        if reason is None:
+            if len(self._verified) >= _VERIFIED_MAX:
+                self._verified.clear()
+            self._verified[key] = expiration_parse(token.expiration_time)
+        return reason
+
+    def _verify(self, proof: bytes, peer_id: PeerID) -> tuple[str | None, AccessToken | None]:
+        try:
+            decoded = MSGPackSerializer.loads(proof)
+            if decoded is None:
+                return "sent no membership proof (not an agent, or one older than membership proofs)", None
+            token_bytes, signature = decoded
+            token = AccessToken.FromString(token_bytes)
+            public_key = rsa_public_key_parse(token.public_key)
+        except Exception:  # the bytes come from anyone, and msgpack raises many kinds of errors on garbage
+            return "sent a malformed membership proof", None
+        if not self._authorizer.is_token_valid(token):
+            return f"holds no valid access token ({token.username!r}'s is expired or not signed by this run's authority)", None
+        if not isinstance(signature, bytes) or not public_key.verify(membership_payload(peer_id), signature):
+            return f"showed {token.username!r}'s access token without proving it holds its key for this peer id", None
+        return None, token
+
+
 class FlooredGradientAverager(GradientAverager):
     """hivemind's ``GradientAverager`` with :func:`shares_with_floor` applied to each group's
-    partition (the peers' declared bandwidths and modes travel in ``group_info.gathered``)."""
+    partition (the peers' declared bandwidths and modes travel in ``group_info.gathered``) and,
+    given the agent's ``authorizer``, averaging only among peers that prove they hold a token."""
+
+    def __init__(self, *args, authorizer: PortalAuthorizer | None = None, **kwargs):
+        # Set before hivemind's constructor, which may start the averager's process.
+        self._authorizer = authorizer
+        self._membership = MembershipCheck(authorizer) if authorizer is not None else None
+        super().__init__(*args, **kwargs)
+
+    def schedule_step(self, scheduled_time=None, **kwargs):
+        # Runs in the training thread; hivemind serializes ``gather`` here and sends it to the group.
+        if self._authorizer is not None:
+            if kwargs.get("gather") is not None:
+                raise ValueError("this averager's gathered data carries its membership proof: pass no gather")
+            try:
+                kwargs["gather"] = membership_proof(self._authorizer, self.peer_id)
+            except PortalAccessError as e:
+                logger.warning("Averaging without a membership proof, so peers will refuse this one: %s", e)
+        return super().schedule_step(scheduled_time, **kwargs)
+
+    async def rpc_join_group(self, request: averaging_pb2.JoinRequest,
+                             context: P2PContext) -> AsyncIterator[averaging_pb2.MessageFromLeader]:
+        # hivemind registers the averager's handlers by these annotations (no string annotations here).
+        refusal = self._member_refusal(request.gather, context.remote_id) if self._membership else None
+        if refusal is not None:
+            logger.info("Refused peer %s a place in the averaging group: it %s", context.remote_id, refusal)
+            yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        async for message in super().rpc_join_group(request, context):
+            yield message
+
+    def _group_refusal(self, group_info) -> str | None:
+        for peer_id, gathered in zip(group_info.peer_ids, group_info.gathered):
+            refusal = self._member_refusal(gathered, peer_id) if peer_id != self.peer_id else None
+            if refusal is not None:
+                return f"its member {peer_id} {refusal}"
+        return None
+
+    def _member_refusal(self, gathered: bytes, peer_id: PeerID) -> str | None:
+        try:
+            _, _, proof = self.serializer.loads(gathered)
+        except Exception:  # anyone's bytes, as in MembershipCheck
+            return "sent malformed gathered data"
+        return self._membership.refusal(proof, peer_id) if isinstance(proof, bytes) else "sent a malformed membership proof"
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
+        refusal = self._group_refusal(group_info) if self._membership is not None else None
+        if refusal is not None:
+            # Members' streams to this peer wait on the group's future: cancelling it ends them now.
+            self._running_groups[group_info.group_id if group_id is None else group_id].cancel()
+            raise AllreduceException(f"not averaging with this group: {refusal}")
         parts = kwargs.get("peer_fractions")
         if parts is not None:
             bandwidths, mode_ids, _ = zip(*map(self.serializer.loads, group_info.gathered))
