@@ -1,5 +1,5 @@
-"""The agent's gradient averager averages only with peers that prove they hold an access token
-(peer_agent.averaging: membership proofs)."""
+"""The agent's gradient and state averagers average only with peers that prove they hold an access
+token (peer_agent.averaging: membership proofs), and build their proofs without waiting on the portal."""
 
 import secrets
 import threading
@@ -14,8 +14,14 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.serializer import MSGPackSerializer
 
 from peer_agent import authorizer as authorizer_module
-from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
-from peer_agent.averaging import FlooredGradientAverager, MembershipCheck, membership_payload, membership_proof
+from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, access_token_from_json
+from peer_agent.averaging import (
+    FlooredGradientAverager,
+    MembershipCheck,
+    MembersOnlyAverager,
+    membership_payload,
+    membership_proof,
+)
 from peer_agent.training import Trainer, TrainerSetup
 from runs.authority import access_token_sign
 from tests.peer_agent.test_training_swarm import train_together
@@ -39,35 +45,38 @@ def token_json(authority: RSAPrivateKey, peer_key: RSAPrivateKey, *, lifetime=ti
 
 
 def peer_authorizer(authority: RSAPrivateKey, peer_key: RSAPrivateKey | None = None, **token_kwargs) -> PortalAuthorizer:
-    """A peer's authorizer whose portal issues a token signed by ``authority``."""
+    """A peer's authorizer whose portal issues a token signed by ``authority``, holding that token."""
     peer_key = peer_key or RSAPrivateKey()
     token = token_json(authority, peer_key, **token_kwargs)
-    return PortalAuthorizer(peer_key, authority.get_public_key(), lambda: token)
+    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), lambda: token)
+    authorizer.token_refresh_start()  # fetches the first token in this thread
+    authorizer.token_refresh_stop()  # the tests' tokens outlive them: no refresh thread needed
+    return authorizer
 
 
 def random_peer_id() -> PeerID:
     return PeerID(secrets.token_bytes(34))
 
 
-def proof_bytes(proof) -> bytes:
-    """A proof as the averager finds it in a member's gathered data."""
-    return MSGPackSerializer.dumps(proof)
+def as_received(proof):
+    """A proof as a member's averager decodes it from the gathered data."""
+    return MSGPackSerializer.loads(MSGPackSerializer.dumps(proof))
 
 
-def hand_made_proof(token: dict, peer_key: RSAPrivateKey, peer_id: PeerID) -> bytes:
+def hand_made_proof(token: dict, peer_key: RSAPrivateKey, peer_id: PeerID):
     """A proof built around any token, even one that the agent's authorizer would not hold."""
     token = access_token_from_json(token)
-    return proof_bytes([token.SerializeToString(), peer_key.sign(membership_payload(peer_id))])
+    return as_received([token.SerializeToString(), peer_key.sign(membership_payload(peer_id))])
 
 
 def test_a_proof_admits_the_peer_it_was_made_for(authority):
     peer_id = random_peer_id()
-    proof = proof_bytes(membership_proof(peer_authorizer(authority), peer_id))
+    proof = as_received(membership_proof(peer_authorizer(authority), peer_id))
     assert MembershipCheck(peer_authorizer(authority)).refusal(proof, peer_id) is None
 
 
 def test_a_proof_replayed_by_another_peer_is_refused(authority):
-    proof = proof_bytes(membership_proof(peer_authorizer(authority), random_peer_id()))
+    proof = as_received(membership_proof(peer_authorizer(authority), random_peer_id()))
     refusal = MembershipCheck(peer_authorizer(authority)).refusal(proof, random_peer_id())
     assert refusal is not None and "without proving it holds its key for this peer id" in refusal
 
@@ -87,29 +96,37 @@ def test_an_expired_token_is_refused(authority):
 
 def test_a_token_signed_by_another_authority_is_refused(authority, other_authority):
     peer_id = random_peer_id()
-    proof = proof_bytes(membership_proof(peer_authorizer(other_authority), peer_id))
+    proof = as_received(membership_proof(peer_authorizer(other_authority), peer_id))
     assert "holds no valid access token" in MembershipCheck(peer_authorizer(authority)).refusal(proof, peer_id)
 
 
 def test_a_peer_that_sends_no_proof_is_refused(authority):
     """An agent from before membership proofs, or plain hivemind, gathers None."""
-    refusal = MembershipCheck(peer_authorizer(authority)).refusal(proof_bytes(None), random_peer_id())
+    refusal = MembershipCheck(peer_authorizer(authority)).refusal(as_received(None), random_peer_id())
     assert "sent no membership proof" in refusal
 
 
 @pytest.mark.parametrize("proof", [
-    b"\xc1 not msgpack", b"", proof_bytes("text"), proof_bytes([1, 2]), proof_bytes([b"not a token", b"x"]),
-    proof_bytes([b"a", b"b", b"c"]), proof_bytes({"token": b"x"}),
-], ids=["garbage", "empty", "text", "numbers", "bad-token", "three-parts", "map"])
+    b"bytes", "text", [1, 2], [b"not a token", b"x"], [b"a", b"b", b"c"], {"token": b"x"}, [b"token", 12345],
+], ids=["bytes", "text", "numbers", "bad-token", "three-parts", "map", "signature-not-bytes"])
 def test_a_malformed_proof_is_refused_without_an_exception(authority, proof):
-    assert MembershipCheck(peer_authorizer(authority)).refusal(proof, random_peer_id()) == "sent a malformed membership proof"
+    refusal = MembershipCheck(peer_authorizer(authority)).refusal(as_received(proof), random_peer_id())
+    assert refusal == "sent a malformed membership proof"
 
 
-def test_a_signature_that_is_not_bytes_is_refused(authority):
-    peer_key, peer_id = RSAPrivateKey(), random_peer_id()
-    token = access_token_from_json(token_json(authority, peer_key))
-    proof = proof_bytes([token.SerializeToString(), 12345])
-    assert "without proving" in MembershipCheck(peer_authorizer(authority)).refusal(proof, peer_id)
+@pytest.mark.parametrize("gathered", [
+    b"\xc1 not msgpack", MSGPackSerializer.dumps([100.0, 0, b"\xc1 not msgpack"]), MSGPackSerializer.dumps([1, 2]),
+], ids=["garbage", "garbage-inside", "short"])
+def test_malformed_gathered_data_is_refused_without_an_exception(authority, gathered):
+    refusal = MembershipCheck(peer_authorizer(authority)).gathered_refusal(gathered, random_peer_id())
+    assert refusal == "sent malformed gathered data"
+
+
+def test_gathered_data_of_plain_hivemind_is_refused_as_sending_no_proof(authority):
+    """A peer without membership proofs gathers its own data (here an epoch) unwrapped."""
+    gathered = MSGPackSerializer.dumps([100.0, 0, MSGPackSerializer.dumps(7)])
+    refusal = MembershipCheck(peer_authorizer(authority)).gathered_refusal(gathered, random_peer_id())
+    assert "sent no membership proof" in refusal
 
 
 def test_a_remembered_proof_is_refused_once_its_token_expires(authority, monkeypatch):
@@ -124,23 +141,79 @@ def test_a_remembered_proof_is_refused_once_its_token_expires(authority, monkeyp
     assert "holds no valid access token" in check.refusal(proof, peer_id)
 
 
-def test_the_training_thread_refreshes_its_own_token_when_due(authority, monkeypatch):
-    """hivemind refreshes only the DHT process's copy of the authorizer; the proof's copy fetches its own."""
+def test_a_proof_is_built_at_once_while_the_token_refresh_waits_on_the_portal(authority, monkeypatch):
+    """hivemind refreshes only the DHT process's copy of the authorizer; the proofs' copy is refreshed in a
+    thread of its own, so a portal that does not answer never holds up the training thread."""
     peer_key = RSAPrivateKey()
-    tokens = [token_json(authority, peer_key, lifetime=timedelta(minutes=1)), token_json(authority, peer_key)]
-    fetched = []
+    first, second = token_json(authority, peer_key, lifetime=timedelta(minutes=1)), token_json(authority, peer_key)
+    asked, portal_answers, answered = threading.Event(), threading.Event(), threading.Event()
+    calls = []
 
     def fetch_token():
-        fetched.append(tokens[len(fetched)])
-        return fetched[-1]
+        calls.append(1)
+        if len(calls) == 1:
+            return first
+        asked.set()
+        try:
+            portal_answers.wait(60)  # a portal that does not answer until the test lets it
+            return second
+        finally:
+            answered.set()
 
-    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), fetch_token)
-    first = authorizer.access_token_current()
-    assert authorizer.access_token_current() is first and len(fetched) == 1, "not fetched again before it is due"
-    later = authorizer_module.get_dht_time() + 45  # past two thirds of its lifetime
-    monkeypatch.setattr(authorizer_module, "get_dht_time", lambda: later)
-    second = authorizer.access_token_current()
-    assert len(fetched) == 2 and second.expiration_time == tokens[1]["expiration_time"]
+    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), fetch_token, retry_interval=0.05)
+    authorizer.token_refresh_start()
+    try:
+        later = authorizer_module.get_dht_time() + 45  # past two thirds of the first token's lifetime
+        monkeypatch.setattr(authorizer_module, "get_dht_time", lambda: later)
+        assert asked.wait(30), "the refresh thread asks the portal once a refresh is due"
+        token, _ = membership_proof(authorizer, random_peer_id())
+        assert not answered.is_set(), "the proof was built while the portal had not answered"
+        assert access_token_from_json(first).SerializeToString() == token, "with the token held"
+        portal_answers.set()
+        assert answered.wait(30)
+        deadline = time.monotonic() + 30
+        while authorizer.access_token_current().expiration_time != second["expiration_time"]:
+            assert time.monotonic() < deadline, "the refreshed token replaces the one held"
+            time.sleep(0.05)
+    finally:
+        portal_answers.set()
+        authorizer.token_refresh_stop()
+
+
+def test_while_the_portal_refuses_the_held_token_is_used_until_it_expires(authority, monkeypatch):
+    peer_key = RSAPrivateKey()
+    first = token_json(authority, peer_key, lifetime=timedelta(minutes=1))
+    calls = []
+
+    def fetch_token():
+        calls.append(1)
+        if len(calls) == 1:
+            return first
+        raise ConnectionError("the portal is down")
+
+    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), fetch_token, retry_interval=0.05)
+    authorizer.token_refresh_start()
+    try:
+        monkeypatch.setattr(authorizer_module, "get_dht_time", lambda: time.time() + 45)  # a refresh is due
+        deadline = time.monotonic() + 30
+        while len(calls) < 4:
+            assert time.monotonic() < deadline, "the refresh thread asks again every retry_interval"
+            time.sleep(0.05)
+        token, _ = membership_proof(authorizer, random_peer_id())
+        assert token == access_token_from_json(first).SerializeToString()
+        monkeypatch.setattr(authorizer_module, "get_dht_time", lambda: time.time() + 75)
+        with pytest.raises(PortalAccessError, match="has expired and the portal did not issue a new one"):
+            membership_proof(authorizer, random_peer_id())
+    finally:
+        authorizer.token_refresh_stop()
+
+
+def test_an_authorizer_whose_token_is_not_kept_fresh_builds_no_proof(authority):
+    """Without token_refresh_start the training thread never fetches: it has nothing to prove with."""
+    peer_key = RSAPrivateKey()
+    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), lambda: token_json(authority, peer_key))
+    with pytest.raises(PortalAccessError, match="no access token to this run's swarm yet"):
+        membership_proof(authorizer, random_peer_id())
 
 
 @pytest.mark.parametrize("outsider_starts_after", [0.0, 1.5], ids=["outsider-leads", "outsider-follows"])
@@ -219,7 +292,7 @@ def test_two_agents_with_tokens_average_gradients_together(authority, tiny_confi
     """Trainers built as the agent builds them (an authorizer on the DHT and the gradient averager)
     prove their membership to each other and average every round as a pair."""
     checked = tmp_path / "groups.txt"
-    group_refusal = FlooredGradientAverager._group_refusal
+    group_refusal = MembersOnlyAverager._group_refusal
 
     def group_refusal_recorded(self, group_info):
         """Writes down each group the averagers (child processes) checked and what they found."""
@@ -228,7 +301,7 @@ def test_two_agents_with_tokens_average_gradients_together(authority, tiny_confi
             file.write(f"{len(group_info.peer_ids)} {refusal}\n")
         return refusal
 
-    monkeypatch.setattr(FlooredGradientAverager, "_group_refusal", group_refusal_recorded)
+    monkeypatch.setattr(MembersOnlyAverager, "_group_refusal", group_refusal_recorded)
     config = tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0))
     trainers = []
     try:
