@@ -5,10 +5,13 @@ import secrets
 import threading
 import time
 from datetime import timedelta
+from functools import partial
+from itertools import combinations
 
 import pytest
 import torch
 from hivemind.dht import DHT
+from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.serializer import MSGPackSerializer
@@ -19,6 +22,7 @@ from peer_agent.averaging import (
     FlooredGradientAverager,
     MembershipCheck,
     MembersOnlyAverager,
+    MembersOnlyStateAverager,
     membership_payload,
     membership_proof,
 )
@@ -226,17 +230,17 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, o
     check keeps it out. Starting first, the outsider usually leads (the agents' members then refuse
     its group); starting later, it usually asks an agent to lead (which refuses its request)."""
     refused = tmp_path / "refused.txt"
-    check_refusal = MembershipCheck.refusal
+    check_refusal = MembershipCheck.gathered_refusal
 
-    def refusal_recorded(self, proof, peer_id):
+    def refusal_recorded(self, gathered, peer_id):
         """Writes down whom the averagers (child processes) refused, so the test knows the outsider took part."""
-        reason = check_refusal(self, proof, peer_id)
+        reason = check_refusal(self, gathered, peer_id)
         if reason is not None:
             with refused.open("a") as file:
                 file.write(f"{peer_id}\n")
         return reason
 
-    monkeypatch.setattr(MembershipCheck, "refusal", refusal_recorded)
+    monkeypatch.setattr(MembershipCheck, "gathered_refusal", refusal_recorded)
     first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
                       for _ in range(3)]
@@ -279,6 +283,97 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, o
             expected = sum(honest_ids[member] for member in members) / len(members)
             with averagers[index].get_tensors() as (averaged,):
                 assert torch.allclose(averaged, torch.full_like(averaged, expected)), (index, averaged.flatten()[:3])
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in dhts:
+            dht.shutdown()
+
+
+def averaged_with(averager, honest: dict) -> set | None:
+    """The agents whose parameters ``averager`` averaged with its own, found from the mean it holds
+    (itself alone if the round failed); None if that mean is no mean of agents' values."""
+    (parameter,) = averager.main_parameters
+    others = [peer for peer in honest if peer != averager.peer_id]
+    for group in [{averager.peer_id, *chosen} for size in range(len(others) + 1) for chosen in combinations(others, size)]:
+        mean = sum(honest[peer][0] for peer in group) / len(group)
+        if torch.allclose(parameter, torch.full_like(parameter, mean)):
+            return group
+    return None
+
+
+@pytest.mark.parametrize("agents_round", ["pre-scheduled", "in-step"])
+def test_parameters_are_averaged_only_among_token_holders_and_epochs_still_gathered(authority, agents_round, monkeypatch,
+                                                                                   tmp_path, reap_children):
+    """Three agents' state averagers (parameter averaging, once per epoch) with tokens and an outsider
+    running plain hivemind's ``TrainingStateAverager`` look for a group of four. The outsider is
+    refused; the agents average their parameters among themselves and still gather each other's
+    epochs: as the step's result when the round was scheduled ahead, as the Optimizer does
+    ("pre-scheduled"), and through hivemind's epoch sync when the step starts the round ("in-step")."""
+    refused = tmp_path / "refused.txt"
+    check_refusal = MembershipCheck.gathered_refusal
+
+    def refusal_recorded(self, gathered, peer_id):
+        """Writes down whom the averagers (child processes) refused, so the test knows the outsider took part."""
+        reason = check_refusal(self, gathered, peer_id)
+        if reason is not None:
+            with refused.open("a") as file:
+                file.write(f"{peer_id}\n")
+        return reason
+
+    monkeypatch.setattr(MembershipCheck, "gathered_refusal", refusal_recorded)
+    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+                      for _ in range(3)]
+    # The agents' values: each set of them has its own mean. The last are the outsider's.
+    values, epochs = [1.0, 2.0, 4.0, 100.0], [5, 6, 7, 1000]
+    options = dict(prefix="test_partners_state", start=True, target_group_size=4, min_matchmaking_time=3.0,
+                   request_timeout=1.0, optimizer=partial(torch.optim.SGD, lr=0.1), sync_epoch_when_averaging=True)
+    averagers = [MembersOnlyStateAverager(dht=dht, params=[torch.nn.Parameter(torch.full((64, 33), value))],
+                                          authorizer=peer_authorizer(authority), **options)
+                 for value, dht in zip(values[:3], dhts[:3])]
+    averagers.append(TrainingStateAverager(dht=dhts[3], params=[torch.nn.Parameter(torch.full((64, 33), values[3]))],
+                                           **options))
+    for averager, epoch in zip(averagers, epochs):
+        averager.local_epoch = epoch
+    honest = {averager.peer_id: (value, epoch) for averager, value, epoch in zip(averagers[:3], values, epochs)}
+    outsider_id = averagers[3].peer_id
+    try:
+        gathered = [None] * 3
+
+        def agent_round(index: int) -> None:
+            averager = averagers[index]
+            if agents_round == "in-step":
+                averager.step(averaging_round=True, averaging_opts=dict(timeout=60))
+                return
+            control = averager.schedule_step(gather=averager.local_epoch, timeout=60)
+            averager.step(averaging_round=True, averaging_control=control, averaging_opts=dict(timeout=60))
+            try:
+                gathered[index] = control.result(0)
+            except Exception as e:  # a failed round is a valid outcome; the assertions below judge it
+                gathered[index] = e
+
+        def outsider_round() -> None:
+            averagers[3].step(averaging_round=True, averaging_opts=dict(timeout=20))
+
+        agents = [threading.Thread(target=agent_round, args=(index,)) for index in range(3)]
+        outsider = threading.Thread(target=outsider_round)
+        # Arranges who usually leads (as in the gradient test above, both ways); the assertions hold either way.
+        order = [outsider, *agents] if agents_round == "pre-scheduled" else [*agents, outsider]
+        for thread in order:
+            if thread is outsider and agents_round == "in-step":
+                time.sleep(1.5)
+            thread.start()
+        for thread in order:
+            thread.join(120)
+        assert str(outsider_id) in refused.read_text().split(), "the outsider took part in matchmaking and was refused"
+        groups = [averaged_with(averager, honest) for averager in averagers[:3]]
+        assert any(group == set(honest) for group in groups), (groups, [a.local_epoch for a in averagers])
+        for index, (averager, group) in enumerate(zip(averagers[:3], groups)):
+            assert group is not None, f"agent {index} averaged with the outsider: {averager.main_parameters[0].flatten()[:3]}"
+            assert averager.local_epoch == max(honest[peer][1] for peer in group), "epochs synced within the group"
+            if agents_round == "pre-scheduled" and len(group) > 1:
+                assert gathered[index] == {peer: honest[peer][1] for peer in group}, "the gathered epochs, plain"
     finally:
         for averager in averagers:
             averager.shutdown()
