@@ -290,6 +290,14 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, o
             dht.shutdown()
 
 
+def test_the_state_averager_keeps_hivemind_stream_names_so_plain_peers_download_state():
+    """The portal's checkpointer downloads state with a plain TrainingStateAverager; hivemind names
+    streams after the class (tests/runs/test_checkpoint_swarm.py downloads from agents for real)."""
+    for method in ("rpc_download_state", "rpc_join_group", "rpc_aggregate_part"):
+        expected = TrainingStateAverager._get_handle_name("run_state_averager", method)
+        assert MembersOnlyStateAverager._get_handle_name("run_state_averager", method) == expected
+
+
 def averaged_with(averager, honest: dict) -> set | None:
     """The agents whose parameters ``averager`` averaged with its own, found from the mean it holds
     (itself alone if the round failed); None if that mean is no mean of agents' values."""
