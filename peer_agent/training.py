@@ -57,7 +57,7 @@ class TrainerSetup:
     initial_peers: list[str] = field(default_factory=list)
     client_mode: bool = False  # True when this peer cannot accept incoming connections
     bandwidth: float | None = None  # declared bandwidth in Mbit/s, for load balancing in all-reduce
-    # Admits this peer to the run's DHT and, through the gradient averager, to averaging groups.
+    # Admits this peer to the run's DHT and, through its averagers, to gradient and parameter averaging groups.
     authorizer: PortalAuthorizer | None = None
     # A key of its own, never RSAPrivateKey.process_wide(): two peers in one process would
     # otherwise overwrite each other's progress and metrics records.
