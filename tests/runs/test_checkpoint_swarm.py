@@ -14,6 +14,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from transformers import AlbertForMaskedLM, AlbertForPreTraining, PreTrainedTokenizerFast, pipeline
 
 from accounts.services import token_create
+from peer_agent import __version__
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.checkpoint import checkpoint_metadata, checkpoint_unzip
 from peer_agent.device import device_info
@@ -140,7 +141,7 @@ def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_s
     with PortalClient(asgi_server, secret) as portal:
         key = RSAPrivateKey()
         joined = portal.join(run.slug, JoinRequest(peer_public_key=key.get_public_key().to_bytes().decode(),
-                                                   agent_version="test", device=device_info(torch.device("cpu"), "fp32")))
+                                                   agent_version=__version__, device=device_info(torch.device("cpu"), "fp32")))
         assert joined.checkpoint_url is not None
         fetch = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, tmp_path / "agent")
         second = make_trainer(checkpoint_fetch=fetch, initial_peers=joined.initial_peers)
