@@ -167,8 +167,15 @@ class MembersOnlyAverager(DecentralizedAverager):
             logger.info("Refused peer %s a place in the averaging group: it %s", context.remote_id, refusal)
             yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
             return
-        async for message in super().rpc_join_group(request, context):
-            yield message
+        # Close hivemind's generator here, in this task: left to the event loop's finalizer it can be
+        # closed while still running ("aclose(): asynchronous generator is already running"), and its
+        # cleanup, which releases the matchmaking locks, may then never run.
+        joining = super().rpc_join_group(request, context)
+        try:
+            async for message in joining:
+                yield message
+        finally:
+            await joining.aclose()
 
     def _group_refusal(self, group_info) -> str | None:
         for peer_id, gathered in zip(group_info.peer_ids, group_info.gathered):
