@@ -49,10 +49,9 @@ def report_session(*, token: AgentToken, session_id: int) -> TrainingSession:
         raise ReportRefused("session_not_found", f"there is no training session {session_id} of yours; join the run again")
     if token.run_id is not None and token.run_id != session.run_id:
         raise ReportRefused("session_not_found", f"agent token “{token.name}” is limited to another run")
-    if session.run.status == Run.Status.FINISHED:
-        raise ReportRefused("run_finished", f"run “{session.run.slug}” has finished and takes no more reports")
-    if RunBan.objects.filter(run_id=session.run_id, user_id=session.user_id).exists():
-        raise ReportRefused("banned", f"you were banned from run “{session.run.slug}”; reports are not counted")
+    # The same rules the connection re-checks later through RunAdmissions.
+    admission_check(admission=run_admission(run_id=session.run_id, token_ids=frozenset({token.pk})),
+                    session=session, token=token)
     return session
 
 

@@ -33,7 +33,8 @@ def report(session_id: int, seq: int, samples: int = 32, **changes) -> dict:
 
 
 def exchange(secret: str | None, frames: list, *, headers=None) -> list[dict]:
-    """Connect, send each frame (dicts as JSON, strings raw), and return every answer."""
+    """Connect, send each frame (dicts as JSON, strings raw), and return every answer. A function
+    among the frames is called in between, on the database, as another request would."""
 
     async def run() -> list[dict]:
         auth = [(b"authorization", f"Bearer {secret}".encode())] if secret else []
@@ -46,6 +47,9 @@ def exchange(secret: str | None, frames: list, *, headers=None) -> list[dict]:
                 answers.append(json.loads(await communicator.receive_from(timeout=10)))
                 return answers
             for frame in frames:
+                if callable(frame):
+                    await database_sync_to_async(frame)()
+                    continue
                 await communicator.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
                 answers.append(json.loads(await communicator.receive_from(timeout=10)))
         finally:
@@ -172,28 +176,6 @@ def test_a_flood_is_rate_limited_without_closing_the_socket(session):
     assert total(session) == 32 * len(acked)
 
 
-def converse(secret: str, steps: list) -> list[dict]:
-    """On one connection, per step: a frame to send (its answer is kept) or a function to call
-    in between (on the database, as another request would)."""
-
-    async def run() -> list[dict]:
-        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {secret}".encode())])
-        assert (await communicator.connect())[0]
-        answers = []
-        try:
-            for step in steps:
-                if callable(step):
-                    await database_sync_to_async(step)()
-                    continue
-                await communicator.send_to(text_data=json.dumps(step))
-                answers.append(json.loads(await communicator.receive_from(timeout=10)))
-        finally:
-            await communicator.disconnect()
-        return answers
-
-    return async_to_sync(run)()
-
-
 @pytest.fixture
 def recheck_now(monkeypatch):
     """Every report re-checks its run's admission (the portal does so every few seconds)."""
@@ -213,7 +195,7 @@ def _finish(run) -> None:
 def test_a_ban_a_revoked_token_or_a_finished_run_stops_credit_on_an_open_connection(session, organizer, recheck_now,
                                                                                     change, code):
     session.run.organizers.add(organizer)
-    answers = converse(session.secret, [report(session.pk, 1), lambda: change(session), report(session.pk, 2)])
+    answers = exchange(session.secret, [report(session.pk, 1), lambda: change(session), report(session.pk, 2)])
     assert answers[0] == {"type": "ack", "seq": 1}
     assert (answers[1]["type"], answers[1]["code"], answers[1]["seq"]) == ("error", code, 2)
     assert total(session) == 32
@@ -224,7 +206,7 @@ def test_an_expired_token_stops_credit_on_an_open_connection(session, recheck_no
     def expire() -> None:
         AgentToken.objects.filter(pk=session.token_id).update(expires_at=datetime.datetime.now(datetime.UTC))
 
-    answers = converse(session.secret, [report(session.pk, 1), expire, report(session.pk, 2)])
+    answers = exchange(session.secret, [report(session.pk, 1), expire, report(session.pk, 2)])
     assert answers[1]["code"] == "token_expired"
     assert total(session) == 32
 
@@ -264,6 +246,7 @@ def test_the_sockets_of_one_run_share_one_admission_check(monkeypatch):
 
     answers = async_to_sync(everyone)()
     assert all(answer["type"] == "ack" for agent_answers in answers for answer in agent_answers), answers
-    # Each socket's first report checks its session fully; the 40 later ones read one admission.
-    assert fetches == [run.pk]
+    # Each socket's first report checks its session with a fetch of its own; the 40 later reports
+    # read one shared admission.
+    assert fetches == [run.pk] * (20 + 1)
     assert ContributionEvent.objects.filter(session__run=run).count() == 60
