@@ -6,8 +6,11 @@ with what its peer *announced* in its signed DHT records for that epoch, and rec
 in a :class:`~runs.models.SessionEpoch` row:
 
 - verified: ``reported <= announced × (1 + TOLERANCE) + one local step`` and the announced share
-  is plausible (at most the epoch's ``target_batch_size`` + one local step). The slack of one
-  step covers the step an agent counts when hivemind drops it for a resync.
+  is plausible: at most ``RUN_PACE_SLACK`` × the epoch's ``target_batch_size`` + one local step,
+  the same pace the ingest allows. An honest peer does go past the target batch: it accumulates
+  into its epoch until its fetch of the collaboration's progress returns or its averaging round
+  begins (seen in CI: 48 samples of a target of 32). The slack of one step covers the step an
+  agent counts when hivemind drops it for a resync.
 - flagged: the figures disagree; ``detail`` names them and an organizer accepts or rejects it.
 - provisional, "never seen": the session reported samples for an epoch in which the monitor never
   saw its peer's records. It is rejected once its session has ended or ``NEVER_SEEN_REJECT_AFTER``
@@ -29,6 +32,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from peer_agent.protocol import RunConfig
+from runs.ingest import RUN_PACE_SLACK
 from runs.models import ContributionEvent, Run, RunEvent, SessionEpoch, TrainingSession
 from runs.services import run_event_record
 
@@ -63,9 +67,9 @@ def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: Ep
     """The status the figures call for (verified, flagged, or provisional when never seen) and why."""
     if announced is None:
         return _Status.PROVISIONAL, NOT_SEEN_YET
-    if announced > limits.target_batch_size + limits.step_samples:
-        return _Status.FLAGGED, (f"epoch {epoch}: the peer announced {announced} samples, more than the epoch's whole "
-                                 f"target batch of {limits.target_batch_size}")
+    if announced > RUN_PACE_SLACK * limits.target_batch_size + limits.step_samples:
+        return _Status.FLAGGED, (f"epoch {epoch}: the peer announced {announced} samples, more than one peer gathers "
+                                 f"in an epoch ({RUN_PACE_SLACK:g} × the target batch of {limits.target_batch_size})")
     allowed = int(announced * (1 + limits.tolerance)) + limits.step_samples
     if reported > allowed:
         return _Status.FLAGGED, (f"epoch {epoch}: reported {reported} samples, but the peer's signed DHT records "

@@ -70,12 +70,19 @@ def test_reported_samples_are_verified_within_the_tolerance_of_what_the_peer_ann
         assert f"reported {reported} samples" in judged.detail and f"announced {announced}" in judged.detail
 
 
-def test_a_share_larger_than_the_whole_epoch_is_flagged_even_if_reports_match(run):
+@pytest.mark.parametrize("announced, status", [
+    (TARGET + TARGET // 2, "verified"),  # an honest peer whose view of the collaboration lagged
+    (2 * TARGET + STEP, "verified"),
+    (2 * TARGET + STEP + 1, "flagged"),
+    (200, "flagged"),
+])
+def test_a_share_beyond_what_one_peer_gathers_in_an_epoch_is_flagged_even_if_reports_match(run, announced, status):
     amina = session_for(run)
-    report(amina, 200, epoch=2)
-    verification.announced_record(session_id=amina.pk, epoch=2, announced=200)
-    assert judge(run, 2) == {amina.pk: "flagged"}
-    assert "more than the epoch's whole target batch of 64" in row(amina, 2).detail
+    report(amina, announced, epoch=2)
+    verification.announced_record(session_id=amina.pk, epoch=2, announced=announced)
+    assert judge(run, 2) == {amina.pk: status}
+    if status == "flagged":
+        assert "more than one peer gathers in an epoch (2 × the target batch of 64)" in row(amina, 2).detail
 
 
 def test_the_largest_announced_figure_is_kept(run):
