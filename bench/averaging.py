@@ -27,7 +27,11 @@ Cases (host 3 is the odd one): ``homogeneous`` all at ``--fast-rate``; ``slow`` 
 and averager: it aggregates nothing). Each case is run with every peer declaring its shaped rate
 (``declared``; the rate given to tc, not measured) and with every peer declaring the same rate
 (``equal``: equal shares); ``hivemind`` is ``declared`` with hivemind's own ``GradientAverager``,
-whose partition may leave a slow peer no share. The bound is the time of the optimal partition (hivemind's own
+whose partition may leave a slow peer no share. ``tcp`` is the wire's ceiling for the ``declared``
+partition, without hivemind: every host sends every other host, over plain TCP and all at once,
+the bytes the all-reduce would (its vector part to each owner, and its own averaged part back), so
+``tcp``'s round over the bound is what this lab's links and TCP allow, and ``declared`` over ``tcp``
+is what hivemind's all-reduce protocol itself costs. The bound is the time of the optimal partition (hivemind's own
 ``load_balance_peers`` given the true rates, clients at 0): peer i with share f_i sends
 S(1 - f_i) as a client and (n - 1) f_i S as an aggregator and receives as much, so a round takes at
 least max_i S (1 + (n - 2) f_i) / B_i; at equal rates that is 2(n-1)/n * S/B. The same formula gives
@@ -52,7 +56,8 @@ from pathlib import Path
 N_PEERS = 4
 LAB_ADDRESS_PREFIX = "/ip4/10.77.0.1/"
 CASES = ("homogeneous", "slow", "client")
-MODES = ("declared", "equal", "hivemind")
+MODES = ("declared", "equal", "hivemind", "tcp")
+TCP_PORT = 47123
 
 
 def _parse() -> argparse.Namespace:
@@ -79,12 +84,70 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--bandwidth", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--client-mode", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--hivemind-averager", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tcp", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--initial-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--total-rounds", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
 # ---------------------------------------------------------------- peer (inside a namespace)
+
+def _barrier(work: Path, round_number: int, index: int, timeout: float) -> None:
+    """Every peer starts round r + 1 together, as the Optimizer's epochs make them do: without this
+    the fast hosts finish first and average among themselves while the slow one is busy."""
+    (work / f"done{round_number}_{index}").touch()
+    deadline = time.monotonic() + timeout
+    while not all((work / f"done{round_number}_{i}").exists() for i in range(N_PEERS)):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+
+
+def tcp_peer_main(args: argparse.Namespace) -> None:
+    """The ``tcp`` mode's peer: per round, send each other host ``S (f_j + f_i)`` bytes over a TCP
+    connection of its own (all at once) and read as much from each; the round ends for this host
+    when everything it sends and receives has crossed."""
+    import socket
+    import threading
+
+    work = Path(args.workdir)
+    shares, size = json.loads((work / "tcp.json").read_text())
+    out = work / f"peer{args.index}.jsonl"
+    chunk = memoryview(bytes(1 << 20))
+    listener = socket.create_server(("0.0.0.0", TCP_PORT), backlog=N_PEERS * 4)
+    (work / f"ready{args.index}").touch()
+    while not (work / "go").exists():
+        time.sleep(0.05)
+
+    def send(peer: int, count: int) -> None:
+        with socket.create_connection((f"10.77.0.{peer + 1}", TCP_PORT), timeout=args.averaging_timeout) as connection:
+            while count > 0:
+                count -= connection.send(chunk[:min(count, len(chunk))])
+
+    def receive(connection: socket.socket) -> None:
+        buffer = bytearray(1 << 20)
+        with connection:
+            while connection.recv_into(buffer):
+                pass
+
+    for round_number in range(args.total_rounds):
+        started = time.time()
+        threads = [threading.Thread(target=send, args=(peer, int(size * (shares[peer] + shares[args.index]))))
+                   for peer in range(N_PEERS) if peer != args.index]
+        for thread in threads:
+            thread.start()
+        for _ in range(N_PEERS - 1):
+            threads.append(threading.Thread(target=receive, args=(listener.accept()[0],)))
+            threads[-1].start()
+        for thread in threads:
+            thread.join()
+        ended = time.time()
+        with out.open("a") as file:
+            file.write(json.dumps(dict(round=round_number, triggered=started, started=started, ended=ended,
+                                       group=N_PEERS, problem="")) + "\n")
+        _barrier(work, round_number, args.index, args.averaging_timeout)
+    listener.close()
+
 
 def peer_main(args: argparse.Namespace) -> None:
     import torch
@@ -141,14 +204,7 @@ def peer_main(args: argparse.Namespace) -> None:
                           group=len(gathered) if gathered else 0, problem=problem)
             with out.open("a") as file:
                 file.write(json.dumps(record) + "\n")
-            # Every peer starts round r + 1 together, as the Optimizer's epochs make them do: without
-            # this the fast hosts finish first and average among themselves while the slow one is busy.
-            (work / f"done{round_number}_{args.index}").touch()
-            deadline = time.monotonic() + args.averaging_timeout
-            while not all((work / f"done{round_number}_{i}").exists() for i in range(N_PEERS)):
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
+            _barrier(work, round_number, args.index, args.averaging_timeout)
         averager.shutdown()
     finally:
         dht.shutdown()
@@ -234,7 +290,7 @@ def _wait_for(path: Path, processes: list[subprocess.Popen], timeout: float) -> 
 def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[float], total_rounds: int) -> list[dict]:
     """Start the 4 peers for one configuration, let them average, and return per-round records."""
     for stale in work.glob("*"):
-        if stale.name != "shapes.json":
+        if stale.name not in ("shapes.json", "tcp.json"):
             stale.unlink()
     clients = [case == "client" and i == N_PEERS - 1 for i in range(N_PEERS)]
     declared = _declared(args, case, mode, rates)
@@ -252,13 +308,16 @@ def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[flo
             command.append("--client-mode")
         if mode == "hivemind":
             command.append("--hivemind-averager")
+        if mode == "tcp":
+            command.append("--tcp")
         processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                           env={**os.environ, "NETNS_LAB_PREFIX": "avg"}))
 
     try:
         start(0, None)
-        _wait_for(work / "maddr", processes, 180)
-        bootstrap = (work / "maddr").read_text()
+        if mode != "tcp":  # tcp peers need no DHT: they know the hosts' addresses
+            _wait_for(work / "maddr", processes, 180)
+        bootstrap = (work / "maddr").read_text() if mode != "tcp" else None
         for i in range(1, N_PEERS):
             start(i, bootstrap)
         for i in range(N_PEERS):
@@ -321,6 +380,7 @@ def coordinator_main(args: argparse.Namespace) -> None:
                             shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)],
                                                 floored=mode != "hivemind")
                             model = round_time_model(size, rates, shares)
+                            (work / "tcp.json").write_text(json.dumps([shares, size]))
                             before = _uptime()
                             rounds = run_configuration(args, work, case=case, mode=mode, rates=rates,
                                                        total_rounds=args.warmup + timed)
@@ -364,7 +424,7 @@ def _print_row(row: dict) -> None:
 
 
 def _print_summary(rows: list[dict]) -> None:
-    print("\npreset  case         mode       median s   mean s   model s   bound s   of bound   speedup over equal")
+    print("\npreset  case         mode       median s   mean s   model s   bound s   of bound   speedup over equal / tcp's time")
     by_key = {(row["preset"], row["case"], row["mode"]): row for row in rows}
     for row in rows:
         if not row["seconds"]:
@@ -372,8 +432,11 @@ def _print_summary(rows: list[dict]) -> None:
         median = statistics.median(row["seconds"])
         speedup = ""
         equal = by_key.get((row["preset"], row["case"], "equal"))
-        if row["mode"] != "equal" and equal and equal["seconds"]:
+        if row["mode"] not in ("equal", "tcp") and equal and equal["seconds"]:
             speedup = f"{statistics.median(equal['seconds']) / median:.2f}x (medians)"
+        wire = by_key.get((row["preset"], row["case"], "tcp"))
+        if row["mode"] == "declared" and wire and wire["seconds"]:
+            speedup += f"{' / ' if speedup else ''}tcp {statistics.median(wire['seconds']) / median:.1%} of this time"
         print(f"{row['preset']:<7} {row['case']:<12} {row['mode']:<9} {median:9.2f} {statistics.mean(row['seconds']):8.2f} "
               f"{row['model']:9.2f} {row['bound']:9.2f} {row['bound'] / median:9.1%}   {speedup}")
 
@@ -381,7 +444,7 @@ def _print_summary(rows: list[dict]) -> None:
 def main() -> None:
     args = _parse()
     if args.role == "peer":
-        peer_main(args)
+        tcp_peer_main(args) if args.tcp else peer_main(args)
     else:
         coordinator_main(args)
 
