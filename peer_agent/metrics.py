@@ -20,9 +20,10 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 
 # hivemind's SchemaValidator works with pydantic v1 models and requires strict number types.
-from pydantic.v1 import BaseModel, StrictFloat, confloat, conint
+from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, conlist
 
 METRICS_EXPIRATION_S = 600.0
+CLOSED_EPOCHS_KEPT = 16
 
 
 class LocalMetrics(BaseModel):
@@ -33,6 +34,11 @@ class LocalMetrics(BaseModel):
     samples_accumulated: conint(ge=0, strict=True)  # samples processed since the previous record
     loss: StrictFloat  # mean training loss over those samples
     mini_steps: conint(ge=0, strict=True)  # local steps since the previous record
+    # (local epoch, samples this peer accumulated in it) for its last epochs, oldest first. The
+    # coordinator may miss records (one poll every few seconds, a record replaced every epoch); with
+    # these it still knows each epoch's count. Agents before 0.3.0 do not send it.
+    closed_epochs: conlist(tuple[conint(ge=0, strict=True), conint(ge=0, strict=True)],
+                           max_items=CLOSED_EPOCHS_KEPT) = []
 
 
 class MetricSchema(BaseModel):

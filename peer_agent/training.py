@@ -14,6 +14,7 @@ import math
 import time
 import warnings
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,7 +38,7 @@ from transformers import PreTrainedTokenizerFast
 from peer_agent.averaging import FlooredGradientAverager
 from peer_agent.checkpoint import checkpoint_load_into, checkpoint_metadata
 from peer_agent.data import batches, dataset_stream
-from peer_agent.metrics import LocalMetrics, metrics_publish, metrics_validators, owner_subkey
+from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from peer_agent.model import model_build, precision_choose
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.protocol import Compression, RunConfig, TrainingConfig
@@ -167,6 +168,7 @@ class Trainer:
         self._backup_take()
         self._published_epoch = self.optimizer.local_epoch
         self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)
+        self._closed_epochs: deque[tuple[int, int]] = deque(maxlen=CLOSED_EPOCHS_KEPT)
         self._swarm_read, self._swarm_read_at = None, -math.inf
         self._collaboration_sps: float | None = None
 
@@ -277,9 +279,13 @@ class Trainer:
 
     def _metrics_publish(self, epoch: int) -> None:
         done = self._unpublished
+        # Every sample since the last record went into the local epoch of that record, even when
+        # this step moved the epoch on by more than one (hivemind's catch-up to the swarm).
+        self._closed_epochs.append((self._published_epoch, done["samples"]))
         metrics = LocalMetrics(
             step=epoch, samples_per_second=float(self.optimizer.tracker.performance_ema.samples_per_second),
-            samples_accumulated=done["samples"], loss=done["loss_sum"] / done["steps"], mini_steps=done["steps"])
+            samples_accumulated=done["samples"], loss=done["loss_sum"] / done["steps"], mini_steps=done["steps"],
+            closed_epochs=list(self._closed_epochs))
         metrics_publish(self.dht, self.setup.run_id, self.setup.private_key, metrics)
         self._published_epoch = epoch
         self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)

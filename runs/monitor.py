@@ -9,8 +9,8 @@ the portal issued the session's access token for, and
   the run's health page reads);
 - keeps, per peer and epoch, the largest sample count the peer announced for the epoch: the
   progress record's ``samples_accumulated`` (reset every epoch, so the monitor polls several
-  times per epoch) and the metrics record a peer publishes when its epoch ends, which still
-  holds the epoch's full count when a poll missed the progress record's last value;
+  times per epoch) and the metrics record a peer publishes when its epoch ends, which holds the
+  full counts of the peer's last 16 epochs when polls missed the progress records' last values;
 - once the collaboration's epoch has moved past an epoch, stores those figures in the sessions'
   :class:`~runs.models.SessionEpoch` rows, and after ``grace_s`` (late reports arrive) judges them.
 
@@ -97,8 +97,9 @@ def swarm_reading(progress: dict[bytes, LocalTrainingProgress], metrics: dict[by
 def announcements(progress: dict[bytes, LocalTrainingProgress], metrics: dict[bytes, LocalMetrics],
                   known_epochs: dict[bytes, set[int]]) -> dict[tuple[bytes, int], int]:
     """Samples each peer announced per epoch in these records: a progress record counts toward its
-    epoch; a metrics record of step ``s`` covers the epoch the peer was in before ``s`` (the latest
-    one the monitor saw it in, else ``s - 1``)."""
+    epoch; a metrics record names the counts of the peer's last epochs (``closed_epochs``), or, from
+    an agent older than that field, covers the epoch the peer was in before its step ``s`` (the
+    latest one the monitor saw it in, else ``s - 1``)."""
     found: dict[tuple[bytes, int], int] = {}
 
     def keep(subkey: bytes, epoch: int, samples: int) -> None:
@@ -107,7 +108,9 @@ def announcements(progress: dict[bytes, LocalTrainingProgress], metrics: dict[by
     for subkey, record in progress.items():
         keep(subkey, record.epoch, record.samples_accumulated)
     for subkey, record in metrics.items():
-        if record.step > 0 and record.samples_accumulated > 0:
+        for epoch, samples in record.closed_epochs:
+            keep(subkey, epoch, samples)
+        if not record.closed_epochs and record.step > 0 and record.samples_accumulated > 0:
             earlier = [epoch for epoch in known_epochs.get(subkey, ()) if epoch < record.step]
             keep(subkey, max(earlier, default=record.step - 1), record.samples_accumulated)
     return found

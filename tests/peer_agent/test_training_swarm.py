@@ -122,6 +122,9 @@ def test_a_latecomer_starts_from_the_swarms_state_and_every_peer_signs_its_metri
     for record in records.values():
         assert record.step >= 1 and record.samples_accumulated > 0 and record.mini_steps > 0
         assert math.isfinite(record.loss) and record.samples_per_second > 0
+        epochs = [epoch for epoch, _ in record.closed_epochs]
+        assert epochs == sorted(set(epochs)) and epochs[-1] < record.step, "each closed epoch once, oldest first"
+        assert record.closed_epochs[-1][1] == record.samples_accumulated
 
     forged = LocalMetrics(step=99, samples_per_second=1e6, samples_accumulated=10**6, loss=0.0, mini_steps=1)
     stored = first.dht.store(metrics_key("test_run"), subkey=second.public_key_subkey, value=forged.dict(),

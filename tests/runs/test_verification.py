@@ -161,8 +161,9 @@ def progress(epoch, samples, client_mode=False, sps=4.0):
                                  time=1.0, client_mode=client_mode)
 
 
-def metrics(step, samples, loss):
-    return LocalMetrics(step=step, samples_per_second=4.0, samples_accumulated=samples, loss=loss, mini_steps=1)
+def metrics(step, samples, loss, closed_epochs=()):
+    return LocalMetrics(step=step, samples_per_second=4.0, samples_accumulated=samples, loss=loss, mini_steps=1,
+                        closed_epochs=list(closed_epochs))
 
 
 def test_the_swarm_reading_follows_hivemind_client_peers_do_not_decide_the_epoch():
@@ -180,6 +181,20 @@ def test_a_metrics_record_counts_toward_the_epoch_the_peer_was_in_before():
                           known_epochs={b"a": {6}})
     # a's progress record is for epoch 9; its metrics of step 9 cover epoch 6, where the monitor last saw it
     assert found == {(b"a", 9): 8, (b"a", 6): 40, (b"b", 3): 16}
+
+
+def test_a_metrics_record_names_the_counts_of_the_peers_last_epochs():
+    """Each epoch gets its own count, whatever the monitor saw before (an agent from 0.3.0 on)."""
+    found = announcements({}, {b"a": metrics(9, 40, 1.0, closed_epochs=[(5, 32), (6, 24), (8, 40)])},
+                          known_epochs={b"a": {7}})
+    assert found == {(b"a", 5): 32, (b"a", 6): 24, (b"a", 8): 40}
+
+
+@pytest.mark.parametrize("closed_epochs", [[(1, -8)], [(1.0, 8)], [(1, 8, 3)], [(epoch, 8) for epoch in range(17)]],
+                         ids=["negative", "float", "triple", "too-many"])
+def test_a_malformed_closed_epochs_list_is_refused(closed_epochs):
+    with pytest.raises(ValueError):
+        metrics(9, 40, 1.0, closed_epochs=closed_epochs)
 
 
 def test_a_records_subkey_names_the_sessions_peer_key():
