@@ -23,6 +23,7 @@ import base64
 import inspect
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -108,10 +109,12 @@ class PortalAuthorizer(TokenAuthorizerBase):
 
     ``fetch_token`` returns a fresh ``hivemind_access`` object from the portal; it may be a plain
     function (run in a thread, so a slow portal does not stall the DHT; give it a timeout) or a
-    coroutine function. hivemind calls it inside the DHT's forked process, so it must not rely on
-    connections or event loops opened before the DHT started. A token is refreshed once two thirds of its lifetime have passed. While the
-    portal does not issue one, the peer keeps its current token until it expires, asking again every
-    ``retry_interval`` seconds; after that its requests fail with :class:`PortalAccessError`.
+    coroutine function. hivemind calls it inside the DHT's forked process (and, once
+    :meth:`token_refresh_start` is called, a thread of the main process), so it must not rely on
+    connections or event loops opened before the DHT started. A token is refreshed once two thirds of
+    its lifetime have passed. While the portal does not issue one, the peer keeps its current token
+    until it expires, asking again every ``retry_interval`` seconds; after that its requests fail with
+    :class:`PortalAccessError`.
 
     Give every peer its own ``RSAPrivateKey()``: the token names that key's public half.
     """
@@ -133,6 +136,7 @@ class PortalAuthorizer(TokenAuthorizerBase):
         self._refresh_margin = self._FIRST_REFRESH_MARGIN
         self._next_fetch_time = float("-inf")
         self._last_fetch_error: Exception | None = None
+        self._refresher_stop: threading.Event | None = None
 
     async def get_token(self) -> AccessToken:
         now = get_dht_time()
@@ -174,6 +178,53 @@ class PortalAuthorizer(TokenAuthorizerBase):
                 "(is this machine's clock right?)"
             )
         return token
+
+    def access_token_current(self) -> AccessToken:
+        """This peer's token as held now, never fetched here; :class:`PortalAccessError` if it holds no valid one.
+
+        For the training thread, which must not wait on the portal: hivemind refreshes only the copy of
+        this authorizer in the DHT's own process, so the copy that signs membership proofs
+        (``peer_agent.averaging``) is kept fresh by :meth:`token_refresh_start`."""
+        token = self._local_access_token
+        if token is None:
+            raise PortalAccessError("no access token to this run's swarm yet (token_refresh_start() fetches one)")
+        if not self.is_token_valid(token):
+            raise PortalAccessError(f"this peer's access token to the run's swarm has expired and the portal did not "
+                                    f"issue a new one ({self._last_fetch_error})")
+        return token
+
+    def token_refresh_start(self) -> None:
+        """Fetch a token now if none is held, then keep it fresh in a daemon thread until
+        :meth:`token_refresh_stop`, checking every ``retry_interval`` seconds whether a refresh is due.
+
+        Call it in the main process after hivemind has forked its DHT and averagers: the first fetch may
+        wait on the portal here, and never again in the caller's thread."""
+        if self._refresher_stop is not None and not self._refresher_stop.is_set():
+            return
+        self._token_refresh()
+        stop = self._refresher_stop = threading.Event()
+        threading.Thread(target=self._token_keep_fresh, args=(stop,), name="portal-token-refresh", daemon=True).start()
+
+    def token_refresh_stop(self) -> None:
+        """End the refresh thread (at once between checks; a fetch under way finishes on its own)."""
+        if self._refresher_stop is not None:
+            self._refresher_stop.set()
+
+    def _token_keep_fresh(self, stop: threading.Event) -> None:
+        while not stop.wait(self._retry_interval):
+            self._token_refresh()
+
+    def _token_refresh(self) -> None:
+        try:
+            asyncio.run(self.refresh_token_if_needed())
+        except PortalAccessError:
+            pass  # get_token has warned, and a proof built without a valid token warns again
+        except Exception:  # the refresh must go on whatever one attempt raised
+            logger.exception("Could not refresh the hivemind access token")
+
+    def peer_key_sign(self, data: bytes) -> bytes:
+        """Sign ``data`` with this peer's key, the one its access token names."""
+        return self._local_private_key.sign(data)
 
     def is_token_valid(self, access_token: AccessToken) -> bool:
         if not self._authority_public_key.verify(access_token_payload(access_token), access_token.signature):

@@ -1,4 +1,5 @@
-"""Gradient averaging that keeps a small share of the vector on every peer able to aggregate.
+"""The agent's averagers: gradient averaging that keeps a small share of the vector on every peer
+able to aggregate, and gradient and parameter averaging only among the run's token holders.
 
 hivemind partitions the vector among a group by a linear program over the declared bandwidths
 (``load_balance_peers``). With three peers at 100 Mbit/s and one at 20, the LP gives the slow
@@ -10,16 +11,41 @@ and the round takes twice what the LP planned (docs/benchmarks.md, section 6). A
 
 Every peer of a group must compute the same partition, so every peer of a run runs this agent.
 A firewalled peer (client mode) accepts no connections and keeps its share of 0.
+
+hivemind checks access tokens on DHT requests only; anyone who knows a peer's address and the
+run id could otherwise ask it to lead a group (``rpc_join_group``), then read the members'
+gradient or parameter parts and poison the average. So each peer sends a membership proof with its
+round's gathered data (:func:`membership_proof`) and averages only with peers whose proof verifies
+(:class:`MembershipCheck`): every member checks the whole group before the all-reduce, whoever
+leads it (:class:`MembersOnlyAverager`, mixed into both of the Optimizer's averagers). The leader
+does not check at admission: that meant wrapping hivemind's join handler, an async generator that
+holds matchmaking's lock while suspended, and with the wrapper agents' rounds sometimes found no
+group for a whole averaging timeout (docs/deploy.md).
 """
 
+import logging
 import math
 from collections.abc import Sequence
 
-from hivemind.averaging.allreduce import AveragingMode
+from hivemind.averaging.allreduce import AllreduceException, AveragingMode
+from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.averaging.load_balancing import hagenbach_bishoff
 from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.optimizer import Optimizer
+from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.p2p import PeerID
+from hivemind.proto.auth_pb2 import AccessToken
+from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.timed_storage import get_dht_time
+
+from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, expiration_parse, rsa_public_key_parse
+
+logger = logging.getLogger(__name__)
 
 MIN_SHARE = 0.01
+_MEMBERSHIP_LABEL = b"dedloc-portal/averaging-member/v1:"
+_VERIFIED_MAX = 4096  # remembered proofs: far more than the peers of a run
+_NO_PROOF = "sent no membership proof (not an agent, or one older than membership proofs)"
 
 
 def shares_with_floor(parts: Sequence[int], can_aggregate: Sequence[bool], floor: float = MIN_SHARE) -> tuple[int, ...]:
@@ -38,9 +64,128 @@ def shares_with_floor(parts: Sequence[int], can_aggregate: Sequence[bool], floor
     return tuple(int(part) for part in hagenbach_bishoff(total, scores))
 
 
-class FlooredGradientAverager(GradientAverager):
+def membership_payload(peer_id: PeerID) -> bytes:
+    """The bytes a member signs: its libp2p peer id, which libp2p's handshake authenticates on every
+    stream, so a proof replayed by another peer does not match that peer's id."""
+    return _MEMBERSHIP_LABEL + peer_id.to_bytes()
+
+
+def membership_proof(authorizer: PortalAuthorizer, peer_id: PeerID) -> list[bytes]:
+    """This peer's current access token and, made with the key that token names, a signature over its
+    peer id; :class:`PortalAccessError` if the peer holds no valid token."""
+    token = authorizer.access_token_current()
+    return [token.SerializeToString(), authorizer.peer_key_sign(membership_payload(peer_id))]
+
+
+class MembershipCheck:
+    """Verifies membership proofs against the run's authority; a proof that verified is remembered
+    until its token expires, so a group that meets every round costs one check per peer."""
+
+    def __init__(self, authorizer: PortalAuthorizer):
+        self._authorizer = authorizer
+        self._verified: dict[tuple[bytes, bytes, bytes], float] = {}  # (peer id, token, signature) -> expiration
+
+    def gathered_refusal(self, gathered: bytes, peer_id: PeerID) -> str | None:
+        """Why a member's gathered data (``[bandwidth, mode, [its gather, its proof]]``, serialized as
+        :class:`MembersOnlyAverager` sends it) does not admit ``peer_id``; None if it does."""
+        try:
+            _, _, user_gathered = MSGPackSerializer.loads(gathered)
+            wrapped = MSGPackSerializer.loads(user_gathered)
+        except Exception:  # anyone's bytes, and msgpack raises many kinds of errors on garbage
+            return "sent malformed gathered data"
+        if not (isinstance(wrapped, list | tuple) and len(wrapped) == 2):
+            return _NO_PROOF
+        return self.refusal(wrapped[1], peer_id)
+
+    def refusal(self, proof: object, peer_id: PeerID) -> str | None:
+        """Why ``proof`` (as decoded from a member's gathered data) does not admit ``peer_id``; None if it does."""
+        if proof is None:
+            return _NO_PROOF
+        if not (isinstance(proof, list | tuple) and len(proof) == 2 and all(isinstance(part, bytes) for part in proof)):
+            return "sent a malformed membership proof"
+        key = (peer_id.to_bytes(), *proof)
+        if self._verified.get(key, float("-inf")) > get_dht_time():
+            return None
+        reason, token = self._verify(*proof, peer_id)
+        if reason is None:
+            if len(self._verified) >= _VERIFIED_MAX:
+                self._verified.clear()
+            self._verified[key] = expiration_parse(token.expiration_time)
+        return reason
+
+    def _verify(self, token_bytes: bytes, signature: bytes, peer_id: PeerID) -> tuple[str | None, AccessToken | None]:
+        try:
+            token = AccessToken.FromString(token_bytes)
+            public_key = rsa_public_key_parse(token.public_key)
+        except Exception:  # the bytes come from anyone, and protobuf raises several kinds of errors on garbage
+            return "sent a malformed membership proof", None
+        if not self._authorizer.is_token_valid(token):
+            return f"holds no valid access token ({token.username!r}'s is expired or not signed by this run's authority)", None
+        if not public_key.verify(membership_payload(peer_id), signature):
+            return f"showed {token.username!r}'s access token without proving it holds its key for this peer id", None
+        return None, token
+
+
+class MembersOnlyAverager(DecentralizedAverager):
+    """A hivemind averager that, given the agent's ``authorizer``, averages only with peers that prove
+    they hold an access token of the run; without one it behaves (and sends) exactly as hivemind's.
+
+    The proof travels next to the caller's own gathered data: :meth:`step` sends ``[gather, proof]``,
+    and the gathered data a step returns is unwrapped back to each peer's ``gather``, so hivemind's
+    epoch sync (``TrainingStateAverager``) sees what it always saw. Mix it in after a hivemind
+    averager, ``class X(GradientAverager, MembersOnlyAverager)``: Python's MRO then puts this class
+    between that averager and ``DecentralizedAverager``, so the averager's own ``super().step`` calls
+    (``schedule_step`` included) pass through :meth:`step`.
+
+    The proof carries the authorizer's token as held now, never fetched in the caller's thread: the
+    authorizer's owner keeps it fresh (``PortalAuthorizer.token_refresh_start``)."""
+
+    def __init__(self, *args, authorizer: PortalAuthorizer | None = None, **kwargs):
+        # Set before hivemind's constructor, which may start (fork) the averager's process.
+        self._authorizer = authorizer
+        self._membership = MembershipCheck(authorizer) if authorizer is not None else None
+        super().__init__(*args, **kwargs)
+
+    def step(self, gather=None, **kwargs):
+        # Runs in the caller's thread; hivemind serializes ``gather`` here and sends it to the group.
+        if self._authorizer is not None:
+            gather = [gather, self._proof()]
+        return super().step(gather=gather, **kwargs)
+
+    def _proof(self) -> list[bytes] | None:
+        try:
+            return membership_proof(self._authorizer, self.peer_id)
+        except PortalAccessError as e:
+            logger.warning("Averaging without a membership proof, so peers will refuse this one: %s", e)
+            return None
+
+    def _group_refusal(self, group_info) -> str | None:
+        for peer_id, gathered in zip(group_info.peer_ids, group_info.gathered):
+            refusal = self._membership.gathered_refusal(gathered, peer_id) if peer_id != self.peer_id else None
+            if refusal is not None:
+                return f"its member {peer_id} {refusal}"
+        return None
+
+    async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
+        gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+        if self._membership is None:
+            return gathered
+        # Every member's data was checked to be [gather, proof] before the all-reduce could succeed.
+        return {peer_id: wrapped[0] for peer_id, wrapped in gathered.items()}
+
+    async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
+        refusal = self._group_refusal(group_info) if self._membership is not None else None
+        if refusal is not None:
+            # Members' streams to this peer wait on the group's future: cancelling it ends them now.
+            self._running_groups[group_info.group_id if group_id is None else group_id].cancel()
+            raise AllreduceException(f"not averaging with this group: {refusal}")
+        return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
+
+
+class FlooredGradientAverager(GradientAverager, MembersOnlyAverager):
     """hivemind's ``GradientAverager`` with :func:`shares_with_floor` applied to each group's
-    partition (the peers' declared bandwidths and modes travel in ``group_info.gathered``)."""
+    partition (the peers' declared bandwidths and modes travel in ``group_info.gathered``) and,
+    given the agent's ``authorizer``, averaging only among peers that prove they hold a token."""
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
         parts = kwargs.get("peer_fractions")
@@ -50,3 +195,55 @@ class FlooredGradientAverager(GradientAverager):
                              for bandwidth, mode in zip(bandwidths, mode_ids)]
             kwargs["peer_fractions"] = shares_with_floor(parts, can_aggregate)
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
+
+
+class MembersOnlyStateAverager(TrainingStateAverager, MembersOnlyAverager):
+    """hivemind's ``TrainingStateAverager`` (parameter averaging every epoch, and state downloads)
+    averaging, given the agent's ``authorizer``, only among peers that prove they hold a token."""
+
+    @classmethod
+    def _get_handle_name(cls, namespace, method_name):
+        # hivemind names an averager's RPC streams after its class; keeping the name of the class this
+        # one extends keeps state downloads working for peers that build a plain TrainingStateAverager
+        # (the portal's checkpointer, runs/checkpoints.py).
+        return TrainingStateAverager._get_handle_name(namespace, method_name)
+
+
+class MembersOnlyOptimizer(Optimizer):
+    """``hivemind.Optimizer`` whose state averager, given the agent's ``authorizer``, averages
+    parameters only among token holders (pass a ``FlooredGradientAverager`` factory with the same
+    authorizer for gradients). It keeps the authorizer's token fresh while it runs."""
+
+    def __init__(self, *args, authorizer: PortalAuthorizer | None = None, **kwargs):
+        self._authorizer = authorizer
+        super().__init__(*args, **kwargs)
+        if authorizer is not None:
+            # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
+            authorizer.token_refresh_start()
+
+    def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
+        # hivemind's own method names its class inline: the same arguments as hivemind 1.1.12's
+        # Optimizer._make_state_averager (hivemind/optim/optimizer.py), plus the authorizer.
+        return MembersOnlyStateAverager(
+            dht=self.dht,
+            prefix=f"{self.run_id}_state_averager",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            offload_optimizer=self.offload_optimizer,
+            custom_gradients=self.offload_optimizer,
+            status_loglevel=self.status_loglevel,
+            next_chunk_timeout=self.next_chunk_timeout,
+            client_mode=self.client_mode,
+            auxiliary=self.auxiliary,
+            start=True,
+            authorizer=self._authorizer,
+            **kwargs,
+        )
+
+    def shutdown(self):
+        try:
+            super().shutdown()
+        finally:
+            if self._authorizer is not None:
+                self._authorizer.token_refresh_stop()

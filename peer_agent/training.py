@@ -30,12 +30,12 @@ from hivemind.compression import (
 )
 from hivemind.dht import DHT
 from hivemind.optim.optimizer import Optimizer
-from hivemind.utils.auth import AuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 from transformers import PreTrainedTokenizerFast
 
-from peer_agent.averaging import FlooredGradientAverager
+from peer_agent.authorizer import PortalAuthorizer
+from peer_agent.averaging import FlooredGradientAverager, MembersOnlyOptimizer
 from peer_agent.checkpoint import checkpoint_load_into, checkpoint_metadata
 from peer_agent.data import batches, dataset_stream
 from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
@@ -58,7 +58,8 @@ class TrainerSetup:
     initial_peers: list[str] = field(default_factory=list)
     client_mode: bool = False  # True when this peer cannot accept incoming connections
     bandwidth: float | None = None  # declared bandwidth in Mbit/s, for load balancing in all-reduce
-    authorizer: AuthorizerBase | None = None
+    # Admits this peer to the run's DHT and, through its averagers, to gradient and parameter averaging groups.
+    authorizer: PortalAuthorizer | None = None
     # A key of its own, never RSAPrivateKey.process_wide(): two peers in one process would
     # otherwise overwrite each other's progress and metrics records.
     private_key: RSAPrivateKey = field(default_factory=RSAPrivateKey)
@@ -356,8 +357,10 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
     In hivemind 1.1.12 ``averager_opts`` reach only the state averager, so the declared
     bandwidth and group size go to the gradient averager (where DeDLOC's bandwidth-aware
     partitioning matters most) through ``grad_averager_factory``, whose averager keeps a slow
-    peer's share of the vector above 0 (``peer_agent.averaging``). ``client_mode`` must equal
-    the DHT's: the Optimizer replaces an explicit value with ``dht.client_mode`` anyway.
+    peer's share of the vector above 0. Given the setup's authorizer, both averagers average only
+    with peers that hold an access token (``peer_agent.averaging``), and the Optimizer keeps the
+    authorizer's token fresh in a thread of its own. ``client_mode`` must equal the DHT's: the
+    Optimizer replaces an explicit value with ``dht.client_mode`` anyway.
 
     ``delay_updates`` (delayed parameter updates) delays the optimizer step and gradient
     averaging; parameter averaging always runs in the background, as hivemind defaults to:
@@ -370,8 +373,8 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
     # Matchmaking requests must time out well before a matchmaking round ends.
     averager_opts = dict(bandwidth=setup.bandwidth, target_group_size=averaging.target_group_size,
                          request_timeout=min(3.0, averaging.matchmaking_time / 2))
-    return Optimizer(
-        dht=dht, run_id=setup.run_id,
+    return MembersOnlyOptimizer(
+        dht=dht, run_id=setup.run_id, authorizer=setup.authorizer,
         params=parameter_groups(model, training.weight_decay),
         optimizer=lamb_factory(training), scheduler=schedule_factory(training),
         target_batch_size=training.target_batch_size,
@@ -382,7 +385,7 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
         state_averaging_compression=compression_build(averaging.state_compression),
         matchmaking_time=averaging.matchmaking_time, averaging_timeout=averaging.averaging_timeout,
         client_mode=setup.client_mode,
-        grad_averager_factory=partial(FlooredGradientAverager, **averager_opts),
+        grad_averager_factory=partial(FlooredGradientAverager, authorizer=setup.authorizer, **averager_opts),
         averager_opts=averager_opts,
         tracker_opts=dict(private_key=setup.private_key, max_refresh_period=setup.progress_refresh_s),
         verbose=False,

@@ -175,8 +175,11 @@ RATE_LIMITS = {
     "signup": env_rate("RATE_LIMIT_SIGNUP", "10/1h"),  # per client IP
     "token_create": env_rate("RATE_LIMIT_TOKEN_CREATE", "30/1h"),  # per volunteer
     "join": env_rate("RATE_LIMIT_JOIN", "60/10m"),  # per agent token
-    # Per agent token. An agent refreshes its hivemind access once two thirds of its lifetime have
-    # passed (peer_agent/authorizer.py), so 30 per lifetime leaves room for ten machines on one token.
+    # Per agent token. An agent holds two copies of its hivemind access, the DHT process's and the one
+    # that signs its averaging membership proofs (peer_agent/averaging.py), and each is refreshed once
+    # two thirds of its lifetime have passed (peer_agent/authorizer.py): up to 2 refreshes per copy,
+    # 4 per machine, in one window of a lifetime. 30 leaves room for seven machines on one agent token
+    # (one machine per token is the rule).
     "refresh": env_rate("RATE_LIMIT_REFRESH", f"30/{HIVEMIND_ACCESS_MINUTES}m"),
     # Per client IP: refused agent tokens (unknown, malformed, revoked, expired). Guessing a token is
     # hopeless anyway (256 random bits); this keeps guessers from loading the database.
