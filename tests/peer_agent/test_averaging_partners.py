@@ -266,13 +266,17 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, o
             except Exception as e:  # a failed round is a valid outcome; the assertions below judge it
                 groups[index] = e
 
-        threads = [threading.Thread(target=average, args=(index,)) for index in range(len(averagers))]
+        # Daemons: the outsider's step may still wait on its averager's lock after shutdown, and a
+        # thread left so must not keep the test process from exiting.
+        threads = [threading.Thread(target=average, args=(index,), daemon=True) for index in range(len(averagers))]
         for thread in threads[:3]:
             thread.start()
         time.sleep(outsider_starts_after)  # arranges who leads; the assertions hold either way
         threads[3].start()
-        for thread in threads:
+        for thread in threads[:3]:
             thread.join(120)
+        threads[3].join(30)  # its step's timeout is 20 s; whatever it waits on after that is hivemind's
+        assert not any(thread.is_alive() for thread in threads[:3]), "every agent's round ended"
         assert str(outsider_id) in refused.read_text().split(), "the outsider took part in matchmaking and was refused"
         honest_groups = groups[:3]
         succeeded = [index for index, group in enumerate(honest_groups) if isinstance(group, dict)]
@@ -364,16 +368,18 @@ def test_parameters_are_averaged_only_among_token_holders_and_epochs_still_gathe
         def outsider_round() -> None:
             averagers[3].step(averaging_round=True, averaging_opts=dict(timeout=20))
 
-        agents = [threading.Thread(target=agent_round, args=(index,)) for index in range(3)]
-        outsider = threading.Thread(target=outsider_round)
+        agents = [threading.Thread(target=agent_round, args=(index,), daemon=True) for index in range(3)]
+        outsider = threading.Thread(target=outsider_round, daemon=True)  # may be left waiting: see the test above
         # Arranges who usually leads (as in the gradient test above, both ways); the assertions hold either way.
         order = [outsider, *agents] if agents_round == "pre-scheduled" else [*agents, outsider]
         for thread in order:
             if thread is outsider and agents_round == "in-step":
                 time.sleep(1.5)
             thread.start()
-        for thread in order:
+        for thread in agents:
             thread.join(120)
+        outsider.join(30)  # its step's timeout is 20 s; whatever it waits on after that is hivemind's
+        assert not any(thread.is_alive() for thread in agents), "every agent's round ended"
         assert str(outsider_id) in refused.read_text().split(), "the outsider took part in matchmaking and was refused"
         groups = [averaged_with(averager, honest) for averager in averagers[:3]]
         assert any(group == set(honest) for group in groups), (groups, [a.local_epoch for a in averagers])
