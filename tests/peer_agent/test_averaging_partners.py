@@ -220,30 +220,41 @@ def test_an_authorizer_whose_token_is_not_kept_fresh_builds_no_proof(authority):
         membership_proof(authorizer, random_peer_id())
 
 
+@pytest.fixture
+def refused(tmp_path, monkeypatch):
+    """A file listing whom the averagers (child processes) refused, so a test knows the outsider took part."""
+    path = tmp_path / "refused.txt"
+    path.touch()
+    check_refusal = MembershipCheck.gathered_refusal
+
+    def refusal_recorded(self, gathered, peer_id):
+        reason = check_refusal(self, gathered, peer_id)
+        if reason is not None:
+            with path.open("a") as file:
+                file.write(f"{peer_id}\n")
+        return reason
+
+    monkeypatch.setattr(MembershipCheck, "gathered_refusal", refusal_recorded)
+    return path
+
+
+def loopback_dhts(count: int) -> list[DHT]:
+    """DHTs on loopback that check no tokens, bootstrapped from the first."""
+    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    return [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+                      for _ in range(count - 1)]
+
+
 @pytest.mark.parametrize("outsider_starts_after", [0.0, 1.5], ids=["outsider-leads", "outsider-follows"])
-def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, outsider_starts_after, monkeypatch,
-                                                                    tmp_path, reap_children):
+def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, outsider_starts_after, refused,
+                                                                    reap_children):
     """Three agents with tokens of one run and an outsider look for a group of four at once. The
     outsider runs the agent's averager without an authorizer: plain hivemind's behaviour (it sends no
     proof and admits anyone) under the RPC names the agents use (``<prefix>::<class name>.<method>``).
     The DHTs check no tokens here, so it finds the group through matchmaking: only the averagers' own
     check keeps it out. Starting first, the outsider usually leads; starting later, it usually asks
     an agent to lead, which admits it. Either way the agents refuse the group before the all-reduce."""
-    refused = tmp_path / "refused.txt"
-    check_refusal = MembershipCheck.gathered_refusal
-
-    def refusal_recorded(self, gathered, peer_id):
-        """Writes down whom the averagers (child processes) refused, so the test knows the outsider took part."""
-        reason = check_refusal(self, gathered, peer_id)
-        if reason is not None:
-            with refused.open("a") as file:
-                file.write(f"{peer_id}\n")
-        return reason
-
-    monkeypatch.setattr(MembershipCheck, "gathered_refusal", refusal_recorded)
-    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-                      for _ in range(3)]
+    dhts = loopback_dhts(4)
     values = [1.0, 2.0, 3.0, 100.0]  # the last is the outsider's
     parameters = [[torch.zeros(64, 33, requires_grad=True)] for _ in values]
     for (parameter,), value in zip(parameters, values):
@@ -315,28 +326,14 @@ def averaged_with(averager, honest: dict) -> set | None:
 
 
 @pytest.mark.parametrize("agents_round", ["pre-scheduled", "in-step"])
-def test_parameters_are_averaged_only_among_token_holders_and_epochs_still_gathered(authority, agents_round, monkeypatch,
-                                                                                   tmp_path, reap_children):
+def test_parameters_are_averaged_only_among_token_holders_and_epochs_still_gathered(authority, agents_round, refused,
+                                                                                   reap_children):
     """Three agents' state averagers (parameter averaging, once per epoch) with tokens and an outsider
     running plain hivemind's ``TrainingStateAverager`` look for a group of four. The outsider is
     refused; the agents average their parameters among themselves and still gather each other's
     epochs: as the step's result when the round was scheduled ahead, as the Optimizer does
     ("pre-scheduled"), and through hivemind's epoch sync when the step starts the round ("in-step")."""
-    refused = tmp_path / "refused.txt"
-    check_refusal = MembershipCheck.gathered_refusal
-
-    def refusal_recorded(self, gathered, peer_id):
-        """Writes down whom the averagers (child processes) refused, so the test knows the outsider took part."""
-        reason = check_refusal(self, gathered, peer_id)
-        if reason is not None:
-            with refused.open("a") as file:
-                file.write(f"{peer_id}\n")
-        return reason
-
-    monkeypatch.setattr(MembershipCheck, "gathered_refusal", refusal_recorded)
-    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-                      for _ in range(3)]
+    dhts = loopback_dhts(4)
     # The agents' values: each set of them has its own mean. The last are the outsider's.
     values, epochs = [1.0, 2.0, 4.0, 100.0], [5, 6, 7, 1000]
     options = dict(prefix="test_partners_state", start=True, target_group_size=4, min_matchmaking_time=3.0,
