@@ -133,9 +133,12 @@ def main() -> None:
     roles = [Role("web", web_command("127.0.0.1", args.port), {}, logs / "web.log"),
              Role("worker", worker_command(), {}, logs / "worker.log"),
              Role("coordinator", coordinator_command(), {}, logs / "coordinator.log")]
+    from django.utils import timezone
+
+    launched = timezone.now()
     for role in roles:
         role.start()
-    backbone_wait(run)
+    backbone_wait(run, since=launched)
     agents = []
     for volunteer in volunteers[: args.agents]:
         home = var_dir / "agents" / volunteer.username

@@ -31,6 +31,7 @@ from peer_agent.display import ProgressDisplay, ProgressSnapshot
 from peer_agent.exit_status import EXIT_OK, EXIT_STOPPED
 from peer_agent.portal import (
     PAUSE_CODES,
+    RETRY_LATER_CODES,
     SESSION_OVER_CODES,
     AccessRefresher,
     PortalClient,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PAUSE_RETRY_S = 60.0
+COORDINATOR_RETRY_S = 10.0
 RUN_POLL_S = 60.0
 FLUSH_TIMEOUT_S = 10.0
 _CLEAN_STOPS = ("stopped_by_you", "max_runtime")
@@ -137,24 +139,34 @@ def join_command(args: argparse.Namespace, console: Console) -> int:
             if not outcome.rejoin:
                 logger.error("Training stopped: %s", outcome.detail)
                 return EXIT_STOPPED
-            logger.warning("Training paused: %s. The agent will join again when the run is active.", outcome.detail)
+            if outcome.code not in RETRY_LATER_CODES:  # those were said when they happened
+                logger.warning("Training paused: %s. The agent will join again when the run is active.", outcome.detail)
+            if stop.event.is_set() or time.monotonic() >= deadline:
+                return EXIT_OK
 
 
 def _join_when_active(settings: AgentSettings, portal: PortalClient, request: JoinRequest, stop: StopRequest,
                       deadline: float, patient: bool) -> JoinResponse | None:
-    """Join, waiting out pauses (and, when ``patient``, an unreachable portal); None if stopped meanwhile."""
+    """Join, waiting out pauses, a coordinator that is down (and, when ``patient``, an unreachable
+    portal); None if stopped meanwhile."""
+    said = set()
     while True:
+        wait = PAUSE_RETRY_S
         try:
             return portal.join(settings.run, request)
         except PortalRefused as refused:
-            if not refused.paused:
+            if refused.code in RETRY_LATER_CODES:
+                wait = refused.retry_after or COORDINATOR_RETRY_S
+            elif not refused.paused:
                 raise
-            logger.info("%s", refused.detail)
+            if refused.detail not in said:  # once per reason, not every retry
+                said.add(refused.detail)
+                logger.warning("%s", refused.detail)
         except PortalUnavailable as exc:
             if not patient:
                 raise
-            logger.warning("%s; trying again in %.0f s", exc, PAUSE_RETRY_S)
-        if stop.event.wait(max(0.0, min(PAUSE_RETRY_S, deadline - time.monotonic()))) or time.monotonic() >= deadline:
+            logger.warning("%s; trying again in %.0f s", exc, wait)
+        if stop.event.wait(max(0.0, min(wait, deadline - time.monotonic()))) or time.monotonic() >= deadline:
             return None
 
 
@@ -166,7 +178,7 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
     from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe, reachable
     from peer_agent.model import precision_choose, precision_describe
-    from peer_agent.training import Trainer, TrainerSetup
+    from peer_agent.training import SwarmUnreachable, Trainer, TrainerSetup
 
     device = device_resolve(settings.device)
     try:
@@ -214,7 +226,16 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
                          bandwidth=bandwidth, authorizer=authorizer, private_key=key, host_maddrs=[settings.host],
                          device=device, threads=settings.threads, seed=secrets.randbits(31), data_files=data_files, **extra)
     logger.info("Entering the swarm and loading the collaboration's state (this can take a few minutes)")
-    trainer = Trainer(setup, tokenizer_load(files / "tokenizer.json"))
+    try:
+        trainer = Trainer(setup, tokenizer_load(files / "tokenizer.json"))
+    except SwarmUnreachable as exc:
+        logger.debug("Could not enter the swarm: %s", exc, exc_info=True)
+        detail = f"the coordinator of run “{settings.run}” is not reachable now; the agent will retry every " \
+                 f"{COORDINATOR_RETRY_S:.0f} s"
+        logger.warning("%s", detail)
+        stop.install()  # the failed start may have taken Ctrl-C, as hivemind's averagers do
+        stop.event.wait(max(0.0, min(COORDINATOR_RETRY_S, deadline - time.monotonic())))
+        return StopReason("coordinator_unavailable", detail)
     # hivemind's averagers set SIGINT to "ignore" in this process when they start: take Ctrl-C back.
     stop.install()
     try:

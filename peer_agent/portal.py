@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 PAUSE_CODES = frozenset({"run_paused", "run_not_active"})
 """The run is not training now but may resume: wait and join again."""
 
+RETRY_LATER_CODES = frozenset({"coordinator_unavailable"})
+"""The run is active but its swarm cannot be entered now (a 503 with ``Retry-After``): join again shortly."""
+
 SESSION_OVER_CODES = frozenset({
     "session_ended", "run_finished", "banned", "token_revoked", "token_expired", "unauthorized", "forbidden",
     "invalid_token", "not_allowed", "invite_only",
@@ -46,9 +49,9 @@ class PortalUnavailable(PortalError):
 class PortalRefused(PortalError):
     """The portal answered with a 4xx: ``code`` for programs, ``detail`` for people."""
 
-    def __init__(self, code: str, detail: str, status: int):
+    def __init__(self, code: str, detail: str, status: int, retry_after: float | None = None):
         super().__init__(detail)
-        self.code, self.detail, self.status = code, detail, status
+        self.code, self.detail, self.status, self.retry_after = code, detail, status, retry_after
 
     @property
     def paused(self) -> bool:
@@ -69,7 +72,7 @@ class StopReason:
     @property
     def rejoin(self) -> bool:
         """The run goes on: join again (once it is active) in a new session."""
-        return self.code in PAUSE_CODES or self.code == "session_ended"
+        return self.code in PAUSE_CODES or self.code in RETRY_LATER_CODES or self.code == "session_ended"
 
 
 @dataclass(frozen=True)
@@ -194,8 +197,9 @@ class PortalClient:
             else:
                 if response.status_code < 400:
                     return response, time.perf_counter() - started
-                if response.status_code < 500:
-                    raise _refusal(response)
+                refusal = _refusal(response)
+                if response.status_code < 500 or refusal.code in RETRY_LATER_CODES:
+                    raise refusal
                 problem = f"HTTP {response.status_code}"
             self._wait_before_retry(attempt, f"{method} {path}", problem)
         raise PortalUnavailable(f"the portal at {self.portal_url} did not answer {method} {path}: {problem}")
@@ -216,8 +220,12 @@ def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
 
 def _refusal(response: httpx.Response) -> PortalRefused:
     try:
+        retry_after = float(response.headers["Retry-After"])
+    except (KeyError, ValueError):
+        retry_after = None
+    try:
         error = response.json()["error"]
-        return PortalRefused(str(error["code"]), str(error["detail"]), response.status_code)
+        return PortalRefused(str(error["code"]), str(error["detail"]), response.status_code, retry_after)
     except (ValueError, KeyError, TypeError):
         text = response.text.strip()[:200] or response.reason_phrase
         return PortalRefused(f"http_{response.status_code}", f"the portal answered {response.status_code}: {text}",

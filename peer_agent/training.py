@@ -30,6 +30,7 @@ from hivemind.compression import (
 )
 from hivemind.dht import DHT
 from hivemind.optim.optimizer import Optimizer
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 from transformers import PreTrainedTokenizerFast
@@ -44,6 +45,10 @@ from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.protocol import Compression, RunConfig, TrainingConfig
 
 logger = logging.getLogger(__name__)
+
+
+class SwarmUnreachable(Exception):
+    """The run's initial peers (its coordinator's backbone) did not answer: the swarm cannot be entered now."""
 
 BAD_STEPS_BEFORE_RELOAD = 3
 SWARM_READ_PERIOD_S = 5.0
@@ -141,11 +146,17 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(setup.device.type) if self.precision == "fp16" else None
 
         self._shut_down = False
-        self.dht = DHT(
-            start=True, initial_peers=setup.initial_peers or None, client_mode=setup.client_mode,
-            host_maddrs=setup.host_maddrs, announce_maddrs=setup.announce_maddrs, authorizer=setup.authorizer,
-            startup_timeout=60,
-            record_validators=metrics_validators(setup.run_id, setup.private_key))
+        try:
+            self.dht = DHT(
+                start=True, initial_peers=setup.initial_peers or None, client_mode=setup.client_mode,
+                host_maddrs=setup.host_maddrs, announce_maddrs=setup.announce_maddrs, authorizer=setup.authorizer,
+                startup_timeout=60,
+                record_validators=metrics_validators(setup.run_id, setup.private_key))
+        except P2PDaemonError as exc:
+            # The p2p daemon refuses to start when none of its initial peers answers.
+            if setup.initial_peers and "bootstrap" in str(exc):
+                raise SwarmUnreachable(f"none of the run's {len(setup.initial_peers)} initial peers answered") from exc
+            raise
         try:
             self.optimizer = optimizer_build(setup, self.dht, self.model)
         except BaseException:

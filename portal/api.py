@@ -26,7 +26,10 @@ api = NinjaAPI(
 
 @api.exception_handler(ApiError)
 def _api_error(request: HttpRequest, exc: ApiError):
-    return error_response(exc.status, exc.code, exc.detail)
+    response = error_response(exc.status, exc.code, exc.detail)
+    if exc.retry_after is not None:
+        response["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 @api.exception_handler(AgentTokenRefused)

@@ -6,9 +6,9 @@ from django.http import JsonResponse
 class ApiError(Exception):
     """Raised by API code for a refusal a client should read; never becomes a 500."""
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+    def __init__(self, status: int, code: str, detail: str, retry_after: int | None = None) -> None:
         super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
+        self.status, self.code, self.detail, self.retry_after = status, code, detail, retry_after
 
 
 def error_response(status: int, code: str, detail: str, **extra) -> JsonResponse:

@@ -166,6 +166,10 @@ DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, mi
 COORDINATOR_HOST_MADDRS = env_list("COORDINATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])
 COORDINATOR_ANNOUNCE_MADDRS = env_list("COORDINATOR_ANNOUNCE_MADDRS", [])
 COORDINATOR_STATE_DIR = env_str("COORDINATOR_STATE_DIR", str(VAR_DIR / "coordinator"))
+# A backbone peer whose coordinator has not beaten for this long is taken for dead: joins are not
+# pointed at it and the health page says so. It beats every cycle (5 s by default, plus a monitor poll
+# of at most 10 s).
+COORDINATOR_HEARTBEAT_STALE_SECONDS = env_int("COORDINATOR_HEARTBEAT_STALE_SECONDS", 30, minimum=2)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
 # --- rate limits (COUNT/WINDOW, counted in the cache; portal/ratelimit.py) -----------------------

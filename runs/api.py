@@ -67,7 +67,7 @@ def _visible_run(slug: str) -> Run:
 
 
 def _refused(refusal: JoinRefused) -> ApiError:
-    return ApiError(refusal.status, refusal.code, refusal.detail)
+    return ApiError(refusal.status, refusal.code, refusal.detail, refusal.retry_after)
 
 
 def _absolute(request: HttpRequest, path: str, scheme: str | None = None) -> str:

@@ -43,11 +43,7 @@ class BackbonePeer:
         authorizer = PortalAuthorizer(self.private_key, rsa_public_key_parse(run.authority_public_key), fetch_token)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.swarm_file = state_dir / f"{self.run_id}.swarm"
-        self.dht = DHT(
-            start=True,
-            # A restarted peer (perhaps on another port) knows nobody, and the agents dropped it from their
-            # routing tables: it reaches the swarm again through the peers it was connected to before.
-            initial_peers=swarm_peers_load(self.swarm_file),
+        dht_options = dict(
             ensure_bootstrap_success=False,
             host_maddrs=host_maddrs,
             announce_maddrs=announce_maddrs,
@@ -56,20 +52,24 @@ class BackbonePeer:
             record_validators=metrics_validators(self.run_id, self.private_key),
             startup_timeout=120,
         )
+        self.dht = _dht_start(self.slug, self.swarm_file, dht_options)
         self.initial_peers = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
         logger.info("run %s: backbone peer %s at %s", self.slug, self.dht.peer_id, ", ".join(self.initial_peers))
         self.monitor = Monitor(dht=self.dht, run_pk=self.run_pk, run_id=self.run_id)
         self.checkpointer = Checkpointer(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht)
 
     def heartbeat(self) -> None:
+        """Tell the portal the backbone peer is up, so that joins name its addresses (while its DHT lives)."""
+        if not self.dht.is_alive():
+            raise RuntimeError(f"run {self.slug}: the backbone peer's DHT process has died")
         Run.objects.filter(pk=self.run_pk).update(
             initial_peers=self.initial_peers, coordinator_peer_id=str(self.dht.peer_id), coordinator_heartbeat_at=timezone.now()
         )
-        self.checkpointer.tick()
 
     def tick(self) -> None:
-        """One cycle of the peer's duties: heartbeat, then the monitor's poll."""
+        """One cycle of the peer's duties: heartbeat, checkpoints, then the monitor's poll."""
         self.heartbeat()
+        self.checkpointer.tick()
         try:
             # With a timeout: a coroutine the DHT process drops would otherwise block the cycle for good.
             connected = self.dht.run_coroutine(_connected_maddrs, return_future=True).result(timeout=SWARM_READ_TIMEOUT_S)
@@ -84,9 +84,34 @@ class BackbonePeer:
     def shutdown(self) -> None:
         logger.info("run %s: backbone peer stopping", self.slug)
         try:
+            # Joins stop naming this peer at once, not only when its heartbeat goes stale.
+            Run.objects.filter(pk=self.run_pk, initial_peers=self.initial_peers).update(initial_peers=[])
+        except Exception:  # the database may be the reason for the stop; the heartbeat goes stale then
+            logger.warning("run %s: could not withdraw the backbone peer's addresses", self.slug, exc_info=True)
+        try:
             self.checkpointer.shutdown()
         finally:
             self.dht.shutdown()
+
+
+def _dht_start(slug: str, swarm_file: Path, options: dict) -> DHT:
+    """The backbone peer's DHT, entering the swarm through the peers it was connected to before.
+
+    A restarted peer (perhaps on another port) knows nobody, and the agents dropped it from their
+    routing tables: it reaches them again through those peers. When none of them answers (the swarm
+    emptied while it was down) the p2p daemon refuses to start at all, whatever
+    ``ensure_bootstrap_success`` says: then the remembered peers are forgotten and the peer starts a
+    swarm of its own, which agents join and load the run's state into from its newest checkpoint.
+    """
+    remembered = swarm_peers_load(swarm_file)
+    if remembered:
+        try:
+            return DHT(start=True, initial_peers=remembered, **options)
+        except Exception as exc:  # P2PDaemonError, or a timeout: whatever it is, a fresh swarm is the way on
+            logger.warning("run %s: none of the %d peers the backbone peer knew answered (%s); starting a fresh swarm",
+                           slug, len(remembered), str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            swarm_file.unlink(missing_ok=True)
+    return DHT(start=True, initial_peers=[], **options)
 
 
 async def _connected_maddrs(dht: DHT, node) -> list[str]:
@@ -122,7 +147,8 @@ class Coordinator:
     def sync(self) -> None:
         close_old_connections()
         wanted = {run.pk: run for run in self.runs_to_serve()}
-        for pk in set(self.peers) - set(wanted):
+        dead = {pk for pk, peer in self.peers.items() if not peer.dht.is_alive()}
+        for pk in (set(self.peers) - set(wanted)) | dead:
             self.peers.pop(pk).shutdown()
         for pk, run in wanted.items():
             if pk not in self.peers:

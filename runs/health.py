@@ -11,7 +11,6 @@ from django.utils import timezone
 from runs.models import Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
 from runs.series import series_latest
 
-HEARTBEAT_STALE_AFTER = datetime.timedelta(seconds=60)  # the coordinator beats every 5 s by default
 EPOCH_RATE_WINDOW = datetime.timedelta(hours=1)
 MARKERS_PER_KIND = 200
 
@@ -42,7 +41,7 @@ def epochs_per_hour(*, run: Run, until: datetime.datetime) -> float | None:
 
 
 def heartbeat_stale(*, run: Run, now: datetime.datetime) -> bool:
-    return run.coordinator_heartbeat_at is None or now - run.coordinator_heartbeat_at > HEARTBEAT_STALE_AFTER
+    return not run.coordinator_alive(now)
 
 
 def flagged_count(*, run: Run) -> dict:

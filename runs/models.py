@@ -1,3 +1,4 @@
+import datetime
 import secrets
 
 from django.conf import settings
@@ -64,6 +65,12 @@ class Run(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("run-detail", args=[self.slug])
+
+    def coordinator_alive(self, now: datetime.datetime) -> bool:
+        """Whether the run's coordinator has beaten recently enough for its backbone peers to be up."""
+        if self.coordinator_heartbeat_at is None:
+            return False
+        return (now - self.coordinator_heartbeat_at).total_seconds() <= settings.COORDINATOR_HEARTBEAT_STALE_SECONDS
 
 
 class RunEvent(models.Model):

@@ -20,12 +20,15 @@ _FILE_SIGNER_SALT = "runs.data-file"
 _CHECKPOINT_SIGNER_SALT = "runs.checkpoint"
 
 
-class JoinRefused(Exception):
-    """Why an agent may not join or refresh; `status` and `code` go into the API error."""
+COORDINATOR_RETRY_SECONDS = 10
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+
+class JoinRefused(Exception):
+    """Why an agent may not join or refresh; `status`, `code` and `retry_after` go into the API error."""
+
+    def __init__(self, status: int, code: str, detail: str, retry_after: int | None = None) -> None:
         super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
+        self.status, self.code, self.detail, self.retry_after = status, code, detail, retry_after
 
 
 def run_is_organizer(*, run: Run, user: User) -> bool:
@@ -99,6 +102,11 @@ def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[
     refusal = agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
     if refusal:
         raise refusal
+    if not run.coordinator_alive(timezone.now()) or not run.initial_peers:
+        # Its last addresses would name a dead peer, and the agent's DHT cannot start without one alive.
+        raise JoinRefused(503, "coordinator_unavailable", f"the coordinator of run “{run.slug}” is not reachable now; "
+                                                          f"the agent will retry every {COORDINATOR_RETRY_SECONDS} s",
+                          retry_after=COORDINATOR_RETRY_SECONDS)
     access, expires_at = _access_token(run=run, user=token.user, peer_public_key=request.peer_public_key)
     session = TrainingSession.objects.create(
         run=run,

@@ -3,6 +3,7 @@
 import factory
 from django.conf import settings
 from django.contrib.auth.models import Permission
+from django.utils import timezone
 
 from accounts.models import Team, User
 from runs.authority import authority_generate
@@ -10,6 +11,8 @@ from runs.forms import preset_config
 from runs.models import Run
 
 PASSWORD = "correct horse battery staple"
+SERVED = (Run.Status.ACTIVE, Run.Status.PAUSED)  # the statuses a coordinator keeps a backbone peer for
+BACKBONE_ADDRESS = "/ip4/127.0.0.1/tcp/31337/p2p/QmcPRjZs2JBxLphEAMJg9ehXMYb9VTcgnoJCvWtqSUbqGZ"
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -39,7 +42,8 @@ class TeamFactory(factory.django.DjangoModelFactory):
 
 
 class RunFactory(factory.django.DjangoModelFactory):
-    """An active `tiny` run with its own authority key and a ready tokenizer file."""
+    """An active `tiny` run with its own authority key, a ready tokenizer file and a coordinator that
+    has just beaten (a real coordinator replaces the address with its backbone peer's)."""
 
     class Meta:
         model = Run
@@ -50,6 +54,8 @@ class RunFactory(factory.django.DjangoModelFactory):
     status = Run.Status.ACTIVE
     config = factory.LazyFunction(lambda: preset_config("tiny").model_dump(mode="json"))
     tokenizer_status = Run.TokenizerStatus.READY
+    initial_peers = factory.LazyAttribute(lambda run: [BACKBONE_ADDRESS] if run.status in SERVED else [])
+    coordinator_heartbeat_at = factory.LazyAttribute(lambda run: timezone.now() if run.status in SERVED else None)
 
     @classmethod
     def _create(cls, model_class, *args, **kwargs):

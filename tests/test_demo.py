@@ -3,6 +3,7 @@ embedded defaults, and within minutes two volunteers train and fill the live lea
 coordinator saves a checkpoint; Ctrl-C stops every process it started."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from runs.management.commands.demo import ORGANIZER, RUN_SLUG, VOLUNTEERS
 from tests.processes import children_reap
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,52 +37,81 @@ def leaderboard(url: str) -> list[dict]:
     return answer.json() if answer.status_code == 200 else []
 
 
-def test_the_demo_trains_two_volunteers_live_checkpoints_and_ctrl_c_stops_everything(tmp_path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    # The embedded defaults, whatever the suite itself runs on.
-    env = {name: value for name, value in os.environ.items() if name not in {"DATABASE_URL", "REDIS_URL"}}
-    env.update(PORTAL_VAR_DIR=str(tmp_path / "var"), DEMO_PORT=str(port))
-    log_path = tmp_path / "demo.log"
-    with open(log_path, "wb") as log:
-        demo = subprocess.Popen([sys.executable, "manage.py", "demo"], cwd=ROOT, env=env, stdout=log,
+def demo_start(env: dict, log_path: Path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "manage.py", "demo"], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    started: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 480
-        rows: list[dict] = []
-        while not (len(rows) == 2 and all(row["samples"] > 0 for row in rows)):
+
+
+def said(log_path: Path) -> str:
+    """The demo's output as one line: the agents' console wraps long sentences."""
+    return " ".join(log_path.read_text(errors="replace").split())
+
+
+def volunteers_train(url: str, demo: subprocess.Popen, log_path: Path, deadline: float, above: dict[str, int]) -> dict:
+    """Wait until both volunteers' samples on the run's board rise past ``above``, then rise again
+    (a stopped demo's last reports can reach the board after it started again)."""
+    rows: list[dict] = []
+
+    def past(floor: dict[str, int]) -> bool:
+        return len(rows) == 2 and all(row["samples"] > floor.get(row["name"], 0) for row in rows)
+
+    for floor in (above, None):
+        floor = floor if floor is not None else {row["name"]: row["samples"] for row in rows}
+        while not past(floor):
             tail = log_path.read_text(errors="replace")[-4000:]
             assert demo.poll() is None, tail
-            assert time.monotonic() < deadline, f"two volunteers never trained: {rows}\n{tail}"
+            assert time.monotonic() < deadline, f"two volunteers did not train past {floor}: {rows}\n{tail}"
             time.sleep(3)
             rows = leaderboard(url)
-        assert {row["name"] for row in rows} == {name for name, _ in VOLUNTEERS[:2]}
-        first = {row["name"]: row["samples"] for row in rows}
-        while not all(row["samples"] > first[row["name"]] for row in rows):  # still rising
-            assert time.monotonic() < deadline, f"samples stopped rising: {rows}"
-            time.sleep(3)
-            rows = leaderboard(url)
+    assert {row["name"] for row in rows} == {name for name, _ in VOLUNTEERS[:2]}
+    return {row["name"]: row["samples"] for row in rows}
+
+
+def ctrl_c(demo: subprocess.Popen, log_path: Path) -> None:
+    """Ctrl-C, as a newcomer stops the demo: every process it started ends."""
+    started = psutil.Process(demo.pid).children(recursive=True)
+    assert len(started) >= 5, "web, worker, coordinator and two agents"
+    demo.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the command in the foreground
+    assert demo.wait(timeout=180) == 0, log_path.read_text(errors="replace")[-4000:]
+    assert "demo stopped." in log_path.read_text(errors="replace")
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, f"left running: {[(process.pid, process.name()) for process in alive]}"
+
+
+def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_runs_again_from_its_checkpoint(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # The embedded defaults, whatever the suite itself runs on; both demos in the same folder.
+    env = {name: value for name, value in os.environ.items() if name not in {"DATABASE_URL", "REDIS_URL"}}
+    env.update(PORTAL_VAR_DIR=str(tmp_path / "var"), DEMO_PORT=str(port))
+    first_log, second_log = tmp_path / "demo.log", tmp_path / "demo-again.log"
+    demo = demo_start(env, first_log)
+    try:
+        deadline = time.monotonic() + 480
+        first = volunteers_train(url, demo, first_log, deadline, above={})
         assert httpx.get(f"{url}/runs/{RUN_SLUG}/", timeout=10).status_code == 200
         while not httpx.get(f"{url}/api/v1/runs/{RUN_SLUG}/checkpoints", timeout=10).json():
-            assert time.monotonic() < deadline, "no checkpoint appeared\n" + log_path.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, "no checkpoint appeared\n" + first_log.read_text(errors="replace")[-4000:]
             time.sleep(3)
-
-        banner = log_path.read_text(errors="replace")
+        banner = first_log.read_text(errors="replace")
         assert f"{url}/runs/{RUN_SLUG}/" in banner and repr(ORGANIZER[1]) in banner
         assert all(repr(password) in banner for _, password in VOLUNTEERS[:2])
+        ctrl_c(demo, first_log)
 
-        started = psutil.Process(demo.pid).children(recursive=True)
-        assert len(started) >= 5, "web, worker, coordinator and two agents"
-        demo.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the command in the foreground
-        assert demo.wait(timeout=180) == 0, log_path.read_text(errors="replace")[-4000:]
-        assert "demo stopped." in log_path.read_text(errors="replace")
-        _, alive = psutil.wait_procs(started, timeout=30)
-        assert not alive, f"left running: {[(process.pid, process.name()) for process in alive]}"
+        # The same command again in the same checkout: the coordinator's backbone peer finds none of
+        # the peers it knew and starts a fresh swarm; the agents resume from the newest checkpoint.
+        demo = demo_start(env, second_log)
+        deadline = time.monotonic() + 420
+        volunteers_train(url, demo, second_log, deadline, above=first)
+        newest = httpx.get(f"{url}/api/v1/runs/{RUN_SLUG}/checkpoints", timeout=10).json()
+        epochs = {checkpoint["epoch"] for checkpoint in newest}
+        resumed = [int(epoch) for epoch in re.findall(r"resumed from the run's checkpoint of epoch (\d+)", said(second_log))]
+        assert resumed and resumed[0] in epochs, f"an agent resumed from a checkpoint of {sorted(epochs)}: {resumed}"
+        assert "Traceback" not in second_log.read_text(errors="replace"), second_log.read_text(errors="replace")[-4000:]
+        ctrl_c(demo, second_log)
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
-        for process in started:
-            if process.is_running():
-                process.kill()
         children_reap()
+

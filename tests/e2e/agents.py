@@ -44,3 +44,16 @@ def wait_for(condition, timeout: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(1)
+
+
+def serve_until(coordinator, condition, timeout: float, what: str) -> None:
+    """Run the coordinator's cycles (heartbeat and monitor poll) in this thread until ``condition``;
+    like `serve`, a cycle that fails (SQLite's shared-cache test database locks tables) is retried."""
+    from runs.models import RunSample
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        series = list(RunSample.objects.order_by("-at").values_list("global_epoch", "alive_peers")[:10])
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; the latest samples (epoch, peers): {series}"
+        coordinator.cycle()
+        time.sleep(1)

@@ -4,7 +4,6 @@ for the organizer, and a restarted coordinator resumes without judging anything 
 
 import os
 import signal
-import time
 
 import pytest
 from django.db.models import Max, Min
@@ -16,22 +15,11 @@ from runs import monitor
 from runs.coordinator import Coordinator
 from runs.models import Run, RunSample, SessionEpoch
 from runs.verification import EpochLimits
-from tests.e2e.agents import agent, small_run
+from tests.e2e.agents import agent, serve_until, small_run
 from tests.factories import UserFactory
 from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
-
-
-def serve_until(coordinator: Coordinator, condition, timeout: float, what: str) -> None:
-    """Run the coordinator's cycles (heartbeat and monitor poll) in this thread until ``condition``;
-    like `serve`, a cycle that fails (SQLite's shared-cache test database locks tables) is retried."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        series = list(RunSample.objects.order_by("-at").values_list("global_epoch", "alive_peers")[:10])
-        assert time.monotonic() < deadline, f"timed out waiting for {what}; the latest samples (epoch, peers): {series}"
-        coordinator.cycle()
-        time.sleep(1)
 
 
 def judged(user, status):

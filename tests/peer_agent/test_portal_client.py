@@ -66,6 +66,22 @@ def test_a_4xx_answer_becomes_portal_refused_with_the_portals_sentence():
     assert refused.value.paused
 
 
+def test_a_coordinator_that_is_down_is_the_portals_answer_to_wait_for_not_a_failure_to_retry_at_once():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        answer = error(503, "coordinator_unavailable", "the coordinator of run “bengali-albert” is not reachable now")
+        answer.headers["Retry-After"] = "10"
+        return answer
+
+    with client(handler) as portal:
+        with pytest.raises(PortalRefused) as refused:
+            portal.join("bengali-albert", join_request())
+    assert (refused.value.code, refused.value.status, refused.value.retry_after) == ("coordinator_unavailable", 503, 10)
+    assert len(calls) == 1
+
+
 def test_a_4xx_answer_that_is_not_the_api_error_shape_still_reads_clearly():
     with client(lambda request: httpx.Response(404, text="<html>Not Found</html>")) as portal:
         with pytest.raises(PortalRefused) as refused:

@@ -2,6 +2,7 @@
 peer id across restarts; agents holding portal tokens bootstrap from it."""
 
 import datetime
+import json
 import time
 
 import pytest
@@ -71,3 +72,31 @@ def test_active_runs_get_a_backbone_peer_whose_addresses_agents_bootstrap_from(c
     second.sync()
     run.refresh_from_db()
     assert run.coordinator_peer_id == peer_id, "a restarted coordinator keeps its peer id"
+
+
+def test_a_backbone_peer_whose_remembered_peers_are_all_gone_starts_a_fresh_swarm_and_forgets_them(coordinator):
+    run = RunFactory(status="active")
+    with running_dht() as departed:  # the last agent the backbone peer was connected to, gone since
+        dead_addresses = [str(maddr) for maddr in departed.get_visible_maddrs()]
+    state = coordinator().state_dir
+    state.mkdir(parents=True)
+    swarm_file = state / f"{run.hivemind_run_id}.swarm"
+    swarm_file.write_text(json.dumps(dead_addresses))
+
+    restarted = coordinator()
+    restarted.sync()
+    run.refresh_from_db()
+    assert restarted.peers[run.pk].dht.is_alive()
+    assert run.initial_peers and set(run.initial_peers).isdisjoint(dead_addresses)
+    assert not swarm_file.exists() or json.loads(swarm_file.read_text()) != dead_addresses
+    with running_dht(initial_peers=run.initial_peers, authorizer=volunteer_authorizer(run)) as agent:
+        assert agent.store("greeting", "hello", expiration_time=time.time() + 60)
+
+
+def test_a_stopped_backbone_peer_withdraws_its_addresses_from_the_run(coordinator):
+    run = RunFactory(status="active")
+    serving = coordinator()
+    serving.sync()
+    serving.peers.pop(run.pk).shutdown()
+    run.refresh_from_db()
+    assert run.initial_peers == []

@@ -4,15 +4,16 @@ import datetime
 import json
 
 import pytest
+from django.utils import timezone
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from accounts.services import token_create, token_revoke
 from peer_agent import SWARM_COMPATIBLE_SINCE, __version__
 from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
 from peer_agent.protocol import JoinResponse
-from runs.models import RunMembership, TrainingSession
+from runs.models import Run, RunMembership, TrainingSession
 from runs.services import data_file_add, run_allowlist_set, run_ban
-from tests.factories import RunFactory, UserFactory
+from tests.factories import BACKBONE_ADDRESS, RunFactory, UserFactory
 
 
 def join_body(key: RSAPrivateKey | None = None) -> dict:
@@ -61,6 +62,27 @@ def test_join_returns_everything_an_agent_needs(client, run, volunteer, secret):
     served = client.get(answer.data_files[0].removeprefix("http://testserver"))
     assert served.status_code == 200
     assert "বাংলায়" in b"".join(served.streaming_content).decode()
+
+
+def test_join_names_the_backbone_peer_while_its_coordinator_beats(client, run, secret):
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    assert response.status_code == 200, response.content
+    assert response.json()["initial_peers"] == run.initial_peers
+
+
+@pytest.mark.parametrize("silent_for, addresses", [(31, [BACKBONE_ADDRESS]), (None, [BACKBONE_ADDRESS]), (0, [])])
+def test_without_a_live_coordinator_a_join_is_a_503_to_retry_and_opens_no_session(client, run, secret, settings,
+                                                                                  silent_for, addresses):
+    """A coordinator silent for longer than the stale limit, one that never beat, one that withdrew its addresses."""
+    settings.COORDINATOR_HEARTBEAT_STALE_SECONDS = 30
+    beat = None if silent_for is None else timezone.now() - datetime.timedelta(seconds=silent_for)
+    Run.objects.filter(pk=run.pk).update(coordinator_heartbeat_at=beat, initial_peers=addresses)
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "coordinator_unavailable"
+    assert "retry every 10 s" in response.json()["error"]["detail"]
+    assert response["Retry-After"] == "10"
+    assert not TrainingSession.objects.exists()
 
 
 def test_refresh_gives_a_fresh_token_until_the_volunteer_is_banned(client, run, organizer, volunteer, secret):

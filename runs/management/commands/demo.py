@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.utils import timezone
 
 from accounts.models import Team, User
 from accounts.services import team_create, team_join, token_create
@@ -92,10 +93,14 @@ def agent_launch(volunteer: User, url: str, home) -> tuple[list[str], dict]:
     return [sys.executable, "-m", "peer_agent", "join", "--portal", url, RUN_SLUG], env
 
 
-def backbone_wait(run: Run, timeout: float = 180) -> None:
-    """Wait until the coordinator has announced the run's backbone peer."""
+def backbone_wait(run: Run, since: datetime.datetime, timeout: float = 180) -> None:
+    """Wait until the coordinator has announced the run's backbone peer (a heartbeat after ``since``:
+    the addresses of an earlier demo's peer are gone with it)."""
     deadline = time.monotonic() + timeout
-    while not Run.objects.get(pk=run.pk).initial_peers or not Run.objects.get(pk=run.pk).coordinator_heartbeat_at:
+    while True:
+        run.refresh_from_db()
+        if run.initial_peers and run.coordinator_heartbeat_at and run.coordinator_heartbeat_at > since:
+            return
         if time.monotonic() > deadline:
             raise SystemExit(f"the coordinator did not start its backbone peer within {timeout:.0f} s; see its log above")
         time.sleep(1)
@@ -122,11 +127,12 @@ class Command(BaseCommand):
         # job of a script is, or a child of a process whose hivemind averagers ignored it).
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        started = timezone.now()
         try:
             self._start("web", web_command(host, port))
             self._start("worker", worker_command())
             self._start("coordinator", coordinator_command())
-            backbone_wait(run)
+            backbone_wait(run, since=started)
             for volunteer in volunteers[:agents]:
                 home = settings.VAR_DIR / "demo-agents" / volunteer.username
                 self._start(f"agent {volunteer.username}", *agent_launch(volunteer, url, home))
