@@ -1,5 +1,6 @@
 from django import forms
 from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 
 from accounts.auth import request_ip
@@ -8,8 +9,12 @@ from portal.ratelimit import RateLimited, rate_limit_hit
 from runs.models import Run
 
 
-class LoginForm(AuthenticationForm):
-    """Counts every attempt per client IP and username before the password is checked."""
+class LoginLimit:
+    """Counts every attempt per client IP and username before the password is checked.
+
+    The site's and the admin's log-in forms share the limit "login" and its counter, so that
+    guesses split between the two pages still meet one limit.
+    """
 
     rate_limited: RateLimited | None = None
 
@@ -23,6 +28,14 @@ class LoginForm(AuthenticationForm):
                 f"Too many log-in attempts for this account; try again in {exc.retry_after} s.", code="rate_limited"
             ) from None
         return super().clean()
+
+
+class LoginForm(LoginLimit, AuthenticationForm):
+    """The site's log-in form."""
+
+
+class AdminLoginForm(LoginLimit, AdminAuthenticationForm):
+    """The admin's log-in form: staff accounts only, under the site's log-in limit."""
 
 
 class SignUpForm(UserCreationForm):
@@ -80,5 +93,8 @@ class AgentTokenForm(forms.Form):
         help_text="Limit the token to one run (recommended for shared machines).",
     )
     lifetime_days = forms.IntegerField(
-        min_value=1, max_value=365, initial=settings.AGENT_TOKEN_DEFAULT_DAYS, help_text="The token stops working after this many days."
+        min_value=1,
+        max_value=365,
+        initial=settings.AGENT_TOKEN_DEFAULT_DAYS,
+        help_text="The token stops working after this many days.",
     )

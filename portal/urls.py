@@ -2,10 +2,12 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from portal import views
+from portal.admin import admin_login
 from portal.api import api
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("admin/login/", admin_login),  # ahead of the admin's own: the same page, rate limited
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     # Any other path under the API answers in the API's JSON error shape, not an HTML page.
