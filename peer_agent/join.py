@@ -7,6 +7,7 @@ stop after the current step, send the last reports and leave the swarm.
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import logging
 import math
@@ -17,6 +18,7 @@ import signal
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,12 +43,14 @@ from peer_agent.portal import (
     RunWatcher,
     StopReason,
 )
-from peer_agent.protocol import JoinRequest, JoinResponse, RunConfig
+from peer_agent.protocol import DeviceInfo, JoinRequest, JoinResponse, RunConfig, join_proof_message
 from peer_agent.reporter import Reporter
 from peer_agent.settings import AgentSettings, SettingsError, settings_from_args
 from peer_agent.tokenizer import tokenizer_load
 
 if TYPE_CHECKING:
+    from hivemind.utils.crypto import RSAPrivateKey
+
     from peer_agent.training import StepResult, SwarmProgress, Trainer
 
 logger = logging.getLogger(__name__)
@@ -145,15 +149,24 @@ def join_command(args: argparse.Namespace, console: Console) -> int:
                 return EXIT_OK
 
 
-def _join_when_active(settings: AgentSettings, portal: PortalClient, request: JoinRequest, stop: StopRequest,
+def join_request_signed(key: RSAPrivateKey, *, run: str, agent_version: str, device: DeviceInfo) -> JoinRequest:
+    """A join for ``run`` signed with ``key``, which proves to the portal that this agent holds it."""
+    peer_public_key = key.get_public_key().to_bytes().decode()
+    signed_at = datetime.datetime.now(datetime.UTC)
+    proof = key.sign(join_proof_message(run=run, peer_public_key=peer_public_key, signed_at=signed_at)).decode()
+    return JoinRequest(peer_public_key=peer_public_key, agent_version=agent_version, device=device,
+                       signed_at=signed_at, key_proof=proof)
+
+
+def _join_when_active(settings: AgentSettings, portal: PortalClient, request: Callable[[], JoinRequest], stop: StopRequest,
                       deadline: float, patient: bool) -> JoinResponse | None:
     """Join, waiting out pauses, a coordinator that is down (and, when ``patient``, an unreachable
-    portal); None if stopped meanwhile."""
+    portal), with a join signed afresh each time; None if stopped meanwhile."""
     said = set()
     while True:
         wait = PAUSE_RETRY_S
         try:
-            return portal.join(settings.run, request)
+            return portal.join(settings.run, request())
         except PortalRefused as refused:
             if refused.code in RETRY_LATER_CODES:
                 wait = refused.retry_after or COORDINATOR_RETRY_S
@@ -187,8 +200,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
         logger.debug("Could not read the run's precision policy: %s", exc)
         policy = "auto"
     key = RSAPrivateKey()
-    request = JoinRequest(peer_public_key=key.get_public_key().to_bytes().decode(), agent_version=__version__,
-                          device=device_info(device, precision_choose(device, policy)))
+    info = device_info(device, precision_choose(device, policy))
+    request = functools.partial(join_request_signed, key, run=settings.run, agent_version=__version__, device=info)
     joined = _join_when_active(settings, portal, request, stop, deadline, patient)
     if joined is None:
         return None

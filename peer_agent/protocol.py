@@ -284,11 +284,25 @@ class DeviceInfo(_Schema):
 
 
 class JoinRequest(_Schema):
-    """Body of ``POST /api/v1/runs/{slug}/join``."""
+    """Body of ``POST /api/v1/runs/{slug}/join``.
+
+    ``key_proof`` proves that the agent holds the private half of ``peer_public_key``: peer keys
+    are public (every signed DHT record names one), and the portal credits a session with what
+    that key's records announce, so a join with someone else's key must fail.
+    """
 
     peer_public_key: OpenSSHPublicKey = Field(description="The agent's hivemind RSAPublicKey.to_bytes() as text.")
     agent_version: str = Field(min_length=1, max_length=64, description="Version of the peer agent.")
     device: DeviceInfo = Field(description="The device the agent trains on.")
+    signed_at: AwareDatetime | None = Field(default=None, description="When the agent signed the join (its clock).")
+    key_proof: str | None = Field(default=None, max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$",
+                                  description="Base64 RSA-PSS/SHA-256 signature, with the peer key, of join_proof_message.")
+
+
+def join_proof_message(*, run: str, peer_public_key: str, signed_at: datetime) -> bytes:
+    """What an agent signs with its hivemind key to join ``run`` (hivemind's ``RSAPrivateKey.sign``):
+    the run and the moment bind the signature to this join, so a copy is worth little elsewhere."""
+    return f"dedloc-portal join\n{run}\n{signed_at.astimezone(UTC).isoformat()}\n{peer_public_key}".encode()
 
 
 class HivemindAccess(_Schema):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 from datetime import timedelta
 
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.fernet import Fernet, InvalidToken
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.crypto import RSAPrivateKey
@@ -32,6 +34,7 @@ __all__ = [
     "access_token_sign",
     "authority_generate",
     "authority_load",
+    "peer_key_proof_verify",
 ]
 
 _KDF_INFO = b"dedloc-portal/run-authority-key/v1"
@@ -86,3 +89,19 @@ def access_token_sign(
     )
     token.signature = private_key.sign(access_token_payload(token))
     return access_token_to_json(token)
+
+
+def peer_key_proof_verify(*, peer_public_key: str, message: bytes, proof: str) -> bool:
+    """Whether ``proof`` is the signature of ``message`` by the private half of ``peer_public_key``,
+    as hivemind's ``RSAPrivateKey.sign`` makes it: base64 of RSA-PSS (MGF1-SHA256, maximum salt)
+    over SHA-256. Done with ``cryptography`` alone, as hivemind's ``RSAPublicKey.verify`` does."""
+
+    try:
+        key = serialization.load_ssh_public_key(peer_public_key.encode())
+        if not isinstance(key, rsa.RSAPublicKey):
+            return False
+        pss = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
+        key.verify(base64.b64decode(proof, validate=True), message, pss, hashes.SHA256())
+        return True
+    except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm):
+        return False

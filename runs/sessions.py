@@ -12,8 +12,8 @@ from packaging.version import InvalidVersion, Version
 
 from accounts.models import AgentToken, User
 from peer_agent import SWARM_COMPATIBLE_SINCE
-from peer_agent.protocol import JoinRequest
-from runs.authority import access_token_sign, authority_load
+from peer_agent.protocol import JoinRequest, join_proof_message
+from runs.authority import access_token_sign, authority_load, peer_key_proof_verify
 from runs.models import Checkpoint, DataFile, Run, RunBan, TrainingSession
 
 _FILE_SIGNER_SALT = "runs.data-file"
@@ -21,6 +21,7 @@ _CHECKPOINT_SIGNER_SALT = "runs.checkpoint"
 
 
 COORDINATOR_RETRY_SECONDS = 10
+KEY_PROOF_MAX_AGE = datetime.timedelta(minutes=5)  # agents' clocks are NTP-synced; hivemind's tokens allow 60 s
 
 
 class JoinRefused(Exception):
@@ -96,17 +97,40 @@ def agent_version_refusal(version: str) -> JoinRefused | None:
     return None
 
 
+def _key_proof_check(*, run: Run, request: JoinRequest) -> None:
+    """JoinRefused unless the join is signed, recently, with the private half of its peer key."""
+    if request.signed_at is None or request.key_proof is None:
+        raise JoinRefused(400, "key_proof_missing", "the join must be signed with the agent's peer key (signed_at and "
+                                                    "key_proof); peer-agent 0.4.0 and newer sign it")
+    skew = abs((timezone.now() - request.signed_at).total_seconds())
+    if skew > KEY_PROOF_MAX_AGE.total_seconds():
+        raise JoinRefused(400, "key_proof_stale", f"the join was signed {skew:.0f} s away from the portal's clock (at most "
+                                                  f"{KEY_PROOF_MAX_AGE.total_seconds():.0f} s); sync this machine's clock")
+    message = join_proof_message(run=run.slug, peer_public_key=request.peer_public_key, signed_at=request.signed_at)
+    if not peer_key_proof_verify(peer_public_key=request.peer_public_key, message=message, proof=request.key_proof):
+        raise JoinRefused(403, "key_proof_invalid", "key_proof is not a signature of this join by the peer key's holder; "
+                                                    "an agent can join only with a key it holds")
+
+
 @transaction.atomic
 def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
     """Open a training session for the token's owner and sign its first hivemind access token."""
     refusal = agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
     if refusal:
         raise refusal
+    _key_proof_check(run=run, request=request)
     if not run.coordinator_alive(timezone.now()) or not run.initial_peers:
         # Its last addresses would name a dead peer, and the agent's DHT cannot start without one alive.
         raise JoinRefused(503, "coordinator_unavailable", f"the coordinator of run “{run.slug}” is not reachable now; "
                                                           f"the agent will retry every {COORDINATOR_RETRY_SECONDS} s",
                           retry_after=COORDINATOR_RETRY_SECONDS)
+    # One live session per peer key in a run: the monitor credits a session with what its key's
+    # signed records announce. Locked so that two joins with one key cannot both pass.
+    live = TrainingSession.objects.select_for_update().filter(run=run, peer_public_key=request.peer_public_key,
+                                                               ended_at=None)
+    if live.exists():
+        raise JoinRefused(409, "peer_key_in_use", "a live training session of this run already uses this peer key; "
+                                                  "each agent generates a key of its own when it joins")
     access, expires_at = _access_token(run=run, user=token.user, peer_public_key=request.peer_public_key)
     session = TrainingSession.objects.create(
         run=run,

@@ -1,5 +1,7 @@
 """Factories for the test suite: build what a test needs, named for what it is."""
 
+import datetime
+
 import factory
 from django.conf import settings
 from django.contrib.auth.models import Permission
@@ -8,7 +10,7 @@ from django.utils import timezone
 from accounts.models import Team, User
 from runs.authority import authority_generate
 from runs.forms import preset_config
-from runs.models import Run
+from runs.models import ContributionEvent, Run, SessionEpoch, TrainingSession
 
 PASSWORD = "correct horse battery staple"
 SERVED = (Run.Status.ACTIVE, Run.Status.PAUSED)  # the statuses a coordinator keeps a backbone peer for
@@ -68,3 +70,52 @@ class RunFactory(factory.django.DjangoModelFactory):
     def organizers(self, create: bool, extracted: list | None, **kwargs) -> None:
         if create and extracted:
             self.organizers.add(*extracted)
+
+
+def join_body(run: str, key=None) -> dict:
+    """A join of ``run`` as the current agent sends it: signed with ``key`` (a fresh hivemind key by
+    default), from a CPU."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from peer_agent import __version__
+    from peer_agent.join import join_request_signed
+    from peer_agent.protocol import DeviceInfo
+
+    request = join_request_signed(key or RSAPrivateKey(), run=run, agent_version=__version__,
+                                  device=DeviceInfo(kind="cpu", name="test CPU", memory_gb=8))
+    return request.model_dump(mode="json", exclude_none=True)
+
+
+# A fixed moment for tests of the credit rollup (tests/runs/conftest.py's clock starts there).
+NOW = datetime.datetime(2026, 11, 29, 12, 30, tzinfo=datetime.UTC)
+
+
+def session_for(run, user, *, machine: str = "laptop") -> TrainingSession:
+    """A training session of ``user`` in ``run`` from an agent token named ``machine``."""
+    from accounts.services import token_create
+
+    token, _ = token_create(user=user, name=machine)
+    return TrainingSession.objects.create(run=run, user=user, token=token, peer_public_key="ssh-rsa AAAA",
+                                          agent_version="0.1.0", access_expires_at=NOW)
+
+
+def report(session, samples: int, *, at: datetime.datetime = NOW, rate: float = 10.0, epoch: int = 1,
+           confirmed: bool = True) -> ContributionEvent:
+    """A stored report of ``samples`` for ``epoch``; ``confirmed``: and what the coordinator's monitor
+    does once the epoch closes and the peer's signed records agree, at the same moment (the epoch
+    verified with the samples reported so far)."""
+    event = ContributionEvent.objects.create(session=session, seq=session.events.count() + 1, samples=samples, steps=1,
+                                             local_epoch=epoch, loss=5.0, samples_per_second=rate, sent_at=at,
+                                             received_at=at)
+    if confirmed:
+        epoch_confirm(session, epoch, at=at)
+    return event
+
+
+def epoch_confirm(session, epoch: int, *, at: datetime.datetime) -> SessionEpoch:
+    """The monitor's verdict on a session's epoch whose signed records announce what it reported."""
+    reported = sum(session.events.filter(local_epoch=epoch).values_list("samples", flat=True))
+    row, _ = SessionEpoch.objects.update_or_create(session=session, epoch=epoch, defaults=dict(
+        reported_samples=reported, announced_samples=reported, status=SessionEpoch.Status.VERIFIED, checked_at=at))
+    return row
+

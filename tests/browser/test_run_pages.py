@@ -5,13 +5,11 @@ import re
 
 import httpx
 import pytest
-from hivemind.utils.crypto import RSAPrivateKey
 from playwright.sync_api import expect
 
-from peer_agent import __version__
 from runs.corpus import corpus_write
 from runs.models import Run
-from tests.factories import PASSWORD
+from tests.factories import PASSWORD, join_body
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -76,8 +74,7 @@ def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_comma
     joined = httpx.post(
         f"{live_server.url}/api/v1/runs/bengali-demo/join",
         headers={"Authorization": f"Bearer {match.group(1)}"},
-        json={"peer_public_key": RSAPrivateKey().get_public_key().to_bytes().decode(), "agent_version": __version__,
-              "device": {"kind": "cpu", "name": "test"}},
+        json=join_body("bengali-demo"),
         timeout=30,
     )
     assert joined.status_code == 200, joined.text

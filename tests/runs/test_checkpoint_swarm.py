@@ -18,9 +18,9 @@ from peer_agent import __version__
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.checkpoint import checkpoint_metadata, checkpoint_unzip
 from peer_agent.device import device_info
-from peer_agent.join import _checkpoint_fetch
+from peer_agent.join import _checkpoint_fetch, join_request_signed
 from peer_agent.portal import PortalClient
-from peer_agent.protocol import JoinRequest, RunConfig
+from peer_agent.protocol import RunConfig
 from peer_agent.tokenizer import tokenizer_load
 from peer_agent.training import Trainer, TrainerSetup
 from runs import services
@@ -140,8 +140,8 @@ def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_s
     secret = token_create(user=volunteer, name="laptop")[1]
     with PortalClient(asgi_server, secret) as portal:
         key = RSAPrivateKey()
-        joined = portal.join(run.slug, JoinRequest(peer_public_key=key.get_public_key().to_bytes().decode(),
-                                                   agent_version=__version__, device=device_info(torch.device("cpu"), "fp32")))
+        joined = portal.join(run.slug, join_request_signed(key, run=run.slug, agent_version=__version__,
+                                                           device=device_info(torch.device("cpu"), "fp32")))
         assert joined.checkpoint_url is not None
         fetch = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, tmp_path / "agent")
         second = make_trainer(checkpoint_fetch=fetch, initial_peers=joined.initial_peers)

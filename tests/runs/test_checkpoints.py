@@ -12,14 +12,14 @@ from hivemind.utils.crypto import RSAPrivateKey
 from accounts.services import token_create
 from peer_agent import __version__
 from peer_agent.checkpoint import CheckpointMetadata
-from peer_agent.join import _checkpoint_fetch
+from peer_agent.join import _checkpoint_fetch, join_request_signed
 from peer_agent.portal import PortalClient
-from peer_agent.protocol import JoinRequest, JoinResponse
+from peer_agent.protocol import DeviceInfo, JoinResponse
 from runs.checkpoints import CheckpointPolicy, checkpoint_number, checkpoint_save, checkpoints_to_delete
 from runs.models import Checkpoint, Run, RunMembership
 from runs.services import run_ban
-from tests.factories import RunFactory
-from tests.runs.test_join_api import join_body, post
+from tests.factories import RunFactory, join_body
+from tests.runs.test_join_api import post
 
 POLICY = CheckpointPolicy(every_epochs=5, every_minutes=30.0, keep_last=3, keep_every_nth=10)
 
@@ -148,12 +148,12 @@ def test_the_join_answer_links_the_newest_checkpoint_for_the_agent_alone(client,
     run = RunFactory(slug="the-run", visibility="invite", organizers=[organizer])
     RunMembership.objects.create(run=run, user=volunteer)
     secret = token_create(user=volunteer, name="laptop")[1]
-    before = post(client, "/api/v1/runs/the-run/join", secret, join_body()).json()
+    before = post(client, "/api/v1/runs/the-run/join", secret, join_body("the-run")).json()
     assert JoinResponse.model_validate(before).checkpoint_url is None
 
     save(run, tmp_path, 5)
     save(run, tmp_path, 10)
-    answer = JoinResponse.model_validate(post(client, "/api/v1/runs/the-run/join", secret, join_body()).json())
+    answer = JoinResponse.model_validate(post(client, "/api/v1/runs/the-run/join", secret, join_body("the-run")).json())
     path = answer.checkpoint_url.removeprefix("http://testserver")
     served = client.get(path)  # no session, no token: the link is signed
     assert served.status_code == 200
@@ -173,7 +173,7 @@ def test_a_checkpoint_link_dies_with_its_checkpoint(client, volunteer, tmp_path)
     secret = token_create(user=volunteer, name="laptop")[1]
     policy = CheckpointPolicy(every_epochs=1, every_minutes=None, keep_last=1, keep_every_nth=None)
     save(run, tmp_path, 5, policy)
-    url = post(client, "/api/v1/runs/the-run/join", secret, join_body()).json()["checkpoint_url"]
+    url = post(client, "/api/v1/runs/the-run/join", secret, join_body("the-run")).json()["checkpoint_url"]
     save(run, tmp_path, 10, policy)
     gone = client.get(url.removeprefix("http://testserver"))
     assert gone.status_code == 404
@@ -188,8 +188,8 @@ def joined(asgi_server, volunteer):
     def join(run: Run):
         portal = PortalClient(asgi_server, token_create(user=volunteer, name="laptop")[1])
         clients.append(portal)
-        request = JoinRequest(peer_public_key=RSAPrivateKey().get_public_key().to_bytes().decode(), agent_version=__version__,
-                              device={"kind": "cpu", "name": "test CPU"})
+        request = join_request_signed(RSAPrivateKey(), run=run.slug, agent_version=__version__,
+                                      device=DeviceInfo(kind="cpu", name="test CPU"))
         return portal, portal.join(run.slug, request)
 
     yield join

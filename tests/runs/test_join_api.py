@@ -10,19 +10,10 @@ from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 from accounts.services import token_create, token_revoke
 from peer_agent import SWARM_COMPATIBLE_SINCE, __version__
 from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
-from peer_agent.protocol import JoinResponse
+from peer_agent.protocol import JoinResponse, join_proof_message
 from runs.models import Run, RunMembership, TrainingSession
 from runs.services import data_file_add, run_allowlist_set, run_ban
-from tests.factories import BACKBONE_ADDRESS, RunFactory, UserFactory
-
-
-def join_body(key: RSAPrivateKey | None = None) -> dict:
-    key = key or RSAPrivateKey()
-    return {
-        "peer_public_key": key.get_public_key().to_bytes().decode(),
-        "agent_version": __version__,
-        "device": {"kind": "cpu", "name": "test CPU", "memory_gb": 8},
-    }
+from tests.factories import BACKBONE_ADDRESS, RunFactory, UserFactory, join_body
 
 
 def post(client, url: str, secret: str, body: dict | None = None, raw: str | None = None):
@@ -45,7 +36,7 @@ def secret(volunteer):
 def test_join_returns_everything_an_agent_needs(client, run, volunteer, secret):
     data_file_add(run=run, actor=None, name="bn.txt", content="আমি বাংলায় গান গাই।\n".encode())
     key = RSAPrivateKey()
-    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body(key))
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert", key))
     assert response.status_code == 200, response.content
     answer = JoinResponse.model_validate(response.json())
     assert answer.run_id == run.hivemind_run_id
@@ -65,7 +56,7 @@ def test_join_returns_everything_an_agent_needs(client, run, volunteer, secret):
 
 
 def test_join_names_the_backbone_peer_while_its_coordinator_beats(client, run, secret):
-    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
     assert response.status_code == 200, response.content
     assert response.json()["initial_peers"] == run.initial_peers
 
@@ -77,7 +68,7 @@ def test_without_a_live_coordinator_a_join_is_a_503_to_retry_and_opens_no_sessio
     settings.COORDINATOR_HEARTBEAT_STALE_SECONDS = 30
     beat = None if silent_for is None else timezone.now() - datetime.timedelta(seconds=silent_for)
     Run.objects.filter(pk=run.pk).update(coordinator_heartbeat_at=beat, initial_peers=addresses)
-    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "coordinator_unavailable"
     assert "retry every 10 s" in response.json()["error"]["detail"]
@@ -86,7 +77,7 @@ def test_without_a_live_coordinator_a_join_is_a_503_to_retry_and_opens_no_sessio
 
 
 def test_refresh_gives_a_fresh_token_until_the_volunteer_is_banned(client, run, organizer, volunteer, secret):
-    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["session_id"]
+    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()["session_id"]
     refreshed = post(client, f"/api/v1/sessions/{session_id}/refresh", secret)
     assert refreshed.status_code == 200
     assert refreshed.json()["hivemind_access"]["username"] == "vik"
@@ -94,12 +85,12 @@ def test_refresh_gives_a_fresh_token_until_the_volunteer_is_banned(client, run, 
     run_ban(run=run, actor=organizer, user=volunteer, reason="test")
     refused = post(client, f"/api/v1/sessions/{session_id}/refresh", secret)
     assert refused.status_code in {403, 409}
-    again = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    again = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
     assert (again.status_code, again.json()["error"]["code"]) == (403, "banned")
 
 
 def test_refresh_is_refused_once_the_token_is_revoked_or_the_run_finishes(client, run, volunteer, secret):
-    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["session_id"]
+    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()["session_id"]
     run.status = "finished"
     run.save()
     finished = post(client, f"/api/v1/sessions/{session_id}/refresh", secret)
@@ -112,7 +103,7 @@ def test_refresh_is_refused_once_the_token_is_revoked_or_the_run_finishes(client
 
 
 def test_someone_elses_session_cannot_be_refreshed(client, run, secret, outsider):
-    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["session_id"]
+    session_id = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()["session_id"]
     _, other_secret = token_create(user=outsider, name="x")
     response = post(client, f"/api/v1/sessions/{session_id}/refresh", other_secret)
     assert (response.status_code, response.json()["error"]["code"]) == (404, "session_not_found")
@@ -124,7 +115,7 @@ def test_someone_elses_session_cannot_be_refreshed(client, run, secret, outsider
 def test_join_is_refused_with_409_when_the_run_is_not_active(client, run, secret, status, code):
     run.status = status
     run.save()
-    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
     assert (response.status_code, response.json()["error"]["code"]) == (409, code)
     if status == "paused":
         assert "paused by its organizer" in response.json()["error"]["detail"]
@@ -133,7 +124,7 @@ def test_join_is_refused_with_409_when_the_run_is_not_active(client, run, secret
 def test_join_of_an_unknown_or_draft_run_is_404(client, organizer, secret):
     RunFactory(slug="secret-draft", status="draft", organizers=[organizer])
     for slug in ("no-such-run", "secret-draft"):
-        response = post(client, f"/api/v1/runs/{slug}/join", secret, join_body())
+        response = post(client, f"/api/v1/runs/{slug}/join", secret, join_body("bengali-albert"))
         assert (response.status_code, response.json()["error"]["code"]) == (404, "run_not_found")
 
 
@@ -149,7 +140,7 @@ def test_join_of_an_unknown_or_draft_run_is_404(client, organizer, secret):
 def test_a_malformed_join_is_a_400_that_names_the_field(client, run, secret, body):
     response = post(client, "/api/v1/runs/bengali-albert/join", secret, body)
     assert response.status_code == 400
-    assert response.json()["error"]["code"] in {"invalid_request", "invalid_peer_key"}
+    assert response.json()["error"]["code"] in {"invalid_request", "invalid_peer_key", "key_proof_missing"}
     assert not TrainingSession.objects.exists()
 
 
@@ -159,25 +150,25 @@ def test_not_json_at_all_is_a_400(client, run, secret):
 
 
 def test_join_needs_a_valid_token(client, run):
-    response = client.post("/api/v1/runs/bengali-albert/join", data=json.dumps(join_body()), content_type="application/json")
+    response = client.post("/api/v1/runs/bengali-albert/join", data=json.dumps(join_body("bengali-albert")), content_type="application/json")
     assert (response.status_code, response.json()["error"]["code"]) == (401, "token_missing")
 
 
 def test_a_token_limited_to_another_run_cannot_join(client, run, volunteer):
     _, secret = token_create(user=volunteer, name="scoped", run=RunFactory())
-    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
     assert (response.status_code, response.json()["error"]["code"]) == (403, "token_out_of_scope")
 
 
 def test_invite_only_runs_need_the_join_code_first(client, client_for, run, volunteer, secret):
     run.visibility = "invite"
     run.save()
-    refused = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body())
+    refused = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
     assert (refused.status_code, refused.json()["error"]["code"]) == (403, "invite_only")
     client_for(volunteer).post(f"/runs/{run.slug}/join/", {"action": "code", "code": "wrong"})
     assert not RunMembership.objects.exists()
     client_for(volunteer).post(f"/runs/{run.slug}/join/", {"action": "code", "code": run.join_code})
-    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).status_code == 200
+    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).status_code == 200
 
 
 def test_allowlisted_runs_admit_only_the_listed(client, run, organizer, volunteer, secret):
@@ -185,14 +176,14 @@ def test_allowlisted_runs_admit_only_the_listed(client, run, organizer, voluntee
     run.save()
     listed = UserFactory(username="listed")
     run_allowlist_set(run=run, actor=organizer, usernames=["listed"])
-    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["error"]["code"] == "not_allowed"
+    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()["error"]["code"] == "not_allowed"
     _, listed_secret = token_create(user=listed, name="x")
-    assert post(client, "/api/v1/runs/bengali-albert/join", listed_secret, join_body()).status_code == 200
+    assert post(client, "/api/v1/runs/bengali-albert/join", listed_secret, join_body("bengali-albert")).status_code == 200
 
 
 def test_a_data_link_stops_working_for_a_banned_volunteer(client, run, organizer, volunteer, secret):
     data_file_add(run=run, actor=organizer, name="bn.txt", content=b"hello\n")
-    url = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()["data_files"][0]
+    url = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()["data_files"][0]
     run_ban(run=run, actor=organizer, user=volunteer)
     assert client.get(url.removeprefix("http://testserver")).status_code == 403
     assert client.get("/api/v1/data/forged-token/1.txt").status_code == 404
@@ -200,7 +191,7 @@ def test_a_data_link_stops_working_for_a_banned_volunteer(client, run, organizer
 
 def test_the_access_token_lives_as_long_as_the_setting_says(client, run, secret, settings):
     settings.HIVEMIND_ACCESS_MINUTES = 5
-    answer = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body()).json()
+    answer = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()
     session = TrainingSession.objects.get(pk=answer["session_id"])
     remaining = session.access_expires_at - session.started_at
     assert datetime.timedelta(minutes=4) < remaining <= datetime.timedelta(minutes=5, seconds=5)
@@ -212,7 +203,7 @@ def test_the_access_token_lives_as_long_as_the_setting_says(client, run, secret,
     ("banana", 422, "agent_version_invalid"),
 ])
 def test_an_agent_that_cannot_average_with_the_others_is_told_to_upgrade(client, run, secret, version, status, code):
-    response = post(client, "/api/v1/runs/bengali-albert/join", secret, {**join_body(), "agent_version": version})
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, {**join_body("bengali-albert"), "agent_version": version})
     assert (response.status_code, response.json()["error"]["code"]) == (status, code)
     assert SWARM_COMPATIBLE_SINCE in response.json()["error"]["detail"] or code == "agent_version_invalid"
     assert not TrainingSession.objects.exists()
@@ -220,7 +211,41 @@ def test_an_agent_that_cannot_average_with_the_others_is_told_to_upgrade(client,
 
 def test_this_agent_and_newer_ones_may_join(client, run, secret):
     for version in (SWARM_COMPATIBLE_SINCE, __version__, "9.0.0"):
-        response = post(client, "/api/v1/runs/bengali-albert/join", secret, {**join_body(), "agent_version": version})
+        response = post(client, "/api/v1/runs/bengali-albert/join", secret, {**join_body("bengali-albert"), "agent_version": version})
         assert response.status_code == 200, response.json()
     assert sorted(TrainingSession.objects.values_list("agent_version", flat=True)) == sorted(
         [SWARM_COMPATIBLE_SINCE, __version__, "9.0.0"])
+
+
+def test_a_join_with_someone_elses_peer_key_is_refused(client, run, secret):
+    """Peer keys are public (every signed DHT record names one): a join must prove it holds the key."""
+    victim, thief = RSAPrivateKey(), RSAPrivateKey()
+    stolen = join_body("bengali-albert", thief)
+    stolen["peer_public_key"] = victim.get_public_key().to_bytes().decode()  # signed by the thief's own key
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, stolen)
+    assert (response.status_code, response.json()["error"]["code"]) == (403, "key_proof_invalid")
+    unsigned = {key: value for key, value in join_body("bengali-albert", victim).items() if key not in ("key_proof",)}
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, unsigned)
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "key_proof_missing")
+    assert not TrainingSession.objects.exists()
+
+
+def test_a_join_signed_for_another_run_or_long_ago_is_refused(client, run, secret):
+    RunFactory(slug="other-run")
+    key = RSAPrivateKey()
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("other-run", key))
+    assert (response.status_code, response.json()["error"]["code"]) == (403, "key_proof_invalid")
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=6)
+    message = join_proof_message(run="bengali-albert", peer_public_key=key.get_public_key().to_bytes().decode(), signed_at=old)
+    replayed = {**join_body("bengali-albert", key), "signed_at": old.isoformat(), "key_proof": key.sign(message).decode()}
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, replayed)
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "key_proof_stale")
+
+
+def test_a_run_has_one_live_session_per_peer_key(client, run, secret):
+    key = RSAPrivateKey()
+    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert", key)).status_code == 200
+    again = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert", key))
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "peer_key_in_use")
+    TrainingSession.objects.update(ended_at=timezone.now())
+    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert", key)).status_code == 200

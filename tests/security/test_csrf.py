@@ -8,7 +8,7 @@ from django.test import Client
 
 from accounts.models import AgentToken
 from runs.models import TrainingSession
-from tests.runs.test_join_api import join_body
+from tests.factories import join_body
 from tests.security.test_permission_matrix import API, PAGES, PERSONAS, post_data
 
 REFUSED = {403, 404, 405, "login", "admin-login"}
@@ -51,7 +51,7 @@ def test_the_same_form_with_its_token_is_accepted(world):
 def test_the_agent_api_needs_no_csrf_token_with_a_bearer_token(world):
     client = Client(enforce_csrf_checks=True)
     response = client.post(
-        f"/api/v1/runs/{world.values['public']}/join", json.dumps(join_body()), content_type="application/json",
+        f"/api/v1/runs/{world.values['public']}/join", json.dumps(join_body(world.values['public'])), content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {world.tokens['vik']}",
     )
     assert response.status_code == 200, response.content
@@ -66,7 +66,7 @@ def test_the_agent_api_does_not_take_a_session_cookie_for_a_state_change(world, 
     client = Client(enforce_csrf_checks=True)
     client.force_login(world.users["vik"])
     sessions_before = TrainingSession.objects.count()
-    response = client.post(path.format(**world.values), json.dumps(join_body()), content_type="application/json")
+    response = client.post(path.format(**world.values), json.dumps(join_body("any")), content_type="application/json")
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "token_missing"
     assert TrainingSession.objects.count() == sessions_before

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
-from tests.runs.test_join_api import join_body
+from tests.factories import join_body
 from tests.security.conftest import World
 
 L = "login"  # 302 to the log-in page
@@ -171,7 +171,7 @@ def _api_request(world: World, persona: str, template: str, method: str):
     path = template.format(**world.values)
     if method == "GET":
         return Client().get(path, **headers)
-    body = json.dumps(join_body()) if path.endswith("/join") else "{}"
+    body = json.dumps(join_body(path.split("/")[-2])) if path.endswith("/join") else "{}"
     return Client().post(path, body, content_type="application/json", **headers)
 
 

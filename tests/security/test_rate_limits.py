@@ -18,9 +18,8 @@ from accounts.services import token_create, token_revoke
 from portal import ratelimit
 from portal.asgi import application
 from portal.ratelimit import RateLimited, rate_limit_hit
-from tests.factories import PASSWORD, RunFactory
+from tests.factories import PASSWORD, RunFactory, join_body
 from tests.runs.test_agent_socket import report
-from tests.runs.test_join_api import join_body
 
 DAY = 86400
 
@@ -117,7 +116,7 @@ def test_joins_are_limited_per_agent_token_with_the_api_error_shape(limits, clie
     _, other_secret = token_create(user=volunteer, name="desktop")
 
     def join(secret: str):
-        return client.post("/api/v1/runs/open-run/join", json.dumps(join_body()), content_type="application/json",
+        return client.post("/api/v1/runs/open-run/join", json.dumps(join_body("open-run")), content_type="application/json",
                            HTTP_AUTHORIZATION=f"Bearer {secret}")
 
     assert [join(secret).status_code for _ in range(2)] == [200, 200]
@@ -133,7 +132,7 @@ def test_access_refreshes_are_limited_per_agent_token(limits, client, volunteer,
     RunFactory(slug="open-run", organizers=[organizer])
     _, secret = token_create(user=volunteer, name="laptop")
     _, other_secret = token_create(user=volunteer, name="desktop")
-    joined = client.post("/api/v1/runs/open-run/join", json.dumps(join_body()), content_type="application/json",
+    joined = client.post("/api/v1/runs/open-run/join", json.dumps(join_body("open-run")), content_type="application/json",
                          HTTP_AUTHORIZATION=f"Bearer {secret}")
 
     def refresh(secret: str):
