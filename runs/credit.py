@@ -1,8 +1,10 @@
 """Credit: what a volunteer's reported samples are worth, and the rollup that turns the append-only
 contribution events into the totals the leaderboards read.
 
-Unit: one credit is one GFLOP of training compute (forward + backward, the usual 6 × parameters
-per token), so credit is comparable across runs of different model sizes and sequence lengths.
+Unit: one credit is one GFLOP of training compute: the matrix products of a forward and backward
+pass of the run's model, every application of ALBERT's shared layer and the attention over the
+whole sequence included (runs/compute.py), so credit is comparable across runs of different model
+sizes and sequence lengths.
 """
 
 import datetime
@@ -18,6 +20,7 @@ from django.utils import timezone
 
 from accounts.models import TeamEvent, User
 from peer_agent.protocol import RunConfig
+from runs.compute import training_flops_per_sample
 from runs.models import (
     ContributionEvent,
     CreditHour,
@@ -44,24 +47,10 @@ CHUNK = 2000
 _has_events = Exists(ContributionEvent.objects.filter(session=OuterRef("pk")))
 
 
-def albert_parameter_count(*, dimensions: dict[str, int], vocab_size: int) -> int:
-    """Parameters of ``transformers.AlbertForMaskedLM`` of this shape: embeddings, one shared
-    transformer layer (ALBERT reuses it in every layer) and the masked-LM head, whose decoder is
-    tied to the word embeddings."""
-    E, H, I = dimensions["embedding_size"], dimensions["hidden_size"], dimensions["intermediate_size"]  # noqa: E741
-    P, V = dimensions["max_position_embeddings"], vocab_size
-    embeddings = V * E + P * E + 2 * E + 2 * E  # words, positions, 2 token types, LayerNorm
-    mapping_in = E * H + H
-    attention = 4 * (H * H + H) + 2 * H  # query, key, value, output dense; LayerNorm
-    feed_forward = (H * I + I) + (I * H + H) + 2 * H  # ffn, ffn_output, LayerNorm
-    mlm_head = 2 * E + V + H * E + E  # LayerNorm, output bias, dense (decoder weight is tied)
-    return embeddings + mapping_in + attention + feed_forward + mlm_head
-
-
 def credit_per_sample(config: RunConfig) -> float:
-    """Credit of one training sample: 6 × parameters × tokens per sample / 1e9 (GFLOP)."""
-    parameters = albert_parameter_count(dimensions=config.model.dimensions(), vocab_size=config.tokenizer.vocab_size)
-    return 6 * parameters * config.data.max_seq_length / 1e9
+    """Credit of one training sample: the GFLOP of its forward and backward pass
+    (runs.compute.training_flops_per_sample / 1e9)."""
+    return training_flops_per_sample(config) / 1e9
 
 
 def run_credit_per_sample(run: Run) -> float:

@@ -4,12 +4,11 @@ import datetime
 
 import pytest
 from django.utils import timezone
-from transformers import AlbertConfig, AlbertForMaskedLM
 
 from accounts.services import team_create, token_create
 from peer_agent.protocol import RunConfig
 from runs import credit, tasks
-from runs.credit import credit_per_sample, credit_rollup, rac_update
+from runs.credit import credit_rollup, rac_update
 from runs.models import (
     ContributionEvent,
     CreditHour,
@@ -53,21 +52,6 @@ def report(session, samples: int, *, at: datetime.datetime = NOW, rate: float = 
     seq = session.events.count() + 1
     return ContributionEvent.objects.create(session=session, seq=seq, samples=samples, steps=1, local_epoch=1, loss=5.0,
                                             samples_per_second=rate, sent_at=at, received_at=at)
-
-
-@pytest.mark.parametrize("dimensions, vocab_size, max_seq_length", [
-    (dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, embedding_size=16,
-          max_position_embeddings=64), 300, 64),
-    (dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=80, embedding_size=24,
-          max_position_embeddings=128), 1000, 128),
-])
-def test_credit_per_sample_is_six_flops_per_parameter_and_token(dimensions, vocab_size, max_seq_length):
-    config = RunConfig.model_validate({"model": {"preset": "custom", **dimensions}, "tokenizer": {"vocab_size": vocab_size},
-                                       "data": {"max_seq_length": max_seq_length}})
-    model = AlbertForMaskedLM(AlbertConfig(vocab_size=vocab_size, type_vocab_size=2, **dimensions))
-    parameters = sum(param.numel() for param in model.parameters())
-    assert credit.albert_parameter_count(dimensions=dimensions, vocab_size=vocab_size) == parameters
-    assert credit_per_sample(config) == pytest.approx(6 * parameters * max_seq_length / 1e9)
 
 
 def test_the_rollup_counts_each_event_once_however_often_it_runs(db, clock):

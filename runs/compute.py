@@ -1,0 +1,39 @@
+"""The compute a training sample costs, from a run's configuration alone.
+
+Light on purpose (no torch, no transformers): the web process prices credit with it.
+"""
+
+from peer_agent.protocol import RunConfig
+
+# The backward pass multiplies each matrix product's output gradient by both of its operands:
+# twice the forward pass's work, so a training step costs 3 × the forward pass.
+FORWARD_AND_BACKWARD = 3
+FLOPS_PER_MULTIPLY_ACCUMULATE = 2
+SOP_LABELS = 2
+
+
+def training_flops_per_sample(config: RunConfig) -> float:
+    """FLOPs of one training sample (forward and backward pass) of the model the agent trains,
+    ``AlbertForPreTraining`` (``peer_agent.model.model_build``): 2 FLOPs per multiply-accumulate of
+    every matrix product, and 3 × the forward pass for forward + backward.
+
+    With S tokens per sample (``data.max_seq_length``), the forward pass multiplies-accumulates:
+
+    - the embedding projection E → H at every position: S·E·H;
+    - in each of the L = ``num_hidden_layers`` applications of ALBERT's one shared layer: the query,
+      key, value and output projections 4·S·H², the attention scores QKᵀ and attention × V 2·S²·H,
+      and the feed-forward pair 2·S·H·I;
+    - the masked-LM head, dense H → E and decoder E → V at every position (the model computes
+      logits for all of them, masked or not): S·E·(H + V);
+    - the sentence-order head on the first token: pooler H → H and classifier H → 2.
+
+    Elementwise work (layer norms, softmax, GELU, biases, dropout, the loss) and embedding lookups
+    are left out, as ``torch.utils.flop_counter.FlopCounterMode`` leaves them out: they grow with
+    S·H, not S·H², and are small next to the matrix products.
+    """
+    dims = config.model.dimensions()
+    E, H, I = dims["embedding_size"], dims["hidden_size"], dims["intermediate_size"]  # noqa: E741
+    L, S, V = dims["num_hidden_layers"], config.data.max_seq_length, config.tokenizer.vocab_size
+    layer = 4 * S * H * H + 2 * S * S * H + 2 * S * H * I
+    forward = S * E * H + L * layer + S * E * (H + V) + H * H + H * SOP_LABELS
+    return float(FORWARD_AND_BACKWARD * FLOPS_PER_MULTIPLY_ACCUMULATE * forward)
