@@ -248,7 +248,6 @@ class LeaderboardRowOut(Schema):
     profile_url: str | None
     samples: int
     credit: float
-    credit_provisional: float
     credit_verified: float
     recent_average_credit: float
     compute_seconds: float

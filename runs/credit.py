@@ -34,6 +34,7 @@ from runs.models import (
     TeamCreditHour,
     TrainingSession,
     VolunteerCredit,
+    epoch_confirmed_samples,
 )
 
 RAC_HALF_LIFE = datetime.timedelta(days=7)
@@ -154,14 +155,12 @@ def credit_rollup_batch(*, batch_size: int) -> int:
                           hour=TruncHour("received_at"))
             .annotate(reported=Sum("samples"), last_seen=Max("received_at"), compute=Sum(_report_seconds()))
         )
-        _buckets_add(groups)
-        _team_buckets_add(groups)
-        pairs, rac_gained = _totals_add(groups, now=now)
+        pairs = _totals_add(groups)
         samples_added = defaultdict(int)
         for group in groups:
             samples_added[group["run_id"]] += group["reported"]
         run_credit_derive(pairs=pairs, now=now, teams={group["user_id"]: group["team_id"] for group in groups},
-                          team_added=_team_added(groups, rac_gained), samples_added=samples_added)
+                          team_added=_team_added(groups), samples_added=samples_added)
         mark.event_id = upper
         mark.updated_at = now
         mark.save(update_fields=["event_id", "updated_at"])
@@ -177,74 +176,46 @@ def _credit_per_sample_of(run_ids: Iterable[int]) -> dict[int, float]:
     return {run.pk: run_credit_per_sample(run) for run in Run.objects.filter(pk__in=set(run_ids)).only("config")}
 
 
-def _buckets_add(groups: list[dict]) -> None:
-    cps = _credit_per_sample_of(group["run_id"] for group in groups)
-    hours = {group["hour"] for group in groups}
-    existing = {}
-    for runs, users in _chunks({(group["run_id"], group["user_id"]) for group in groups}):
-        for bucket in CreditHour.objects.filter(run_id__in=runs, user_id__in=users, hour__in=hours):
-            existing[(bucket.run_id, bucket.user_id, bucket.hour)] = bucket
-    for group in groups:
-        key = (group["run_id"], group["user_id"], group["hour"])
-        bucket = existing.setdefault(key, CreditHour(run_id=key[0], user_id=key[1], hour=key[2]))
-        bucket.samples += group["reported"]
-        bucket.credit += group["reported"] * cps[group["run_id"]]
-    for bucket in existing.values():
-        bucket.pk = None  # upserted on (run, user, hour)
-    CreditHour.objects.bulk_create(
-        list(existing.values()), update_conflicts=True, unique_fields=["run", "user", "hour"],
-        update_fields=["samples", "credit"], batch_size=CHUNK,
-    )
+def _buckets_add(*, confirmed: dict[tuple[int, int, datetime.datetime], int], teams: dict[int, int | None]) -> None:
+    """Add samples confirmed ((run, user, hour) -> samples; negative when an organizer rejects what
+    was confirmed) and their credit to the hourly buckets of the volunteers and of the teams they
+    are in now: the 24 h and 7 d windows count credit by when it was confirmed."""
+    cps = _credit_per_sample_of(run_id for run_id, _, _ in confirmed)
+    by_team: dict[tuple[int, int, datetime.datetime], int] = defaultdict(int)
+    for (run_id, user_id, hour), samples in confirmed.items():
+        if teams.get(user_id) is not None:
+            by_team[(run_id, teams[user_id], hour)] += samples
+    for model, owner, added in ((CreditHour, "user", confirmed), (TeamCreditHour, "team", by_team)):
+        existing = {}
+        hours = {hour for _, _, hour in added}
+        for runs, owners in _chunks({(run_id, owner_id) for run_id, owner_id, _ in added}):
+            for bucket in model.objects.filter(run_id__in=runs, **{f"{owner}_id__in": owners}, hour__in=hours):
+                existing[(bucket.run_id, getattr(bucket, f"{owner}_id"), bucket.hour)] = bucket
+        for key, samples in added.items():
+            bucket = existing.setdefault(key, model(run_id=key[0], **{f"{owner}_id": key[1]}, hour=key[2]))
+            # Never below zero: a rejection takes back at most what the hour holds (the rest left the windows).
+            bucket.samples = max(bucket.samples + samples, 0)
+            bucket.credit = max(bucket.credit + samples * cps[key[0]], 0.0) if bucket.samples else 0.0
+        _upsert(model, list(existing.values()), ["run", owner, "hour"], ["samples", "credit"])
 
 
-def _team_buckets_add(groups: list[dict]) -> None:
-    """Add the batch's samples and credit to the hourly buckets of the teams the volunteers are in."""
-    cps = _credit_per_sample_of(group["run_id"] for group in groups)
-    added: dict[tuple[int, int, datetime.datetime], list] = defaultdict(lambda: [0, 0.0])
-    for group in groups:
-        if group["team_id"] is not None:
-            sums = added[(group["run_id"], group["team_id"], group["hour"])]
-            sums[0] += group["reported"]
-            sums[1] += group["reported"] * cps[group["run_id"]]
-    if not added:
-        return
-    existing = {}
-    hours = {hour for _, _, hour in added}
-    for runs, teams in _chunks({(run_id, team_id) for run_id, team_id, _ in added}):
-        for bucket in TeamCreditHour.objects.filter(run_id__in=runs, team_id__in=teams, hour__in=hours):
-            existing[(bucket.run_id, bucket.team_id, bucket.hour)] = bucket
-    for key, (samples, credit_) in added.items():
-        bucket = existing.setdefault(key, TeamCreditHour(run_id=key[0], team_id=key[1], hour=key[2]))
-        bucket.samples += samples
-        bucket.credit += credit_
-    _upsert(TeamCreditHour, list(existing.values()), ["run", "team", "hour"], ["samples", "credit"])
-
-
-def _team_added(groups: list[dict], rac_gained: dict[tuple[int, int], float]) -> dict[tuple[int, int], dict]:
-    """What the batch adds to each (run, team): samples, compute time, last seen, and the RAC its
-    members gained. A team's RAC is the sum of what its members gained while in it, decayed alike:
-    with no team changes it equals the sum of its members' RACs."""
+def _team_added(groups: list[dict]) -> dict[tuple[int, int], dict]:
+    """What the batch adds to each (run, team): samples reported, compute time and last seen."""
     added: dict[tuple[int, int], dict] = defaultdict(dict)
-    teams = {}
     for group in groups:
         if group["team_id"] is None:
             continue
-        teams[group["user_id"]] = group["team_id"]
         sums = added[(group["run_id"], group["team_id"])]
         sums["samples"] = sums.get("samples", 0) + group["reported"]
         sums["compute_seconds"] = sums.get("compute_seconds", 0.0) + (group["compute"] or 0.0)
         sums["last_seen_at"] = max(filter(None, [sums.get("last_seen_at"), group["last_seen"]]))
-    for (run_id, user_id), gained in rac_gained.items():
-        if user_id in teams:
-            sums = added[(run_id, teams[user_id])]
-            sums["rac"] = sums.get("rac", 0.0) + gained
     return added
 
 
-def _totals_add(groups: list[dict], *, now: datetime.datetime) -> tuple[set[tuple[int, int]], dict[tuple[int, int], float]]:
-    """Add the batch's samples, compute time and RAC work to each (run, user) total. Returns the
-    pairs and what each one's RAC gained over its old value decayed to ``now``."""
-    cps = _credit_per_sample_of(group["run_id"] for group in groups)
+def _totals_add(groups: list[dict]) -> set[tuple[int, int]]:
+    """Add the batch's reported samples, compute time and last seen to each (run, user) total.
+    Returns the pairs. Reported samples earn nothing yet: credit, the windows and RAC follow
+    confirmations (run_credit_derive)."""
     added: dict[tuple[int, int], dict] = defaultdict(lambda: {"samples": 0, "compute": 0.0, "last_seen": None})
     for group in groups:
         sums = added[(group["run_id"], group["user_id"])]
@@ -252,26 +223,13 @@ def _totals_add(groups: list[dict], *, now: datetime.datetime) -> tuple[set[tupl
         sums["compute"] += group["compute"] or 0.0
         sums["last_seen"] = max(filter(None, [sums["last_seen"], group["last_seen"]]))
     totals = _run_credits(added.keys())
-    rac_gained = {}
     for (run_id, user_id), sums in added.items():
         total = totals.setdefault((run_id, user_id), RunCredit(run_id=run_id, user_id=user_id))
         total.samples += sums["samples"]
         total.compute_seconds += sums["compute"]
         total.last_seen_at = max(filter(None, [total.last_seen_at, sums["last_seen"]]))
-        decayed = rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
-        total.recent_average_credit, total.rac_updated_at = rac_update(
-            average=total.recent_average_credit, updated_at=total.rac_updated_at,
-            work=sums["samples"] * cps[run_id], now=now,
-        )
-        rac_gained[(run_id, user_id)] = total.recent_average_credit - decayed
-    for total in totals.values():
-        total.pk = None  # upserted on (run, user)
-    RunCredit.objects.bulk_create(
-        list(totals.values()), update_conflicts=True, unique_fields=["run", "user"],
-        update_fields=["samples", "compute_seconds", "last_seen_at", "recent_average_credit", "rac_updated_at"],
-        batch_size=CHUNK,
-    )
-    return set(added), rac_gained
+    _upsert(RunCredit, list(totals.values()), ["run", "user"], ["samples", "compute_seconds", "last_seen_at"])
+    return set(added)
 
 
 def _upsert(model, rows: list, unique_fields: list[str], update_fields: list[str]) -> None:
@@ -308,9 +266,10 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
                       team_added: dict[tuple[int, int], dict] | None = None,
                       samples_added: dict[int, int] | None = None) -> None:
     """Recompute what follows from the events' totals for these (run, user) pairs: the verified,
-    rejected and provisional split (SessionEpoch rows), the 24 h / 7 d windows (hourly buckets)
-    and the machines (agent tokens that reported); then the volunteers' all-runs totals.
-    Idempotent for the volunteers' totals: it reads only stored rows.
+    rejected and provisional split (SessionEpoch rows), the credit (the verified part), the 24 h /
+    7 d windows and RAC (samples confirmed since the last call go into this hour's buckets and
+    RAC's work), and the machines (agent tokens that reported); then the volunteers' all-runs
+    totals. Idempotent: a second call finds nothing newly confirmed.
 
     Teams: what the recomputation changes in the split is added to the team each volunteer is in
     now (``teams``, user id -> team id, read here when not given), with ``team_added`` (the
@@ -325,34 +284,47 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
     before = {key: [getattr(total, field) for field in SPLIT_FIELDS] for key, total in totals.items()}
     before_run = {key: [getattr(total, field) for field in RUN_DERIVED_FIELDS] for key, total in totals.items()}
     cps = _credit_per_sample_of(run_id for run_id, _ in totals)
+    if teams is None:
+        teams = _teams_of({user_id for _, user_id in totals})
     epochs, windows, machines = {}, {}, {}
-    starts = window_starts(now)
     for runs, users in _chunks(pairs):
         for row in _epoch_split(runs=runs, users=users):
             epochs[(row["run_id"], row["user_id"])] = row
-        buckets = CreditHour.objects.filter(run_id__in=runs, user_id__in=users, hour__gte=starts["7d"])
-        in_24h = Q(hour__gte=starts["24h"])
-        for row in buckets.values("run_id", "user_id").annotate(
-            samples_24h=Sum("samples", filter=in_24h), credit_24h=Sum("credit", filter=in_24h),
-            samples_7d=Sum("samples"), credit_7d=Sum("credit"),
-        ):
-            windows[(row["run_id"], row["user_id"])] = row
         sessions = TrainingSession.objects.filter(run_id__in=runs, user_id__in=users).filter(_has_events)
         for row in sessions.values("run_id", "user_id").annotate(machines=Count("token", distinct=True)):
             machines[(row["run_id"], row["user_id"])] = row["machines"]
+    rac_gained = {}
     for key, total in totals.items():
         split = epochs.get(key, {})
+        verified_before = total.samples_verified
         total.samples_verified = min(split.get("verified") or 0, total.samples)
         total.samples_rejected = min(split.get("rejected") or 0, total.samples - total.samples_verified)
         provisional = total.samples - total.samples_verified - total.samples_rejected
         total.credit_provisional = provisional * cps[key[0]]
         total.credit_verified = total.samples_verified * cps[key[0]]
-        total.credit = total.credit_provisional + total.credit_verified
+        total.credit = total.credit_verified  # what every board ranks by: confirmed credit only
+        total.machines = machines.get(key, 0)
+        if total.samples_verified > verified_before:
+            # RAC, as BOINC's, grows with granted credit, when it is granted.
+            decayed = rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
+            total.recent_average_credit, total.rac_updated_at = rac_update(
+                average=total.recent_average_credit, updated_at=total.rac_updated_at,
+                work=(total.samples_verified - verified_before) * cps[key[0]], now=now)
+            rac_gained[key] = total.recent_average_credit - decayed
+    starts = window_starts(now)
+    in_24h = Q(hour__gte=starts["24h"])
+    for runs, users in _chunks(pairs):
+        buckets = CreditHour.objects.filter(run_id__in=runs, user_id__in=users, hour__gte=starts["7d"])
+        for row in buckets.values("run_id", "user_id").annotate(
+            samples_24h=Sum("samples", filter=in_24h), credit_24h=Sum("credit", filter=in_24h),
+            samples_7d=Sum("samples"), credit_7d=Sum("credit"),
+        ):
+            windows[(row["run_id"], row["user_id"])] = row
+    for key, total in totals.items():
         window = windows.get(key, {})
         total.samples_24h, total.credit_24h = window.get("samples_24h") or 0, window.get("credit_24h") or 0.0
         total.samples_7d, total.credit_7d = window.get("samples_7d") or 0, window.get("credit_7d") or 0.0
-        total.machines = machines.get(key, 0)
-    _upsert(RunCredit, list(totals.values()), ["run", "user"], DERIVED_FIELDS)
+    _upsert(RunCredit, list(totals.values()), ["run", "user"], [*DERIVED_FIELDS, "recent_average_credit", "rac_updated_at"])
     run_changes: dict[int, dict] = defaultdict(dict)
     for run_id, added in (samples_added or {}).items():
         run_changes[run_id]["samples"] = added
@@ -363,8 +335,6 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
     run_credit_total_apply(changes=run_changes)
     volunteer_credit_refresh(user_ids={user_id for _, user_id in pairs}, now=now)
     changes: dict[tuple[int, int], dict] = defaultdict(dict, {key: dict(sums) for key, sums in (team_added or {}).items()})
-    if teams is None:
-        teams = _teams_of({user_id for _, user_id in totals})
     for key, total in totals.items():
         team_id = teams.get(key[1])
         if team_id is None:
@@ -372,6 +342,9 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
         change = changes[(key[0], team_id)]
         for field, old in zip(SPLIT_FIELDS, before[key], strict=True):
             change[field] = change.get(field, 0) + getattr(total, field) - old
+        if key in rac_gained:
+            # A team's RAC is the sum of what its members gained while in it, decayed alike.
+            change["rac"] = change.get("rac", 0.0) + rac_gained[key]
     run_team_credit_apply(changes=changes, now=now)
     team_members_refresh(team_ids={team_id for team_id in teams.values() if team_id is not None} | {t for _, t in changes})
 
@@ -443,7 +416,7 @@ def run_team_credit_apply(*, changes: dict[tuple[int, int], dict], now: datetime
     team_credit_refresh(team_ids={team_id for _, team_id in keys}, now=now)
 
 
-WINDOW_SAMPLES = {"": "samples", "_24h": "samples_24h", "_7d": "samples_7d"}
+WINDOW_SAMPLES = {"": "samples_verified", "_24h": "samples_24h", "_7d": "samples_7d"}  # confirmed samples
 TEAM_COUNTS = {
     **{f"members{suffix}": Count("pk", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
     **{f"machines{suffix}": Sum("machines", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
@@ -557,8 +530,9 @@ def volunteer_credit_refresh(*, user_ids: set[int], now: datetime.datetime) -> N
 
 
 def credit_epochs_refresh() -> int:
-    """Apply the monitor's and organizers' SessionEpoch changes since the last pass to the
-    verified/provisional split. Returns the (run, user) pairs refreshed."""
+    """Apply the monitor's and organizers' SessionEpoch changes since the last pass: date what each
+    changed epoch newly confirmed (or an organizer took back) into the hourly buckets, then
+    recompute the verified/provisional split. Returns the (run, user) pairs refreshed."""
     now = timezone.now()
     with transaction.atomic():
         mark = _watermark()
@@ -568,11 +542,44 @@ def credit_epochs_refresh() -> int:
             changed = changed.filter(Q(checked_at__gte=since) | Q(decided_at__gte=since))
         else:
             changed = changed.exclude(checked_at=None, decided_at=None)
-        pairs = set(changed.values_list("session__run_id", "session__user_id").distinct())
+        pairs = set()
+        rows = changed.values_list("pk", "session__run_id", "session__user_id", "status", "reported_samples",
+                                   "announced_samples", "checked_at", "decided_at", "credited_samples")
+        for chunk in _batches(rows.order_by("pk").iterator(chunk_size=CHUNK), CHUNK):
+            pairs |= _confirmations_date(chunk, now=now)
         run_credit_derive(pairs=pairs, now=now)
         mark.epochs_checked_at = now
         mark.save(update_fields=["epochs_checked_at"])
     return len(pairs)
+
+
+def _batches(rows: Iterable, size: int):
+    batch = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _confirmations_date(rows: list[tuple], *, now: datetime.datetime) -> set[tuple[int, int]]:
+    """Bucket what these SessionEpoch rows confirmed since the rollup last counted them, by the hour
+    the coordinator confirmed it (an organizer's decision: when it was taken). Returns their pairs."""
+    confirmed: dict[tuple[int, int, datetime.datetime], int] = defaultdict(int)
+    counted = []
+    pairs = set()
+    for pk, run_id, user_id, status, reported, announced, checked_at, decided_at, credited in rows:
+        pairs.add((run_id, user_id))
+        samples = epoch_confirmed_samples(status=status, reported=reported, announced=announced)
+        if samples != credited:
+            confirmed[(run_id, user_id, _hour(decided_at or checked_at or now))] += samples - credited
+            counted.append(SessionEpoch(pk=pk, credited_samples=samples))
+    if confirmed:
+        _buckets_add(confirmed=confirmed, teams=_teams_of({user_id for _, user_id, _ in confirmed}))
+        SessionEpoch.objects.bulk_update(counted, ["credited_samples"], batch_size=CHUNK)
+    return pairs
 
 
 def credit_windows_age() -> int:

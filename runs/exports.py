@@ -1,7 +1,7 @@
 """Daily statistics dumps, as BOINC projects and Folding@home publish them: every volunteer's,
 team's and run's credit as gzip JSON and gzip CSV under MEDIA_ROOT/stats/YYYY-MM-DD/.
 
-Hidden volunteers never appear by name: they are left out of the volunteers' and runs' files
+Like the boards, they count only confirmed credit and samples. Hidden volunteers never appear by name: they are left out of the volunteers' and runs' files
 and counted only in their team's totals.
 """
 
@@ -24,7 +24,7 @@ from runs.models import Run, RunCredit, TeamCredit, VolunteerCredit
 KINDS = ("users", "teams", "runs")
 FORMATS = ("json.gz", "csv.gz")
 FILE_NAMES = frozenset(f"{kind}.{fmt}" for kind in KINDS for fmt in FORMATS)
-CREDIT_FIELDS = ["credit", "credit_verified", "credit_provisional", "recent_average_credit", "compute_seconds", "machines"]
+CREDIT_FIELDS = ["credit", "credit_verified", "recent_average_credit", "compute_seconds", "machines"]
 
 
 def stats_root() -> Path:
@@ -32,7 +32,8 @@ def stats_root() -> Path:
 
 
 def _volunteers() -> list[dict]:
-    totals = VolunteerCredit.objects.exclude(user__visibility=User.Visibility.HIDDEN).select_related("user__team")
+    totals = VolunteerCredit.objects.exclude(user__visibility=User.Visibility.HIDDEN).filter(credit__gt=0).select_related(
+        "user__team")
     return [
         {"name": total.user.public_name, "profile": volunteer_profile_key(total.user),
          "team": total.user.team.name if total.user.team else "",
@@ -46,10 +47,11 @@ def _teams() -> list[dict]:
     with their current members who contributed and those members' machines."""
     counts = {
         row["user__team_id"]: row
-        for row in VolunteerCredit.objects.exclude(user__team=None).values("user__team_id")
+        for row in VolunteerCredit.objects.exclude(user__team=None).filter(credit__gt=0).values("user__team_id")
         .annotate(members=Count("user_id"), machines=Sum("machines"))
     }
-    totals = TeamCredit.objects.filter(team__disbanded_at=None).select_related("team").order_by("-credit", "team_id")
+    totals = TeamCredit.objects.filter(team__disbanded_at=None, credit__gt=0).select_related("team").order_by(
+        "-credit", "team_id")
     return [{"name": total.team.name, "slug": total.team.slug, "members": counts.get(total.team_id, {}).get("members", 0),
              **{field: getattr(total, field) for field in CREDIT_FIELDS if field != "machines"},
              "machines": counts.get(total.team_id, {}).get("machines") or 0} for total in totals]
@@ -58,7 +60,7 @@ def _teams() -> list[dict]:
 def _run_credits() -> list[dict]:
     """Per-run rows of the runs anyone may see listed (public and started)."""
     totals = (
-        RunCredit.objects.filter(run__visibility=Run.Visibility.PUBLIC)
+        RunCredit.objects.filter(run__visibility=Run.Visibility.PUBLIC, credit__gt=0)
         .exclude(run__status=Run.Status.DRAFT)
         .exclude(user__visibility=User.Visibility.HIDDEN)
         .select_related("run", "user")
@@ -66,7 +68,7 @@ def _run_credits() -> list[dict]:
     )
     return [
         {"run": total.run.slug, "name": total.user.public_name, "profile": volunteer_profile_key(total.user),
-         "samples": total.samples, **{field: getattr(total, field) for field in CREDIT_FIELDS}}
+         "samples": total.samples_verified, **{field: getattr(total, field) for field in CREDIT_FIELDS}}
         for total in totals
     ]
 

@@ -20,8 +20,9 @@ from runs.models import (
     VolunteerCredit,
 )
 
-# window -> (samples column, credit column) of the aggregates
-WINDOWS = {"24h": ("samples_24h", "credit_24h"), "7d": ("samples_7d", "credit_7d"), "all": ("samples", "credit")}
+# window -> (samples column, credit column) of the aggregates: confirmed samples and credit only
+# (docs/trust.md); pending credit never moves a rank.
+WINDOWS = {"24h": ("samples_24h", "credit_24h"), "7d": ("samples_7d", "credit_7d"), "all": ("samples_verified", "credit")}
 # window -> (members column, machines column) of the team totals
 TEAM_COUNTS = {"24h": ("members_24h", "machines_24h"), "7d": ("members_7d", "machines_7d"), "all": ("members", "machines")}
 BY = ("user", "team")
@@ -42,8 +43,8 @@ def _totals(run: Run | None):
 
 
 def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", limit: int = 100, offset: int = 0) -> list[dict]:
-    """Ranked rows of one run's board, or of all runs' when ``run`` is None: name, samples, credit
-    (provisional and verified), share of the board's credit, RAC, compute time, last seen,
+    """Ranked rows of one run's board, or of all runs' when ``run`` is None: name, confirmed samples
+    and credit (pending credit is its owner's and the organizers' business, never a board's), share of the board's credit, RAC, compute time, last seen,
     machines. Hidden volunteers count toward the total and their team's row but never appear.
 
     A team's row is the credit its members earned while in it (RunTeamCredit: a volunteer who
@@ -76,7 +77,6 @@ def _credit_fields(total, samples_column: str, credit_column: str, now) -> dict:
     return {
         "samples": getattr(total, samples_column),
         "credit": getattr(total, credit_column),
-        "credit_provisional": total.credit_provisional,
         "credit_verified": total.credit_verified,
         "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
         "compute_seconds": total.compute_seconds,
@@ -88,7 +88,7 @@ def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, o
     visible = (
         totals.exclude(user__visibility=User.Visibility.HIDDEN)
         .select_related("user")
-        .only(samples_column, credit_column, "credit_provisional", "credit_verified", "recent_average_credit",
+        .only(samples_column, credit_column, "credit_verified", "recent_average_credit",
               "rac_updated_at", "compute_seconds", "machines", "last_seen_at",
               "user__username", "user__display_name", "user__visibility", "user__pseudonym")
         .order_by(f"-{credit_column}", "user_id")[offset:offset + limit]
@@ -112,7 +112,7 @@ def _team_rows(run: Run | None, window: str, *, limit: int, offset: int) -> list
     ranked = (
         team_totals.filter(**{f"{samples_column}__gt": 0}, team__disbanded_at=None)
         .select_related("team")
-        .only(samples_column, credit_column, "credit_provisional", "credit_verified", "recent_average_credit",
+        .only(samples_column, credit_column, "credit_verified", "recent_average_credit",
               "rac_updated_at", "compute_seconds", "last_seen_at", members_column, machines_column, "team__name", "team__slug")
         .order_by(f"-{credit_column}", "team_id")[offset:offset + limit]
     )
@@ -155,9 +155,8 @@ def _pace(run: Run, now: datetime.datetime) -> dict:
 def run_snapshot(*, run: Run) -> dict:
     """What the live page shows: the board and the collaboration's pace right now."""
     rows = leaderboard_rows(run=run, limit=50)
-    totals = RunCredit.objects.filter(run=run, samples__gt=0).aggregate(
-        samples_total=Sum("samples"), credit_verified_total=Sum("credit_verified"),
-        credit_provisional_total=Sum("credit_provisional"), volunteers=Count("user_id"),
+    totals = RunCredit.objects.filter(run=run, samples_verified__gt=0).aggregate(
+        samples_total=Sum("samples_verified"), credit_total=Sum("credit"), volunteers=Count("user_id"),
     )
     return {
         "type": "snapshot",

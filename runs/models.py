@@ -211,11 +211,21 @@ class SessionEpoch(models.Model):
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     decided_at = models.DateTimeField(null=True, blank=True)
+    credited_samples = models.PositiveBigIntegerField(
+        default=0, help_text="Confirmed samples the credit rollup has counted into the hourly buckets so far.")
 
     class Meta:
         ordering = ["session", "epoch"]
         constraints = [models.UniqueConstraint(fields=["session", "epoch"], name="one_row_per_session_epoch")]
         indexes = [models.Index(fields=["status"])]
+
+
+def epoch_confirmed_samples(*, status: str, reported: int, announced: int | None) -> int:
+    """The samples of a session's epoch that earn credit: a verified epoch counts the smaller of the
+    reported and the announced samples, an accepted one what was reported, any other nothing."""
+    if status == SessionEpoch.Status.VERIFIED:
+        return reported if announced is None else min(reported, announced)
+    return reported if status == SessionEpoch.Status.ACCEPTED else 0
 
 
 class RunSample(models.Model):
@@ -264,7 +274,7 @@ class CreditSums(models.Model):
     samples_rejected = models.PositiveBigIntegerField(default=0)
     credit_provisional = models.FloatField(default=0)
     credit_verified = models.FloatField(default=0)
-    credit = models.FloatField(default=0, help_text="Provisional + verified: reported credit less rejected.")
+    credit = models.FloatField(default=0, help_text="Confirmed credit (the verified part): what boards rank by.")
     samples_24h = models.PositiveBigIntegerField(default=0)
     credit_24h = models.FloatField(default=0)
     samples_7d = models.PositiveBigIntegerField(default=0)
@@ -327,7 +337,7 @@ class RunCreditTotal(models.Model):
     samples_rejected = models.PositiveBigIntegerField(default=0)
     credit_provisional = models.FloatField(default=0)
     credit_verified = models.FloatField(default=0)
-    credit = models.FloatField(default=0, help_text="Provisional + verified: reported credit less rejected.")
+    credit = models.FloatField(default=0, help_text="Confirmed credit (the verified part): what boards rank by.")
     samples_24h = models.PositiveBigIntegerField(default=0)
     credit_24h = models.FloatField(default=0)
     samples_7d = models.PositiveBigIntegerField(default=0)
@@ -335,8 +345,9 @@ class RunCreditTotal(models.Model):
 
 
 class CreditHour(models.Model):
-    """Samples and credit one volunteer reported in one run during one hour: the 24 h and 7 d
-    windows and the daily history of a profile are sums of these."""
+    """Samples and credit of one volunteer in one run that were confirmed during one hour (an
+    epoch's verification, an organizer's acceptance): the 24 h and 7 d windows and the daily
+    history of a profile are sums of these."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
@@ -399,7 +410,7 @@ class TeamCredit(TeamFigures):
 
 
 class TeamCreditHour(models.Model):
-    """Samples and credit a team's members reported in one run during one hour while in the team:
+    """Samples and credit of a team's members in one run confirmed during one hour while in the team:
     the team's 24 h and 7 d windows are sums of these, as a volunteer's are of CreditHour."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")

@@ -21,7 +21,8 @@ def volunteer_for_profile(*, key: str, viewer) -> User | None:
 
 
 def volunteer_runs(*, user: User, viewer) -> list[dict]:
-    """The runs the volunteer contributed to that the viewer may see, with the run's totals."""
+    """The runs the volunteer contributed to that the viewer may see, with their confirmed totals
+    (and, for the volunteer alone, the credit still pending)."""
     from runs.sessions import run_may_view
 
     now = timezone.now()
@@ -30,8 +31,8 @@ def volunteer_runs(*, user: User, viewer) -> list[dict]:
         if not run_may_view(run=total.run, user=viewer):
             continue
         rows.append({
-            "run": total.run, "samples": total.samples, "credit": total.credit,
-            "credit_provisional": total.credit_provisional, "credit_verified": total.credit_verified,
+            "run": total.run, "samples": total.samples_verified, "credit": total.credit,
+            "credit_provisional": total.credit_provisional if viewer == user else None,
             "recent_average_credit": rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now),
             "compute_seconds": total.compute_seconds, "machines": total.machines, "last_seen": total.last_seen_at,
         })

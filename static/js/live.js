@@ -30,7 +30,7 @@
       link.href = row.profile_url;
       link.textContent = row.name;
       name.append(link);
-      const credit = `${Math.round(row.credit).toLocaleString()} (${Math.round(row.credit_verified).toLocaleString()})`;
+      const credit = Math.round(row.credit).toLocaleString();
       tr.append(cell(row.rank), name, cell(row.samples.toLocaleString()), cell(credit),
         cell(`${(row.share * 100).toFixed(1)}%`), cell(row.machines), cell(new Date(row.last_seen).toLocaleTimeString()));
       return tr;

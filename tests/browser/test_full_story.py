@@ -16,10 +16,9 @@ from playwright.sync_api import expect
 from accounts.models import User
 from accounts.services import token_create
 from runs.corpus import corpus_write
-from runs.models import Checkpoint, ContributionEvent, Run, TrainingSession
+from runs.models import Checkpoint, ContributionEvent, Run, RunCredit, TrainingSession
 from tests.browser.test_run_pages import log_in
-from tests.e2e.agents import agent, wait_for
-from tests.e2e.conftest import coordinator  # noqa: F401 - the fixture
+from tests.e2e.agents import agent, serve_until, wait_for
 from tests.factories import PASSWORD, UserFactory
 from tests.processes import children_reap
 
@@ -86,7 +85,7 @@ def reports_of(username: str) -> int:
     return ContributionEvent.objects.filter(session__user__username=username).count()
 
 
-def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_server, coordinator, organizer, tmp_path,  # noqa: F811
+def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_server, coordinator, organizer, tmp_path,
                                                                screenshot, credit_beat):
     olga = browser.new_page(base_url=asgi_server)
     log_in(olga, organizer.username)
@@ -107,9 +106,12 @@ def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_ser
         rumana.goto(f"/runs/{SLUG}/")
         expect(rumana.locator("#live")).to_have_class("connected")
         rumana.evaluate("window.__not_reloaded = true")
+        # The coordinator's monitor confirms the agents' epochs as they close; boards show confirmed credit.
+        serve_until(coordinator, lambda: RunCredit.objects.filter(run__slug=SLUG, samples_verified__gt=0).count() == 2,
+                    300, "both volunteers' first confirmed credit")
         row = rumana.locator("#leaderboard tr[data-name='rumana']")
-        expect(row).to_be_visible(timeout=240_000)
-        expect(rumana.locator("#leaderboard tr[data-name='nusrat']")).to_be_visible(timeout=120_000)
+        expect(row).to_be_visible(timeout=60_000)
+        expect(rumana.locator("#leaderboard tr[data-name='nusrat']")).to_be_visible(timeout=60_000)
         assert rumana.evaluate("window.__not_reloaded") is True
         screenshot(rumana, "story-live-leaderboard")
 

@@ -1,5 +1,6 @@
-"""The live run page in a real browser: a report arrives, the rollup counts it (Celery beat runs it every
-10 s in production; here the test runs it), the leaderboard row changes without reload."""
+"""The live run page in a real browser: a report arrives, the coordinator's monitor confirms its epoch,
+the rollup counts it (Celery beat runs it every 10 s in production; here the test runs it), the
+leaderboard row changes without reload."""
 
 import datetime
 import json
@@ -11,7 +12,7 @@ from websockets.sync.client import connect
 from accounts.services import token_create
 from runs.credit import credit_rollup
 from runs.models import TrainingSession
-from tests.factories import RunFactory
+from tests.factories import RunFactory, epoch_confirm
 
 pytestmark = [pytest.mark.browser]
 
@@ -42,10 +43,14 @@ def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server,
     # Spaced as an agent reporting every few seconds at 16 samples/s would send them.
     assert send_report(asgi_server, secret, session.pk, 1, 96, ago_s=6) == {"type": "ack", "seq": 1}
     assert credit_rollup() == 1
+    expect(page.locator("#live-epoch")).to_have_text("4")
+    expect(page.locator("#leaderboard")).to_contain_text("No contributions yet")  # reported, not confirmed yet
+    epoch_confirm(session, 4, at=datetime.datetime.now(datetime.UTC))
+    credit_rollup()
     row = page.locator("#leaderboard tr[data-name='vik']")
     expect(row).to_contain_text("96")
-    expect(page.locator("#live-epoch")).to_have_text("4")
     assert send_report(asgi_server, secret, session.pk, 2, 32) == {"type": "ack", "seq": 2}
+    epoch_confirm(session, 4, at=datetime.datetime.now(datetime.UTC))
     assert credit_rollup() == 1
     expect(row).to_contain_text("128")
     assert page.evaluate("window.__not_reloaded") is True

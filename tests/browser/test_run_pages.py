@@ -23,7 +23,7 @@ def log_in(page, username: str) -> None:
 
 
 def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_command(
-    browser, live_server, organizer, volunteer, tmp_path, screenshot
+    browser, live_server, organizer, volunteer, tmp_path, screenshot, coordinator
 ):
     page = browser.new_page(base_url=live_server.url)
     log_in(page, organizer.username)
@@ -70,7 +70,8 @@ def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_comma
     toml = base64.b64decode(page.locator("#agent-toml").get_attribute("href").split(",", 1)[1]).decode()
     assert f'token = "{match.group(1)}"' in toml and 'run = "bengali-demo"' in toml
 
-    # The command's token really joins the run the command names.
+    # The command's token really joins the run the command names, once its coordinator serves it.
+    coordinator.sync()
     joined = httpx.post(
         f"{live_server.url}/api/v1/runs/bengali-demo/join",
         headers={"Authorization": f"Bearer {match.group(1)}"},

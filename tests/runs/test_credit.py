@@ -5,12 +5,11 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from accounts.services import team_create, token_create
+from accounts.services import team_create
 from peer_agent.protocol import RunConfig
 from runs import credit, tasks
 from runs.credit import credit_rollup, rac_update
 from runs.models import (
-    ContributionEvent,
     CreditHour,
     CreditRollup,
     RunCredit,
@@ -21,37 +20,7 @@ from runs.models import (
     TrainingSession,
     VolunteerCredit,
 )
-from tests.factories import RunFactory, UserFactory
-
-NOW = datetime.datetime(2026, 11, 29, 12, 30, tzinfo=datetime.UTC)
-
-
-@pytest.fixture(autouse=True)
-def _rollup_takes_every_event(settings):
-    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """`clock.now` is what timezone.now() returns; move it with `clock.now += ...`."""
-
-    class Clock:
-        now = NOW
-
-    monkeypatch.setattr(timezone, "now", lambda: Clock.now)
-    return Clock
-
-
-def session_for(run, user, *, machine: str = "laptop") -> TrainingSession:
-    token, _ = token_create(user=user, name=machine)
-    return TrainingSession.objects.create(run=run, user=user, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
-                                          access_expires_at=NOW)
-
-
-def report(session, samples: int, *, at: datetime.datetime = NOW, rate: float = 10.0) -> ContributionEvent:
-    seq = session.events.count() + 1
-    return ContributionEvent.objects.create(session=session, seq=seq, samples=samples, steps=1, local_epoch=1, loss=5.0,
-                                            samples_per_second=rate, sent_at=at, received_at=at)
+from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 
 def test_the_rollup_counts_each_event_once_however_often_it_runs(db, clock):
@@ -63,7 +32,7 @@ def test_the_rollup_counts_each_event_once_however_often_it_runs(db, clock):
     assert credit_rollup() == 0
     total = RunCredit.objects.get(run=run, user=vik)
     cps = credit.run_credit_per_sample(run)
-    assert total.samples == 60 and total.credit == pytest.approx(60 * cps) and total.credit_provisional == pytest.approx(60 * cps)
+    assert total.samples == 60 and total.credit == pytest.approx(60 * cps) and total.credit_provisional == 0
     assert total.compute_seconds == pytest.approx(6.0) and total.machines == 1
     assert VolunteerCredit.objects.get(user=vik).credit == pytest.approx(60 * cps)
     report(session, 5)
@@ -92,8 +61,9 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
     with pytest.raises(RuntimeError):
         credit_rollup()
     assert RunCredit.objects.get(run=run, user=vik).samples == 200, "the first batch committed, the second rolled back"
-    assert CreditHour.objects.get().samples == 200
-    assert RunTeamCredit.objects.get(run=run, team=team).samples == 200 and TeamCreditHour.objects.get().samples == 200
+    # Confirmed work is dated into the hourly buckets by the epochs pass, after every batch.
+    assert not CreditHour.objects.exists() and not TeamCreditHour.objects.exists()
+    assert RunTeamCredit.objects.get(run=run, team=team).samples == 200
     assert RunCreditTotal.objects.get(run=run).samples == 200
     assert CreditRollup.objects.get().event_id == session.events.order_by("seq")[1].pk
     monkeypatch.setattr(credit, "run_credit_derive", real_derive)
@@ -120,8 +90,8 @@ def test_events_still_settling_wait_for_the_next_pass(db, settings):
 def test_windows_drop_hours_that_age_out_for_idle_volunteers(db, clock):
     run, vik = RunFactory(), UserFactory()
     session = session_for(run, vik)
-    report(session, 40, at=NOW - datetime.timedelta(hours=22))
-    report(session, 2, at=NOW - datetime.timedelta(days=3))
+    report(session, 40, at=NOW - datetime.timedelta(hours=22), epoch=2)  # confirmed when reported
+    report(session, 2, at=NOW - datetime.timedelta(days=3), epoch=1)
     credit_rollup()
     total = RunCredit.objects.get(run=run, user=vik)
     assert (total.samples_24h, total.samples_7d, total.samples) == (40, 42, 42)
@@ -158,7 +128,7 @@ def test_recent_average_credit_halves_in_a_week_without_work(db, clock):
 def test_verified_and_provisional_credit_follow_the_monitor_and_organizers(db, clock, organizer):
     run, vik = RunFactory(), UserFactory()
     session = session_for(run, vik)
-    report(session, 1000)
+    report(session, 1000, confirmed=False)
     epoch = SessionEpoch.objects.create
     epochs = {
         1: epoch(session=session, epoch=1, reported_samples=100, announced_samples=80, status="verified", checked_at=NOW),
@@ -172,14 +142,23 @@ def test_verified_and_provisional_credit_follow_the_monitor_and_organizers(db, c
     assert (total.samples_verified, total.samples_rejected) == (130, 30)
     assert total.credit_verified == pytest.approx(130 * cps)
     assert total.credit_provisional == pytest.approx((1000 - 130 - 30) * cps)
-    assert total.credit == pytest.approx(970 * cps)
+    assert total.credit == pytest.approx(130 * cps), "boards count only what was confirmed"
+    assert total.credit_24h == pytest.approx(130 * cps)
 
     clock.now = NOW + datetime.timedelta(minutes=5)  # an organizer accepts the flagged epoch, with no new report
     SessionEpoch.objects.filter(pk=epochs[4].pk).update(status="accepted", decided_by=organizer, decided_at=clock.now)
     credit_rollup()
     total.refresh_from_db()
     assert total.samples_verified == 150 and total.credit_provisional == pytest.approx(820 * cps)
-    assert VolunteerCredit.objects.get(user=vik).credit_verified == pytest.approx(150 * cps)
+    assert (total.credit, total.credit_24h) == pytest.approx((150 * cps, 150 * cps))
+    assert VolunteerCredit.objects.get(user=vik).credit == pytest.approx(150 * cps)
+
+    clock.now = NOW + datetime.timedelta(minutes=10)  # and then rejects what it had accepted
+    SessionEpoch.objects.filter(pk=epochs[2].pk).update(status="rejected", decided_at=clock.now)
+    credit_rollup()
+    total.refresh_from_db()
+    assert (total.credit, total.credit_24h) == pytest.approx((100 * cps, 100 * cps))
+    assert CreditHour.objects.get(run=run, user=vik).samples == 100
 
 
 def test_credit_adds_up_across_runs_of_different_sizes(db, clock):

@@ -10,19 +10,14 @@ import pytest
 from accounts.services import team_create, team_join
 from runs import credit, tasks
 from runs.credit import credit_rollup
-from tests.factories import RunFactory, UserFactory
-from tests.runs.test_credit import NOW, clock, report, session_for  # noqa: F401 (clock is a fixture)
+from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 DAY = NOW.date().isoformat()
 
 
-@pytest.fixture(autouse=True)
-def _rollup_takes_every_event(settings):
-    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
-
 
 @pytest.fixture
-def volunteers(db, clock):  # noqa: F811
+def volunteers(db, clock):
     """A run where a public, an anonymous and a hidden volunteer (in a team with the public one) contributed."""
     run = RunFactory(slug="credit-run")
     amina = UserFactory(username="amina", display_name="Amina R.")

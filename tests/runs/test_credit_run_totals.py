@@ -11,8 +11,7 @@ from runs import tasks
 from runs.credit import credit_rollup
 from runs.leaderboard import WINDOWS, board_credit, leaderboard_rows
 from runs.models import RunCredit, RunCreditTotal, SessionEpoch, VolunteerCredit
-from tests.runs.test_credit import NOW, clock  # noqa: F401 (clock is a fixture)
-from tests.runs.test_credit_teams import _rollup_takes_every_event, teams  # noqa: F401 (fixtures)
+from tests.factories import NOW
 
 
 def summed_board_credit(run, window: str) -> float:
@@ -42,7 +41,7 @@ def assert_totals_are_the_volunteers_sums() -> None:
             assert getattr(total, field) == pytest.approx(value or 0, abs=1e-9), (total.run_id, field)
 
 
-def test_shares_equal_the_summed_ones_in_every_window(teams):  # noqa: F811
+def test_shares_equal_the_summed_ones_in_every_window(teams):
     small, big, *_ = teams
     assert {window: board_credit(run=small, window=window) > 0 for window in WINDOWS} == dict.fromkeys(WINDOWS, True)
     assert board_credit(run=small, window="24h") < board_credit(run=small, window="7d") < board_credit(run=small)
@@ -50,24 +49,23 @@ def test_shares_equal_the_summed_ones_in_every_window(teams):  # noqa: F811
     assert_totals_are_the_volunteers_sums()
 
 
-def test_shares_follow_a_verification_and_a_rejection(teams, clock):  # noqa: F811
+def test_shares_follow_a_verification_and_a_rejection(teams, clock):
     small, big, *_ = teams
-    before = RunCreditTotal.objects.get(run=small).credit
-    session = small.sessions.filter(user__username="amina").order_by("pk").first()
-    SessionEpoch.objects.create(session=session, epoch=1, reported_samples=100, announced_samples=80, status="verified",
-                                checked_at=NOW)
+    before = RunCreditTotal.objects.get(run=small)
+    session = small.sessions.filter(user__username="amina").order_by("pk").first()  # 300 samples of epoch 1, confirmed
+    SessionEpoch.objects.filter(session=session, epoch=1).update(announced_samples=80, checked_at=NOW)  # re-judged
     SessionEpoch.objects.create(session=session, epoch=2, reported_samples=50, status="rejected", decided_at=NOW)
     clock.now = NOW + datetime.timedelta(minutes=1)
     credit_rollup()
     total = RunCreditTotal.objects.get(run=small)
-    assert (total.samples_verified, total.samples_rejected) == (80, 50)
-    assert total.credit < before, "rejected work leaves the run's total"
+    assert (total.samples_verified, total.samples_rejected) == (before.samples_verified - 300 + 80, 50)
+    assert total.credit < before.credit, "work the peer's records do not back leaves the run's total"
     assert_shares_as_summed(small, big)
     assert_totals_are_the_volunteers_sums()
 
 
 @pytest.mark.parametrize("later", [datetime.timedelta(hours=25), datetime.timedelta(days=3), datetime.timedelta(days=8)])
-def test_shares_follow_the_windows_as_they_age(teams, clock, later):  # noqa: F811
+def test_shares_follow_the_windows_as_they_age(teams, clock, later):
     small, big, *_ = teams
     clock.now = NOW + later  # nobody sends anything more; the fixture's last work was 1 and 2 h before NOW
     tasks.credit_rollup_task()
@@ -78,7 +76,7 @@ def test_shares_follow_the_windows_as_they_age(teams, clock, later):  # noqa: F8
     assert_totals_are_the_volunteers_sums()
 
 
-def test_the_migration_backfills_run_totals_from_the_volunteers_totals(teams):  # noqa: F811
+def test_the_migration_backfills_run_totals_from_the_volunteers_totals(teams):
     small, big, *_ = teams
     kept = {row.run_id: row for row in RunCreditTotal.objects.all()}
     assert set(kept) == {small.pk, big.pk}

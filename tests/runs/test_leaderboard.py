@@ -7,29 +7,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
-from accounts.services import team_create, token_create
+from accounts.services import team_create
 from portal.asgi import application
 from runs.credit import credit_rollup
-from runs.models import ContributionEvent, TrainingSession
-from tests.factories import RunFactory, UserFactory
+from tests.factories import RunFactory, UserFactory, report, session_for
 
 
 def contribute(run, user, samples: int, *, seq: int = 1, ago: datetime.timedelta = datetime.timedelta()):
-    token, _ = token_create(user=user, name=f"machine-{seq}")
-    session = TrainingSession.objects.create(
-        run=run, user=user, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
-        access_expires_at=datetime.datetime.now(datetime.UTC),
-    )
-    when = datetime.datetime.now(datetime.UTC) - ago
-    ContributionEvent.objects.create(
-        session=session, seq=seq, samples=samples, steps=1, local_epoch=3, loss=6.0, samples_per_second=10.0,
-        sent_at=when, received_at=when,
-    )
-
-
-@pytest.fixture(autouse=True)
-def _rollup_takes_every_event(settings):
-    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
+    """``samples`` of ``user``'s machine number ``seq`` in epoch 3, reported and confirmed ``ago``."""
+    report(session_for(run, user, machine=f"machine-{seq}"), samples, epoch=3,
+           at=datetime.datetime.now(datetime.UTC) - ago)
 
 
 @pytest.fixture

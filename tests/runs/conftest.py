@@ -1,0 +1,60 @@
+"""Fixtures shared by the tests of runs/."""
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from accounts.services import team_create, team_join
+from peer_agent.protocol import RunConfig
+from runs.credit import credit_rollup
+from tests.factories import NOW, RunFactory, UserFactory, report, session_for
+
+HOUR = datetime.timedelta(hours=1)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """`clock.now` is what timezone.now() returns, from NOW on; move it with `clock.now += ...`."""
+
+    class Clock:
+        now = NOW
+
+    monkeypatch.setattr(timezone, "now", lambda: Clock.now)
+    return Clock
+
+
+@pytest.fixture(autouse=True)
+def _rollup_takes_every_event(settings):
+    """The rollup takes events as soon as they are stored (tests of the settle delay set their own)."""
+    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
+
+
+@pytest.fixture
+def teams(db, clock):
+    """Two runs of different sizes; three teams (one with a hidden and an anonymous member), a
+    volunteer with no team; work 2 h, 2 days and 10 days ago, rolled up as it arrives."""
+    small = RunFactory(slug="small")
+    big = RunFactory(slug="big", config=RunConfig.model_validate({"model": {"preset": "base"}}).model_dump(mode="json"))
+    amina, bo = UserFactory(username="amina"), UserFactory(username="bo")
+    ghost = UserFactory(username="ghost", visibility="hidden")
+    shy, carla, loner = UserFactory(username="shy", visibility="anonymous"), UserFactory(username="carla"), UserFactory()
+    dhaka = team_create(founder=amina, name="Dhaka Compute")
+    for member in (bo, ghost):
+        team_join(user=member, team=dhaka)
+    lima = team_create(founder=shy, name="Lima")
+    team_create(founder=carla, name="Solo")
+    work = [
+        (small, amina, 300, 10 * 24), (small, bo, 120, 2), (small, ghost, 50, 2), (small, shy, 400, 48),
+        (small, carla, 90, 2), (small, loner, 1000, 2), (big, amina, 7, 2), (big, shy, 3, 48), (big, carla, 5, 10 * 24),
+    ]
+    for hours_ago in sorted({hours for *_, hours in work}, reverse=True):
+        clock.now = NOW - hours_ago * HOUR
+        for run, user, samples, when in work:
+            if when == hours_ago:
+                report(session_for(run, user, machine=f"{user.username}-{run.slug}"), samples, at=clock.now)
+        credit_rollup()
+    report(session_for(small, amina, machine="amina-second"), 30, at=NOW - HOUR)
+    clock.now = NOW
+    credit_rollup()
+    return small, big, dhaka, lima
