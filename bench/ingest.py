@@ -32,6 +32,10 @@ import time
 from dataclasses import dataclass, field
 
 WRITER_ENV = "BENCH_INGEST_WRITER"
+CHECKS_ENV = "BENCH_INGEST_CHECKS"
+# The checks that judge claims on the portal's evidence (docs/trust.md); `--checks before` serves
+# the agent socket without them, the baseline of the same run.
+EVIDENCE_RULES = ("local_epoch_ahead_of_swarm", "speed_beyond_device", "samples_beyond_session_budget")
 
 
 # --- the server side (runs inside uvicorn) ------------------------------------------------------
@@ -61,6 +65,10 @@ def server_application():
             event = ingest.report_event(session_id=session_id, report=report)
             await database_sync_to_async(ingest.report_events_store, thread_sensitive=self.thread_sensitive)(events=[event])
 
+    if os.environ.get(CHECKS_ENV) == "before":
+        ingest.RULES = tuple((code, rule) for code, rule in ingest.RULES if code not in EVIDENCE_RULES)
+        ingest._not_allowed = lambda **kwargs: frozenset()
+        ingest._swarm_epoch = lambda **kwargs: None
     writer = os.environ.get(WRITER_ENV, "batch")
     if writer != "batch":
         ingest.report_writer = PerReportWriter(thread_sensitive=writer == "one_thread")
@@ -71,8 +79,8 @@ def server_application():
     })
 
 
-def server_start(port: int, writer: str, conn_max_age: int) -> subprocess.Popen:
-    env = {**os.environ, WRITER_ENV: writer, "DB_CONN_MAX_AGE": str(conn_max_age)}
+def server_start(port: int, writer: str, conn_max_age: int, checks: str = "current") -> subprocess.Popen:
+    env = {**os.environ, WRITER_ENV: writer, CHECKS_ENV: checks, "DB_CONN_MAX_AGE": str(conn_max_age)}
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--factory", "bench.ingest:server_application", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning", "--no-access-log", "--lifespan", "off"], env=env)
@@ -286,6 +294,9 @@ def main() -> None:
                         help="reports/s offered by all agents together, one measurement each (0: closed loop, capacity)")
     parser.add_argument("--viewers", type=int, default=0, help="live-page viewers to measure fan-out with (0: skip)")
     parser.add_argument("--conn-max-age", type=int, default=60, help="DB_CONN_MAX_AGE of the server (0: a connection per call)")
+    parser.add_argument("--checks", default="current",
+                        help="the agent socket's checks: current, or before (without the ones that judge claims on the "
+                             "portal's evidence); with both, each figure's ratio current/before is printed")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
 
@@ -309,10 +320,12 @@ def main() -> None:
     print(f"database {engine}, channel layer {settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1]}, "
           f"{os.cpu_count()} CPUs, load {load():.2f}, window {args.seconds:g} s after {args.warmup:g} s")
     acked = 0
-    for index, writer in enumerate(args.writers.split(",")):
+    figures: dict[tuple[str, str, int, float], float] = {}
+    phases = [(checks, writer) for writer in args.writers.split(",") for checks in args.checks.split(",")]
+    for index, (checks, writer) in enumerate(phases):
         port = args.port + index  # the previous server's port may still be closing
         base = f"ws://127.0.0.1:{port}"
-        server = server_start(port, writer, args.conn_max_age)
+        server = server_start(port, writer, args.conn_max_age, checks)
         try:
             for count in args.agents:
                 for rate in args.rate:
@@ -321,9 +334,10 @@ def main() -> None:
                     ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds, rate))
                     echo = asyncio.run(drive(base, "/ws/echo/", some, frame, args.warmup, args.seconds, rate))
                     acked += ingest.answers
+                    figures[(checks, writer, count, rate)] = len(ingest.latencies) / args.seconds
                     ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
                     offered = f", {rate:g}/s offered" if rate else ""
-                    print(ingest.line(f"{writer}, {count} agents{offered}", args.seconds))
+                    print(ingest.line(f"{writer} ({checks} checks), {count} agents{offered}", args.seconds))
                     print(echo.line(f"echo, {count} agents{offered}", args.seconds)
                           + f"   ingest/echo {ratio:.2f}   load {load():.2f}")
             if args.viewers and writer == "batch":
@@ -333,6 +347,12 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
+    for (checks, writer, count, rate), figure in figures.items():
+        before = figures.get(("before", writer, count, rate))
+        if checks == "current" and before:
+            offered = f", {rate:g}/s offered" if rate else ""
+            print(f"{writer}, {count} agents{offered}: current checks {figure:.0f} msg/s, before {before:.0f} msg/s, "
+                  f"current/before {figure / before:.2f}")
     stored = ContributionEvent.objects.filter(session__run=run).count()
     # Equal unless a connection closed with reports in flight ("closed" errors above): an ack is
     # sent only after its report is stored, so never more acknowledged than stored.

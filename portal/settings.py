@@ -144,6 +144,7 @@ CELERY_BEAT_SCHEDULE = {
     "credit-rollup": {"task": "runs.tasks.credit_rollup_task", "schedule": float(CREDIT_ROLLUP_EVERY_SECONDS)},
     "credit-rac-decay": {"task": "runs.tasks.credit_rac_decay_task", "schedule": 3600.0},
     "sessions-close-silent": {"task": "runs.tasks.sessions_close_silent_task", "schedule": 60.0},
+    "pending-expire": {"task": "runs.tasks.pending_expire_task", "schedule": 300.0},
     "stats-dump-daily": {"task": "runs.tasks.stats_dump_task", "schedule": crontab(minute=5, hour=0)},
 }
 
@@ -161,6 +162,9 @@ LOGOUT_REDIRECT_URL = "home"
 AGENT_TOKEN_DEFAULT_DAYS = env_int("AGENT_TOKEN_DEFAULT_DAYS", 90, minimum=1)
 # Revocation and bans act by refusing refreshes, so hivemind access tokens are short-lived.
 HIVEMIND_ACCESS_MINUTES = env_int("HIVEMIND_ACCESS_MINUTES", 30, minimum=1)
+# Agents training at once on one agent token, and for one volunteer across their tokens.
+AGENT_TOKEN_MAX_LIVE_SESSIONS = env_int("AGENT_TOKEN_MAX_LIVE_SESSIONS", 8, minimum=1)
+VOLUNTEER_MAX_LIVE_SESSIONS = env_int("VOLUNTEER_MAX_LIVE_SESSIONS", 32, minimum=1)
 DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, minimum=60)
 # The coordinator's backbone peers: where they listen, the addresses they announce, their identities.
 COORDINATOR_HOST_MADDRS = env_list("COORDINATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])

@@ -37,3 +37,17 @@ def training_flops_per_sample(config: RunConfig) -> float:
     layer = 4 * S * H * H + 2 * S * S * H + 2 * S * H * I
     forward = S * E * H + L * layer + S * E * (H + V) + H * H + H * SOP_LABELS
     return float(FORWARD_AND_BACKWARD * FLOPS_PER_MULTIPLY_ACCUMULATE * forward)
+
+
+# The most training compute one device of each kind could deliver, in FLOP/s, set generously above
+# the fastest such device sold (2026: a 192-core server CPU with AVX-512 computes ~15 TFLOP/s in
+# fp32; a B200 ~2.3 PFLOP/s dense in bf16; an M-series Max GPU ~30 TFLOP/s): an honest agent never
+# comes near it, and a claim above it cannot be true whatever the client says about itself.
+DEVICE_PEAK_FLOPS = {"cpu": 3e13, "cuda": 5e15, "mps": 1e14}
+
+
+def samples_per_second_ceiling(config: RunConfig, device_kind: str) -> float:
+    """The most samples per second one device of ``device_kind`` could train of this run's model;
+    an unknown kind gets the most generous ceiling."""
+    peak = DEVICE_PEAK_FLOPS.get(device_kind, max(DEVICE_PEAK_FLOPS.values()))
+    return peak / training_flops_per_sample(config)

@@ -121,8 +121,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Recorded once per flood: a flood must not become a flood of writes.
             self.limited = True
             await db(ingest.report_rejection_record)(
-                session_id=report.session_id if report.session_id in self.sessions else None,
-                seq=report.seq, code="rate_limited", detail=detail)
+                user_id=self.token.user_id, session_id=report.session_id, seq=report.seq, code="rate_limited",
+                detail=detail)
         await self._send_error(report.seq, "rate_limited", detail)
 
     async def _session(self, session_id: int) -> tuple[TrainingSession, str]:
@@ -131,20 +131,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
         and revoked tokens act within SESSION_RECHECK_SECONDS."""
         session = self.sessions.get(session_id)
         if session is None:
-            session, pace = await db(ingest.report_session_paced)(
+            session, pace, admission = await db(ingest.report_session_paced)(
                 token=self.token, session_id=session_id, paced=session_id in self.paces)
             if pace is not None:
                 self.paces[session_id] = pace
             self.sessions[session_id] = session
-            return session, session.run.status
-        admission = await run_admissions.admission(run_id=session.run_id, token_id=self.token.pk)
-        ingest.admission_check(admission=admission, session=session, token=self.token)
+        else:
+            admission = await run_admissions.admission(run_id=session.run_id, token_id=self.token.pk)
+            ingest.admission_check(admission=admission, session=session, token=self.token)
+        self.paces[session_id].swarm_epoch = admission.swarm_epoch
         return session, admission.status
 
     async def _refuse(self, report: Report, refusal: ingest.ReportRefused) -> None:
         await db(ingest.report_rejection_record)(
-            session_id=report.session_id, seq=report.seq, code=refusal.code, detail=refusal.detail
-        )
+            user_id=self.token.user_id, session_id=report.session_id, seq=report.seq, code=refusal.code,
+            detail=refusal.detail)
         await self._send_error(report.seq, refusal.code, refusal.detail)
         if refusal.code in ingest.FATAL_CODES:
             logger.info("session %s refused for good: %s", report.session_id, refusal.code)

@@ -20,13 +20,19 @@ from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from accounts.models import AgentToken
-from peer_agent.protocol import Report
-from runs.models import ContributionEvent, ReportRejection, Run, RunBan, TrainingSession
+from peer_agent.protocol import Report, RunConfig
+from runs.compute import samples_per_second_ceiling
+from runs.models import ContributionEvent, ReportRejection, Run, RunBan, RunMembership, RunSample, TrainingSession
 
 logger = logging.getLogger(__name__)
 
 # Codes after which the agent must stop sending for this session (it tells the volunteer why).
-FATAL_CODES = {"banned", "run_finished", "session_not_found", "token_revoked", "token_expired"}
+FATAL_CODES = {"banned", "run_finished", "session_not_found", "token_revoked", "token_expired", "not_allowed",
+               "session_ended"}
+# An ended session (closed after 15 minutes of silence) still takes the reports its agent spooled
+# through an outage for this long; after it, its socket is refused like a banned one.
+ENDED_SESSION_GRACE = timedelta(hours=1)
+SWARM_READING_FRESH = timedelta(minutes=1)
 
 
 def db(function: Callable) -> Callable:
@@ -42,34 +48,38 @@ class ReportRefused(Exception):
         self.code, self.detail = code, detail
 
 
-def report_session(*, token: AgentToken, session_id: int) -> TrainingSession:
-    """The token owner's session that reports name, if it may still report; else ReportRefused."""
+def report_session(*, token: AgentToken, session_id: int) -> tuple[TrainingSession, "RunAdmission"]:
+    """The token owner's session that reports name, if it may still report (else ReportRefused),
+    and its run's admission."""
     session = TrainingSession.objects.select_related("run").filter(pk=session_id, user_id=token.user_id).first()
     if session is None:
         raise ReportRefused("session_not_found", f"there is no training session {session_id} of yours; join the run again")
     if token.run_id is not None and token.run_id != session.run_id:
         raise ReportRefused("session_not_found", f"agent token “{token.name}” is limited to another run")
     # The same rules the connection re-checks later through RunAdmissions.
-    admission_check(admission=run_admission(run_id=session.run_id, token_ids=frozenset({token.pk})),
-                    session=session, token=token)
-    return session
+    admission = run_admission(run_id=session.run_id, token_ids=frozenset({token.pk}))
+    admission_check(admission=admission, session=session, token=token)
+    return session, admission
 
 
 @dataclass(frozen=True)
 class RunAdmission:
     """What may have changed about a run since a connection first checked its session: the run's
-    status, who is banned from it, and which of the agent tokens reporting to it were revoked or
-    have expired."""
+    status, who is banned from it or no longer on its invite or allow list, which of the agent
+    tokens reporting to it were revoked or have expired, and the swarm's epoch as the coordinator's
+    monitor last read it (None without a reading from the last minute)."""
 
     status: str | None  # None: the run was deleted
     slug: str
     banned: frozenset[int]
     refused_tokens: dict[int, str]  # token id -> "token_revoked" or "token_expired"
+    not_allowed: frozenset[int] = frozenset()  # owners of the tokens who may no longer train in the run
+    swarm_epoch: int | None = None
 
 
 def run_admission(*, run_id: int, token_ids: frozenset[int]) -> RunAdmission:
-    """Three queries for the whole run, however many sessions report to it."""
-    run = Run.objects.filter(pk=run_id).values("status", "slug").first()
+    """A handful of queries for the whole run, however many sessions report to it."""
+    run = Run.objects.filter(pk=run_id).values("status", "slug", "visibility").first()
     if run is None:
         return RunAdmission(status=None, slug="", banned=frozenset(), refused_tokens={})
     banned = frozenset(RunBan.objects.filter(run_id=run_id).values_list("user_id", flat=True))
@@ -78,17 +88,45 @@ def run_admission(*, run_id: int, token_ids: frozenset[int]) -> RunAdmission:
     for pk, revoked_at in AgentToken.objects.filter(pk__in=token_ids).filter(
             models.Q(revoked_at__isnull=False) | models.Q(expires_at__lte=now)).values_list("pk", "revoked_at"):
         refused[pk] = "token_revoked" if revoked_at else "token_expired"
-    return RunAdmission(status=run["status"], slug=run["slug"], banned=banned, refused_tokens=refused)
+    return RunAdmission(status=run["status"], slug=run["slug"], banned=banned, refused_tokens=refused,
+                        not_allowed=_not_allowed(run_id=run_id, visibility=run["visibility"], token_ids=token_ids),
+                        swarm_epoch=_swarm_epoch(run_id=run_id, now=now))
+
+
+def _swarm_epoch(*, run_id: int, now: datetime) -> int | None:
+    """The swarm's epoch as the coordinator's monitor read it within SWARM_READING_FRESH."""
+    reading = RunSample.objects.filter(run_id=run_id, at__gte=now - SWARM_READING_FRESH).order_by("-at")
+    return reading.values_list("global_epoch", flat=True).first()
+
+
+def _not_allowed(*, run_id: int, visibility: str, token_ids: frozenset[int]) -> frozenset[int]:
+    """The owners of these tokens whom an invite-only or allowlisted run no longer admits."""
+    if visibility not in (Run.Visibility.INVITE, Run.Visibility.ALLOWLIST):
+        return frozenset()
+    owners = set(AgentToken.objects.filter(pk__in=token_ids).values_list("user_id", flat=True))
+    admitted = set(Run.organizers.through.objects.filter(run_id=run_id, user_id__in=owners).values_list("user_id", flat=True))
+    if visibility == Run.Visibility.INVITE:
+        admitted |= set(RunMembership.objects.filter(run_id=run_id, user_id__in=owners).values_list("user_id", flat=True))
+    else:
+        admitted |= set(Run.allowlist.through.objects.filter(run_id=run_id, user_id__in=owners).values_list("user_id", flat=True))
+    return frozenset(owners - admitted)
 
 
 def admission_check(*, admission: RunAdmission, session: TrainingSession, token: AgentToken) -> None:
-    """ReportRefused if the run, a ban or the token's state now refuses reports of this session."""
+    """ReportRefused if the run, a ban, the run's list of who may train, the session's end or the
+    token's state now refuses reports of this session."""
     if admission.status is None:
         raise ReportRefused("session_not_found", f"there is no training session {session.pk} any more; join again")
     if admission.status == Run.Status.FINISHED:
         raise ReportRefused("run_finished", f"run “{admission.slug}” has finished and takes no more reports")
     if session.user_id in admission.banned:
         raise ReportRefused("banned", f"you were banned from run “{admission.slug}”; reports are not counted")
+    if session.user_id in admission.not_allowed:
+        raise ReportRefused("not_allowed", f"run “{admission.slug}” no longer lists you among who may train; "
+                                           "reports are not counted")
+    if session.ended_at is not None and timezone.now() - session.ended_at > ENDED_SESSION_GRACE:
+        raise ReportRefused("session_ended", f"training session {session.pk} ended at {session.ended_at:%Y-%m-%d %H:%M} "
+                                             "UTC; join the run again")
     code = admission.refused_tokens.get(token.pk)
     if code is not None:
         state = "was revoked" if code == "token_revoked" else "expired"
@@ -142,20 +180,27 @@ RUN_PACE_SLACK = 2.0  # a peer keeps computing while an averaging round is arran
 # into its new epoch until a fetch of that progress succeeds, and a fetch has no deadline (a dead
 # peer in the routing table slows it). In CI an honest agent's reports of ~40 s were refused so.
 PROGRESS_LAG = 60.0
-SPEED_SLACK = 2.0
 SPEED_JUMP = 8.0  # one machine does not get 8× faster between two reports
 WARMUP_REPORTS = 10  # data loading and the first steps are slow; judge jumps after these
 EPOCH_RESYNC = 1  # a peer that loads state from others may land one epoch back
+# Epochs an agent may be ahead of the monitor's last reading (at most a minute old): a fast run
+# closes an epoch every few seconds, and an agent counts the epoch it is in before the swarm does.
+SWARM_EPOCH_AHEAD = 100
 
 
 @dataclass
 class SessionPace:
-    """What the portal has seen of one session's reports, kept by the consumer in memory so the
-    rules cost no database round trip (seeded once from the latest stored report)."""
+    """What the portal knows of one session's reports, kept by the consumer in memory so the rules
+    cost no database round trip (seeded once from the stored reports)."""
 
-    started_at: datetime
+    started_at: datetime  # the portal's clock, when the session was opened
     target_batch_size: int  # samples the whole run gathers per collaboration epoch
     peer_batch: int  # samples in one local step of one peer
+    # The most samples per second the session's declared device could train of the run's model
+    # (runs/compute.py): what bounds its claims from the first report.
+    samples_ceiling: float = float("inf")
+    counted: int = 0  # samples of every report accepted for the session, whatever its seq
+    swarm_epoch: int | None = None  # the swarm's epoch as the coordinator's monitor last read it
     last: Report | None = None  # the accepted report with the highest seq
     max_speed: float = 0.0  # highest samples_per_second accepted
     accepted: int = 0
@@ -166,6 +211,7 @@ class SessionPace:
             self.last = report
         self.max_speed = max(self.max_speed, report.samples_per_second)
         self.accepted += 1
+        self.counted += report.samples
         self.acked.add(report.seq)
 
     def following(self, report: Report) -> Report | None:
@@ -175,14 +221,18 @@ class SessionPace:
 
 
 def session_pace(*, session: TrainingSession) -> SessionPace:
-    """The pace of a session as stored: one query when a connection first names the session."""
-    training = (session.run.config or {}).get("training", {})
+    """The pace of a session as stored: two queries when a connection first names the session."""
+    config = RunConfig.model_validate(session.run.config or {})
+    training = config.training
     pace = SessionPace(
         started_at=session.started_at,
-        target_batch_size=int(training.get("target_batch_size", 4096)),
-        peer_batch=int(training.get("per_device_batch_size", 4)) * int(training.get("gradient_accumulation_steps", 1)),
+        target_batch_size=training.target_batch_size,
+        peer_batch=training.per_device_batch_size * training.gradient_accumulation_steps,
+        samples_ceiling=samples_per_second_ceiling(config, str((session.device or {}).get("kind", ""))),
     )
-    latest = ContributionEvent.objects.filter(session=session).order_by("-seq").first()
+    stored = ContributionEvent.objects.filter(session=session)
+    pace.counted = stored.aggregate(total=models.Sum("samples"))["total"] or 0
+    latest = stored.order_by("-seq").first()
     if latest is not None:
         pace.last = Report(session_id=session.pk, seq=latest.seq, samples=latest.samples, steps=latest.steps,
                            local_epoch=latest.local_epoch, samples_per_second=latest.samples_per_second,
@@ -191,10 +241,11 @@ def session_pace(*, session: TrainingSession) -> SessionPace:
     return pace
 
 
-def report_session_paced(*, token: AgentToken, session_id: int, paced: bool) -> tuple[TrainingSession, SessionPace | None]:
+def report_session_paced(*, token: AgentToken, session_id: int,
+                         paced: bool) -> tuple[TrainingSession, SessionPace | None, RunAdmission]:
     """`report_session`, and the session's pace unless the caller has it already (one thread hop)."""
-    session = report_session(token=token, session_id=session_id)
-    return session, None if paced else session_pace(session=session)
+    session, admission = report_session(token=token, session_id=session_id)
+    return session, None if paced else session_pace(session=session), admission
 
 
 Rule = Callable[[Report, SessionPace, datetime], str | None]
@@ -239,18 +290,32 @@ def speed_jump(report: Report, pace: SessionPace, now: datetime) -> str | None:
                 f"best so far ({pace.max_speed:g})")
 
 
-def samples_beyond_speed(report: Report, pace: SessionPace, now: datetime) -> str | None:
-    """More samples than the reported speed allows since the previous report (by the agent's own
-    sent_at clock): SPEED_SLACK × speed × elapsed, plus one local step."""
-    previous = pace.following(report)
-    if previous is None:
-        return None
-    elapsed = max(0.0, (report.sent_at - previous.sent_at).total_seconds())
-    speed = max(report.samples_per_second, pace.max_speed)
-    allowed = SPEED_SLACK * speed * elapsed + pace.peer_batch
-    if report.samples > allowed:
-        return (f"{report.samples} samples in {elapsed:.3g} s since report {previous.seq} is more than "
-                f"{speed:g} samples/s allows")
+def local_epoch_ahead_of_swarm(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """local_epoch more than SWARM_EPOCH_AHEAD past the swarm's epoch as the coordinator's monitor read
+    it in the last minute (no bound without such a reading): an epoch the swarm does not reach
+    never closes, and its claims would wait for a verdict for good."""
+    if pace.swarm_epoch is not None and report.local_epoch > pace.swarm_epoch + SWARM_EPOCH_AHEAD:
+        return (f"local_epoch {report.local_epoch} is far ahead of the swarm's epoch {pace.swarm_epoch}; "
+                "the agent is not in this run's swarm")
+
+
+def speed_beyond_device(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """samples_per_second above what the device the session declared could train of the run's model
+    (runs/compute.py: its FLOPs per sample against a generous peak of the device kind)."""
+    if report.samples_per_second > pace.samples_ceiling:
+        return (f"samples_per_second {report.samples_per_second:g} is more than this device could train of the "
+                f"run's model ({pace.samples_ceiling:.3g} samples/s)")
+
+
+def samples_beyond_session_budget(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """More samples in the session, this report included, than its device could have trained since
+    the session began, on the portal's clock: the ceiling × the time since the join, plus one
+    target batch. Every accepted report counts, whatever its seq or its sent_at."""
+    elapsed = max(0.0, (now - pace.started_at).total_seconds())
+    allowed = pace.samples_ceiling * elapsed + pace.target_batch_size
+    if pace.counted + report.samples > allowed:
+        return (f"{pace.counted + report.samples} samples in {elapsed:.0f} s since the session began is more than "
+                f"this device could train ({pace.samples_ceiling:.3g} samples/s)")
 
 
 # Checked in this order; the first that fails names the refusal.
@@ -258,9 +323,11 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("sent_in_future", sent_in_future),
     ("sent_before_session", sent_before_session),
     ("local_epoch_backwards", local_epoch_backwards),
+    ("local_epoch_ahead_of_swarm", local_epoch_ahead_of_swarm),
     ("samples_beyond_run_pace", samples_beyond_run_pace),
+    ("speed_beyond_device", speed_beyond_device),
     ("speed_jump", speed_jump),
-    ("samples_beyond_speed", samples_beyond_speed),
+    ("samples_beyond_session_budget", samples_beyond_session_budget),
 )
 
 
@@ -372,9 +439,10 @@ class ReportWriter:
 report_writer = ReportWriter()
 
 
-def report_rejection_record(*, session_id: int | None, seq: int | None, code: str, detail: str) -> None:
-    """Keep a refused report for the run's organizers (the session may not exist: then no run to show it)."""
-    session = TrainingSession.objects.filter(pk=session_id).first() if session_id else None
+def report_rejection_record(*, user_id: int, session_id: int | None, seq: int | None, code: str, detail: str) -> None:
+    """Keep a refused report for the run's organizers, against the sender's own session only: a
+    frame naming another volunteer's session (or none that exists) leaves no row in their record."""
+    session = TrainingSession.objects.filter(pk=session_id, user_id=user_id).first() if session_id else None
     if session is not None:
         ReportRejection.objects.create(session=session, seq=seq, code=code, detail=detail[:500])
 

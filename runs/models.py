@@ -433,4 +433,6 @@ class CreditRollup(models.Model):
     epochs_checked_at = models.DateTimeField(null=True, blank=True, help_text="SessionEpoch changes seen up to here.")
     windows_hour = models.DateTimeField(null=True, blank=True, help_text="Hour at which the 24 h / 7 d columns were last aged.")
     teams_checked_at = models.DateTimeField(null=True, blank=True, help_text="Team membership changes seen up to here.")
+    pending_event_id = models.BigIntegerField(default=0, help_text="Events up to here were given their bounded time "
+                                                                   "to be confirmed (runs.verification.pending_expire).")
     updated_at = models.DateTimeField(null=True, blank=True)

@@ -21,7 +21,10 @@ _CHECKPOINT_SIGNER_SALT = "runs.checkpoint"
 
 
 COORDINATOR_RETRY_SECONDS = 10
-KEY_PROOF_MAX_AGE = datetime.timedelta(minutes=5)  # agents' clocks are NTP-synced; hivemind's tokens allow 60 s
+KEY_PROOF_MAX_AGE = datetime.timedelta(minutes=5)
+# A session counts as live while its agent was heard from this recently (a crashed agent's session
+# stops counting then, long before it is closed as silent).
+LIVE_SESSION_SEEN_WITHIN = datetime.timedelta(minutes=2)  # agents' clocks are NTP-synced; hivemind's tokens allow 60 s
 
 
 class JoinRefused(Exception):
@@ -112,6 +115,19 @@ def _key_proof_check(*, run: Run, request: JoinRequest) -> None:
                                                     "an agent can join only with a key it holds")
 
 
+def _live_sessions_check(*, token: AgentToken) -> None:
+    """JoinRefused when the token, or its owner across tokens, already has as many live sessions as
+    the settings allow: each session is a machine training, and claims scale with them."""
+    live = TrainingSession.objects.filter(ended_at=None, last_seen_at__gte=timezone.now() - LIVE_SESSION_SEEN_WITHIN)
+    if live.filter(token=token).count() >= settings.AGENT_TOKEN_MAX_LIVE_SESSIONS:
+        raise JoinRefused(429, "too_many_sessions", f"agent token “{token.name}” already has "
+                                                    f"{settings.AGENT_TOKEN_MAX_LIVE_SESSIONS} agents training; stop one, or "
+                                                    "wait 2 minutes after one stopped")
+    if live.filter(user_id=token.user_id).count() >= settings.VOLUNTEER_MAX_LIVE_SESSIONS:
+        raise JoinRefused(429, "too_many_sessions", f"you already have {settings.VOLUNTEER_MAX_LIVE_SESSIONS} agents "
+                                                    "training; stop one, or wait 2 minutes after one stopped")
+
+
 @transaction.atomic
 def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
     """Open a training session for the token's owner and sign its first hivemind access token."""
@@ -124,6 +140,7 @@ def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[
         raise JoinRefused(503, "coordinator_unavailable", f"the coordinator of run “{run.slug}” is not reachable now; "
                                                           f"the agent will retry every {COORDINATOR_RETRY_SECONDS} s",
                           retry_after=COORDINATOR_RETRY_SECONDS)
+    _live_sessions_check(token=token)
     # One live session per peer key in a run: the monitor credits a session with what its key's
     # signed records announce. Locked so that two joins with one key cannot both pass.
     live = TrainingSession.objects.select_for_update().filter(run=run, peer_public_key=request.peer_public_key,

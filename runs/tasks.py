@@ -3,7 +3,7 @@ import datetime
 from celery import shared_task
 from django.conf import settings
 
-from runs import credit, exports, services, sessions
+from runs import credit, exports, services, sessions, verification
 
 
 @shared_task(acks_late=True)
@@ -21,6 +21,12 @@ def credit_rollup_task() -> int:
 def credit_rac_decay_task() -> int:
     """Hourly: recent average credit of idle volunteers decays."""
     return credit.credit_rac_decay()
+
+
+@shared_task(ignore_result=True)
+def pending_expire_task() -> int:
+    """Every few minutes: claims no one could confirm in their bounded time are rejected."""
+    return verification.pending_expire()
 
 
 @shared_task(ignore_result=True)

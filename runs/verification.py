@@ -15,6 +15,9 @@ in a :class:`~runs.models.SessionEpoch` row:
 - provisional, "never seen": the session reported samples for an epoch in which the monitor never
   saw its peer's records. It is rejected once its session has ended or ``NEVER_SEEN_REJECT_AFTER``
   passed after the epoch closed, since no record can arrive any more.
+- pending for good: claims the monitor never judged (the epoch closed while the coordinator was
+  down, or lies far ahead of the swarm) are rejected ``PENDING_MAX_AGE`` after they were reported
+  (:func:`pending_expire`), so that no claim stays pending for ever.
 
 Rows that an organizer decided (accepted, rejected) are final. A verified row is judged again
 when late reports arrive; it stays verified if the new sum still agrees, else it is flagged.
@@ -27,7 +30,7 @@ import datetime
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Min, Sum
 from django.utils import timezone
 
 from accounts.models import User
@@ -40,6 +43,10 @@ TOLERANCE = 0.05
 NEVER_SEEN_REJECT_AFTER = datetime.timedelta(minutes=10)
 NEVER_SEEN = "never seen in the DHT: no signed progress record of this session's peer for the epoch"
 NOT_SEEN_YET = "not seen in the DHT yet"
+# Claims the monitor has not judged this long after they were reported are rejected, unless their
+# epoch is the swarm's current one (a slow epoch is still gathering samples).
+PENDING_MAX_AGE = datetime.timedelta(hours=6)
+NEVER_CONFIRMED = "not confirmed within 6 h of its report: no signed record of this session's peer was judged for the epoch"
 # The audit log's kinds for an organizer's decision on a flag.
 EVENT_CREDIT_ACCEPTED, EVENT_CREDIT_REJECTED = RunEvent.Kind.CREDIT_ACCEPTED, RunEvent.Kind.CREDIT_REJECTED
 _Status = SessionEpoch.Status
@@ -197,3 +204,48 @@ def _flag_decide(*, row: SessionEpoch, by: User, status: str, kind: str) -> None
         f"{status} {session.user.username}'s epoch {locked.epoch} (session {session.pk}): "
         f"reported {locked.reported_samples}, announced {locked.announced_samples}; {locked.detail}"))
     row.refresh_from_db()
+
+
+def pending_expire(*, now: datetime.datetime | None = None) -> int:
+    """Reject the claims reported over ``PENDING_MAX_AGE`` ago that are still provisional: epochs
+    the swarm closed (the monitor would have judged them if it could), and epochs far ahead of the
+    swarm or of a run the monitor no longer reads. The swarm's current epoch waits. Events are
+    taken once, in id order, behind a watermark. Returns the session epochs rejected."""
+    from runs.ingest import SWARM_EPOCH_AHEAD
+    from runs.models import CreditRollup, RunSample
+
+    now = now or timezone.now()
+    rejected = 0
+    with transaction.atomic():
+        CreditRollup.objects.get_or_create(pk=1)
+        mark = CreditRollup.objects.select_for_update().get(pk=1)
+        old = ContributionEvent.objects.filter(id__gt=mark.pending_event_id, received_at__lt=now - PENDING_MAX_AGE)
+        upper = old.order_by("-id").values_list("id", flat=True).first()
+        if upper is None:
+            return 0
+        claims = (ContributionEvent.objects.filter(id__gt=mark.pending_event_id, id__lte=upper)
+                  .values_list("session__run_id", "session_id", "local_epoch").annotate(first=Min("id")))
+        swarm_epochs: dict[int, int | None] = {}
+        waiting = []  # the first events of claims that wait: the watermark stays before them
+        for run_id, session_id, epoch, first in claims:
+            if run_id not in swarm_epochs:
+                reading = RunSample.objects.filter(run_id=run_id, at__gte=now - PENDING_MAX_AGE).order_by("-at")
+                swarm_epochs[run_id] = reading.values_list("global_epoch", flat=True).first()
+            swarm = swarm_epochs[run_id]
+            if swarm is not None and swarm <= epoch <= swarm + SWARM_EPOCH_AHEAD:
+                waiting.append(first)  # the swarm's current epoch, or one it is about to reach
+                continue
+            rejected += _pending_reject(session_id=session_id, epoch=epoch, now=now)
+        mark.pending_event_id = min(waiting) - 1 if waiting else upper
+        mark.save(update_fields=["pending_event_id"])
+    return rejected
+
+
+def _pending_reject(*, session_id: int, epoch: int, now: datetime.datetime) -> int:
+    row, _ = SessionEpoch.objects.select_for_update().get_or_create(session_id=session_id, epoch=epoch)
+    if row.status != _Status.PROVISIONAL:
+        return 0
+    reported = reported_samples(session_ids=[session_id], epoch=epoch).get(session_id, 0)
+    _save(row, status=_Status.REJECTED, reported_samples=reported, detail=NEVER_CONFIRMED, checked_at=now)
+    return 1
+

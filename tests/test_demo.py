@@ -97,6 +97,7 @@ def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_run
         banner = first_log.read_text(errors="replace")
         assert f"{url}/runs/{RUN_SLUG}/" in banner and repr(ORGANIZER[1]) in banner
         assert all(repr(password) in banner for _, password in VOLUNTEERS[:2])
+        saved = [checkpoint["epoch"] for checkpoint in httpx.get(f"{url}/api/v1/runs/{RUN_SLUG}/checkpoints", timeout=10).json()]
         ctrl_c(demo, first_log)
 
         # The same command again in the same checkout: the coordinator's backbone peer finds none of
@@ -104,10 +105,9 @@ def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_run
         demo = demo_start(env, second_log)
         deadline = time.monotonic() + 420
         volunteers_train(url, demo, second_log, deadline, above=first)
-        newest = httpx.get(f"{url}/api/v1/runs/{RUN_SLUG}/checkpoints", timeout=10).json()
-        epochs = {checkpoint["epoch"] for checkpoint in newest}
         resumed = [int(epoch) for epoch in re.findall(r"resumed from the run's checkpoint of epoch (\d+)", said(second_log))]
-        assert resumed and resumed[0] in epochs, f"an agent resumed from a checkpoint of {sorted(epochs)}: {resumed}"
+        # The newest of the first demo's checkpoints (or one it saved while stopping).
+        assert resumed and resumed[0] >= max(saved), f"an agent resumed from the first demo's {saved}: {resumed}"
         assert "Traceback" not in second_log.read_text(errors="replace"), second_log.read_text(errors="replace")[-4000:]
         ctrl_c(demo, second_log)
     finally:

@@ -18,7 +18,9 @@ READINGS = 40
 
 
 def run_with_readings(organizer, volunteer):
-    run = RunFactory(slug="charted", name="Charted run", organizers=[organizer], coordinator_peer_id="QmCoordinator")
+    # A coordinator that served the run once and has been silent since: the health page warns.
+    run = RunFactory(slug="charted", name="Charted run", organizers=[organizer], coordinator_peer_id="QmCoordinator",
+                     coordinator_heartbeat_at=None)
     now = datetime.datetime.now(datetime.UTC)
     first = now - datetime.timedelta(minutes=READINGS)
     RunSample.objects.bulk_create(

@@ -83,4 +83,6 @@ def test_a_coordinator_killed_with_no_agents_comes_back_and_an_agent_waiting_for
                 os.killpg(process.pid, signal.SIGKILL)
         children_reap()
 
-    assert "Traceback" not in said(rahim_log) and "P2PDaemonError" not in said(rahim_log), said(rahim_log)[-3000:]
+    # Never the p2p daemon's error: the agent said what happened in a sentence and waited.
+    assert "P2PDaemonError" not in said(rahim_log) and "failed to connect to bootstrap" not in said(rahim_log), \
+        said(rahim_log)[-3000:]

@@ -357,7 +357,8 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
 def assert_counted_exactly_once(postgres: Postgres, summary: SpoolSummary) -> None:
     """Nothing pending in the agent's spool, and the portal holds exactly the reports it acked."""
     assert summary.pending == {}, f"session {summary.session_id}: reports still pending"
-    assert summary.dropped_reports == 0, f"session {summary.session_id}: the portal refused reports"
+    refused = postgres.rows("SELECT seq, code, detail FROM runs_reportrejection WHERE session_id = %s", summary.session_id)
+    assert summary.dropped_reports == 0, f"session {summary.session_id}: the portal refused reports: {refused}"
     count, samples = postgres.rows(
         "SELECT count(*), coalesce(sum(samples), 0) FROM runs_contributionevent WHERE session_id = %s", summary.session_id)[0]
     assert count == summary.acked_reports == summary.last_seq

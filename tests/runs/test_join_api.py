@@ -249,3 +249,17 @@ def test_a_run_has_one_live_session_per_peer_key(client, run, secret):
     assert (again.status_code, again.json()["error"]["code"]) == (409, "peer_key_in_use")
     TrainingSession.objects.update(ended_at=timezone.now())
     assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert", key)).status_code == 200
+
+
+def test_live_sessions_are_limited_per_token_and_per_volunteer(client, run, volunteer, secret, settings):
+    settings.AGENT_TOKEN_MAX_LIVE_SESSIONS, settings.VOLUNTEER_MAX_LIVE_SESSIONS = 2, 3
+    joins = [post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")) for _ in range(3)]
+    assert [join.status_code for join in joins] == [200, 200, 429]
+    assert joins[2].json()["error"]["code"] == "too_many_sessions"
+    other = token_create(user=volunteer, name="desktop")[1]
+    assert post(client, "/api/v1/runs/bengali-albert/join", other, join_body("bengali-albert")).status_code == 200
+    refused = post(client, "/api/v1/runs/bengali-albert/join", other, join_body("bengali-albert"))
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "too_many_sessions"), "3 for the volunteer"
+    # A crashed agent's session stops counting once it has been silent for two minutes.
+    TrainingSession.objects.filter(token__name="laptop").update(last_seen_at=timezone.now() - datetime.timedelta(minutes=3))
+    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).status_code == 200
