@@ -119,12 +119,26 @@ def run_samples_total(*, run: Run) -> int:
 
 def swarm_read(dht: DHT, run_id: str) -> SwarmReading | None:
     """The collaboration's epoch and loss from the peers' signed metrics; None when no peer published any."""
-    records = list(metrics_read(dht, run_id).values())
+    return swarm_reading_of(list(metrics_read(dht, run_id).values()))
+
+
+def swarm_reading_of(records: list) -> SwarmReading | None:
+    """The epoch that half the peers have reached (the lower median of their metrics' steps), and their
+    mean loss there: each peer signs only its own records, so one member announcing a far epoch moves
+    neither, while the swarm moving on moves both."""
     if not records:
         return None
-    epoch = max(record.step for record in records)
-    losses = [record.loss for record in records if record.step == epoch]
+    steps = sorted(record.step for record in records)
+    epoch = steps[(len(steps) - 1) // 2]
+    losses = [record.loss for record in records if record.step == epoch] or [record.loss for record in records]
     return SwarmReading(epoch=epoch, loss=sum(losses) / len(losses))
+
+
+def state_epoch_trusted(*, state_epoch: int, swarm_epoch: int) -> bool:
+    """Whether a downloaded state's epoch is one the swarm could be in: at most one past its reading
+    (a peer may have stepped since). A member serving a state with a far epoch would otherwise make
+    it the run's newest checkpoint, and no later checkpoint would ever be due."""
+    return state_epoch <= swarm_epoch + 1
 
 
 class Checkpointer:
@@ -196,11 +210,14 @@ class Checkpointer:
         """One look at the swarm, and a checkpoint when it is due; returns the seconds until the next look."""
         run = Run.objects.get(pk=self.run_pk)
         policy = CheckpointPolicy.of(RunConfig.model_validate(run.config).averaging)
-        newest = run.checkpoints.first()
+        reading = swarm_read(self.dht, self.run_id)
+        if reading is None:
+            return self.check_period
+        # A checkpoint saved from a state past the swarm (before states were checked) must not block the later ones.
+        newest = run.checkpoints.filter(epoch__lte=reading.epoch + 1).first()
         last_epoch = newest.epoch if newest else 0
         last_at = newest.created_at.timestamp() if newest else self.started_at
-        reading = swarm_read(self.dht, self.run_id)
-        if reading is None or not policy.due(swarm_epoch=reading.epoch, last_epoch=last_epoch,
+        if not policy.due(swarm_epoch=reading.epoch, last_epoch=last_epoch,
                                              seconds_since_last=time.time() - last_at):
             return self.check_period
         logger.info("run %s: checkpoint due at epoch %d; downloading the collaboration's state", self.slug, reading.epoch)
@@ -209,6 +226,10 @@ class Checkpointer:
                 return self.check_period
             self._averager.load_state_from_peers(timeout=STATE_DOWNLOAD_TIMEOUT_S)
             epoch = self._averager.local_epoch
+            if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=reading.epoch):
+                logger.warning("run %s: refused a state of epoch %d, past the swarm's epoch %d; trying again in %.0f s",
+                               self.slug, epoch, reading.epoch, self.retry_period)
+                return self.retry_period
             if epoch <= last_epoch:
                 logger.info("run %s: no peer shared a state newer than epoch %d; trying again in %.0f s",
                             self.slug, last_epoch, self.retry_period)

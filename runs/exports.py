@@ -1,7 +1,8 @@
 """Daily statistics dumps, as BOINC projects and Folding@home publish them: every volunteer's,
 team's and run's credit as gzip JSON and gzip CSV under MEDIA_ROOT/stats/YYYY-MM-DD/.
 
-Like the boards, they count only confirmed credit and samples. Hidden volunteers never appear by name: they are left out of the volunteers' and runs' files
+Like the boards, they count only confirmed credit and samples. Hidden volunteers never appear by
+name: they are left out of the volunteers' and runs' files
 and counted only in their team's totals.
 """
 

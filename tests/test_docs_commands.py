@@ -20,7 +20,8 @@ from django.core.management import get_commands, load_command_class
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = r"(make |python manage\.py |peer-agent|pip install |\.venv/bin/python |docker compose )"
-DEMO_TEST = "tests/test_demo.py::test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_runs_again_from_its_checkpoint"
+DEMO_TEST = ("tests/test_demo.py::"
+             "test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_runs_again_from_its_checkpoint")
 CLI_TESTS = "tests/peer_agent/test_cli.py::"
 WHEEL_TEST = "tests/runs/test_agent_wheel.py::test_the_wheel_is_built_served_and_named_on_the_join_page"
 

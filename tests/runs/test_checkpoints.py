@@ -13,9 +13,17 @@ from accounts.services import token_create
 from peer_agent import __version__
 from peer_agent.checkpoint import CheckpointMetadata
 from peer_agent.join import _checkpoint_fetch, join_request_signed
+from peer_agent.metrics import LocalMetrics
 from peer_agent.portal import PortalClient
 from peer_agent.protocol import DeviceInfo, JoinResponse
-from runs.checkpoints import CheckpointPolicy, checkpoint_number, checkpoint_save, checkpoints_to_delete
+from runs.checkpoints import (
+    CheckpointPolicy,
+    checkpoint_number,
+    checkpoint_save,
+    checkpoints_to_delete,
+    state_epoch_trusted,
+    swarm_reading_of,
+)
 from runs.models import Checkpoint, Run, RunMembership
 from runs.services import run_ban
 from tests.factories import RunFactory, join_body
@@ -217,3 +225,18 @@ def test_the_agent_starts_afresh_when_the_checkpoint_is_gone_or_broken(joined, t
     assert _checkpoint_fetch(portal, answer.checkpoint_url, tmp_path / "broken") is None
     checkpoint.delete()
     assert _checkpoint_fetch(portal, answer.checkpoint_url, tmp_path / "gone") is None
+
+
+def metrics(step: int, loss: float = 4.0) -> LocalMetrics:
+    return LocalMetrics(step=step, samples_per_second=10.0, samples_accumulated=32, loss=loss, mini_steps=4)
+
+
+def test_one_member_announcing_a_far_epoch_moves_neither_the_checkpointers_epoch_nor_its_trust():
+    honest = [metrics(7, loss=4.0), metrics(7, loss=3.0), metrics(6, loss=5.0)]
+    liar = metrics(10**6, loss=0.01)
+    reading = swarm_reading_of([*honest, liar])
+    assert (reading.epoch, reading.loss) == (7, 3.5)
+    assert swarm_reading_of(honest[:1] + [liar]).epoch == 7, "one honest peer and one liar: the honest epoch"
+    assert swarm_reading_of([]) is None
+    assert state_epoch_trusted(state_epoch=8, swarm_epoch=7)
+    assert not state_epoch_trusted(state_epoch=10**6, swarm_epoch=7), "a served state past the swarm is refused"

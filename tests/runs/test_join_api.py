@@ -150,7 +150,8 @@ def test_not_json_at_all_is_a_400(client, run, secret):
 
 
 def test_join_needs_a_valid_token(client, run):
-    response = client.post("/api/v1/runs/bengali-albert/join", data=json.dumps(join_body("bengali-albert")), content_type="application/json")
+    response = client.post("/api/v1/runs/bengali-albert/join", data=json.dumps(join_body("bengali-albert")),
+                           content_type="application/json")
     assert (response.status_code, response.json()["error"]["code"]) == (401, "token_missing")
 
 
@@ -176,7 +177,8 @@ def test_allowlisted_runs_admit_only_the_listed(client, run, organizer, voluntee
     run.save()
     listed = UserFactory(username="listed")
     run_allowlist_set(run=run, actor=organizer, usernames=["listed"])
-    assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()["error"]["code"] == "not_allowed"
+    refused = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
+    assert refused.json()["error"]["code"] == "not_allowed"
     _, listed_secret = token_create(user=listed, name="x")
     assert post(client, "/api/v1/runs/bengali-albert/join", listed_secret, join_body("bengali-albert")).status_code == 200
 
@@ -211,7 +213,8 @@ def test_an_agent_that_cannot_average_with_the_others_is_told_to_upgrade(client,
 
 def test_this_agent_and_newer_ones_may_join(client, run, secret):
     for version in (SWARM_COMPATIBLE_SINCE, __version__, "9.0.0"):
-        response = post(client, "/api/v1/runs/bengali-albert/join", secret, {**join_body("bengali-albert"), "agent_version": version})
+        body = {**join_body("bengali-albert"), "agent_version": version}
+        response = post(client, "/api/v1/runs/bengali-albert/join", secret, body)
         assert response.status_code == 200, response.json()
     assert sorted(TrainingSession.objects.values_list("agent_version", flat=True)) == sorted(
         [SWARM_COMPATIBLE_SINCE, __version__, "9.0.0"])

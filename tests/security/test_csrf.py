@@ -51,7 +51,8 @@ def test_the_same_form_with_its_token_is_accepted(world):
 def test_the_agent_api_needs_no_csrf_token_with_a_bearer_token(world):
     client = Client(enforce_csrf_checks=True)
     response = client.post(
-        f"/api/v1/runs/{world.values['public']}/join", json.dumps(join_body(world.values['public'])), content_type="application/json",
+        f"/api/v1/runs/{world.values['public']}/join", json.dumps(join_body(world.values["public"])),
+        content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {world.tokens['vik']}",
     )
     assert response.status_code == 200, response.content
