@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -320,7 +321,7 @@ def main() -> None:
     print(f"database {engine}, channel layer {settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1]}, "
           f"{os.cpu_count()} CPUs, load {load():.2f}, window {args.seconds:g} s after {args.warmup:g} s")
     acked = 0
-    figures: dict[tuple[str, str, int, float], float] = {}
+    figures: dict[tuple[str, str, int, float], list[float]] = {}
     phases = [(checks, writer) for writer in args.writers.split(",") for checks in args.checks.split(",")]
     for index, (checks, writer) in enumerate(phases):
         port = args.port + index  # the previous server's port may still be closing
@@ -334,7 +335,7 @@ def main() -> None:
                     ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds, rate))
                     echo = asyncio.run(drive(base, "/ws/echo/", some, frame, args.warmup, args.seconds, rate))
                     acked += ingest.answers
-                    figures[(checks, writer, count, rate)] = len(ingest.latencies) / args.seconds
+                    figures.setdefault((checks, writer, count, rate), []).append(len(ingest.latencies) / args.seconds)
                     ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
                     offered = f", {rate:g}/s offered" if rate else ""
                     print(ingest.line(f"{writer} ({checks} checks), {count} agents{offered}", args.seconds))
@@ -347,12 +348,15 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
-    for (checks, writer, count, rate), figure in figures.items():
+    for (checks, writer, count, rate), current in figures.items():
         before = figures.get(("before", writer, count, rate))
         if checks == "current" and before:
+            # Phases alternate (--checks before,current,before,current,...): the median of each side.
             offered = f", {rate:g}/s offered" if rate else ""
-            print(f"{writer}, {count} agents{offered}: current checks {figure:.0f} msg/s, before {before:.0f} msg/s, "
-                  f"current/before {figure / before:.2f}")
+            print(f"{writer}, {count} agents{offered}: current checks {statistics.median(current):.0f} msg/s "
+                  f"({', '.join(f'{figure:.0f}' for figure in current)}), before {statistics.median(before):.0f} msg/s "
+                  f"({', '.join(f'{figure:.0f}' for figure in before)}), "
+                  f"current/before {statistics.median(current) / statistics.median(before):.2f}")
     stored = ContributionEvent.objects.filter(session__run=run).count()
     # Equal unless a connection closed with reports in flight ("closed" errors above): an ack is
     # sent only after its report is stored, so never more acknowledged than stored.
