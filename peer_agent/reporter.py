@@ -34,7 +34,7 @@ from peer_agent.spool import Spool, SpoolBusy, spool_files, spool_read
 
 logger = logging.getLogger(__name__)
 
-RETRY_LATER_CODES = frozenset({"server_error", "internal_error", "busy", "rate_limited", "try_again"})
+RETRY_LATER_CODES = frozenset({"server_error", "internal_error", "busy", "rate_limited", "try_again", "too_many_connections"})
 """Error frames after which the report stays spooled and is sent again after a reconnect."""
 
 

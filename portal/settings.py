@@ -165,6 +165,8 @@ HIVEMIND_ACCESS_MINUTES = env_int("HIVEMIND_ACCESS_MINUTES", 30, minimum=1)
 # Agents training at once on one agent token, and for one volunteer across their tokens.
 AGENT_TOKEN_MAX_LIVE_SESSIONS = env_int("AGENT_TOKEN_MAX_LIVE_SESSIONS", 8, minimum=1)
 VOLUNTEER_MAX_LIVE_SESSIONS = env_int("VOLUNTEER_MAX_LIVE_SESSIONS", 32, minimum=1)
+# Open agent sockets per token in one web process (an agent holds one; reconnects overlap briefly).
+AGENT_TOKEN_MAX_SOCKETS = env_int("AGENT_TOKEN_MAX_SOCKETS", 16, minimum=1)
 DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, minimum=60)
 # The coordinator's backbone peers: where they listen, the addresses they announce, their identities.
 COORDINATOR_HOST_MADDRS = env_list("COORDINATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])

@@ -1,5 +1,6 @@
 """`WS /ws/agent/`: agents' contribution reports, acknowledged only once durably stored."""
 
+import collections
 import logging
 import time
 
@@ -22,6 +23,9 @@ SESSION_RECHECK_SECONDS = 5.0
 run_admissions = ingest.RunAdmissions(max_age=SESSION_RECHECK_SECONDS)
 REPORTS_PER_SECOND = float(settings.REPORT_RATE_PER_SECOND)
 BURST = settings.REPORT_RATE_BURST  # a reconnecting agent resends its spool at once
+# Open agent sockets per agent token in this web process: each agent holds one, and each costs the
+# process a connection's memory and a pace; a token cannot open them by the thousand.
+SOCKETS_OPEN: collections.Counter[int] = collections.Counter()
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -59,9 +63,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._send_error(None, "server_error", "the portal cannot check agent tokens now; connect again later")
             await self.close(code=1011)
             return
+        if SOCKETS_OPEN[self.token.pk] >= settings.AGENT_TOKEN_MAX_SOCKETS:
+            await self._send_error(None, "too_many_connections", f"agent token “{self.token.name}” already has "
+                                   f"{settings.AGENT_TOKEN_MAX_SOCKETS} connections open; close one first")
+            await self.close(code=4429)
+            return
+        SOCKETS_OPEN[self.token.pk] += 1
+        self.counted_token = self.token.pk
         self.sessions: dict[int, TrainingSession] = {}
         self.paces: dict[int, ingest.SessionPace] = {}
         self.allowance, self.allowance_at, self.limited = float(BURST), time.monotonic(), False
+
+    async def disconnect(self, code: int) -> None:
+        token = getattr(self, "counted_token", None)
+        if token is not None:
+            SOCKETS_OPEN[token] -= 1
+            if not SOCKETS_OPEN[token]:
+                del SOCKETS_OPEN[token]
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if not hasattr(self, "sessions"):

@@ -8,6 +8,7 @@ credit is what it was. docs/trust.md names each rule."""
 import datetime
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -199,4 +200,33 @@ def test_a_refusal_is_never_recorded_against_another_volunteers_session(portal):
     answers = send(portal, secret, [frame(victim.pk, 1, samples=64, speed=16.0)])
     assert answers[0]["code"] == "session_not_found"
     assert not ReportRejection.objects.filter(session=victim).exists()
+    assert_cheat_earned_nothing(portal)
+
+
+def test_one_token_cannot_open_sockets_by_the_thousand(portal, settings):
+    settings.AGENT_TOKEN_MAX_SOCKETS = 3
+    secret, session = cheater_joins(portal)
+    url = portal["url"].replace("http://", "ws://") + "/ws/agent/"
+    headers = {"Authorization": f"Bearer {secret}"}
+    held = [connect(url, additional_headers=headers, open_timeout=30) for _ in range(3)]
+    try:
+        for socket in held:  # each is served: a report answered
+            socket.send(json.dumps(frame(session, held.index(socket) + 1, samples=8, speed=16.0)))
+            assert json.loads(socket.recv(timeout=30))["type"] == "ack"
+        with connect(url, additional_headers=headers, open_timeout=30) as fourth:
+            answer = json.loads(fourth.recv(timeout=30))
+            assert answer["code"] == "too_many_connections"
+    finally:
+        for socket in held:
+            socket.close()
+    answers = []
+    for _ in range(50):  # a closed socket frees its place once the server has seen it close
+        with connect(url, additional_headers=headers, open_timeout=30) as again:
+            again.send(json.dumps(frame(session, 4, samples=8, speed=16.0)))
+            answers.append(json.loads(again.recv(timeout=30)))
+        if answers[-1]["type"] == "ack":
+            break
+        time.sleep(0.1)
+    assert answers[-1]["type"] == "ack", answers
+    monitor_gives_up_and_rollup_runs(portal)
     assert_cheat_earned_nothing(portal)
