@@ -117,7 +117,7 @@ def test_the_migration_rescales_stored_credit_by_each_runs_new_over_old_credit_p
 
         apps = migrate(AFTER)
         for name in ("RunCredit", "RunCreditTotal", "RunTeamCredit", "CreditHour", "TeamCreditHour"):
-            fields = [field for field in (*CREDIT_FIELDS, "recent_average_credit") if field in stored[name][1]]
+            fields = [field for field in (*CREDIT_FIELDS, "recent_average_credit") if field in next(iter(stored[name].values()))]
             for row in apps.get_model("runs", name).objects.select_related("run"):
                 for field in fields:
                     expected = stored[name][row.pk][field] * ratios[row.run.slug]
