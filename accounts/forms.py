@@ -87,7 +87,8 @@ class HandOverForm(forms.Form):
 class AgentTokenForm(forms.Form):
     name = forms.CharField(max_length=64, help_text="Which machine this token is for, e.g. “home desktop”.")
     run = forms.ModelChoiceField(
-        queryset=Run.objects.filter(status__in=[Run.Status.ACTIVE, Run.Status.PAUSED], visibility=Run.Visibility.PUBLIC),
+        queryset=Run.objects.filter(status__in=[Run.Status.ACTIVE, Run.Status.PAUSED], visibility=Run.Visibility.PUBLIC,
+                                    audience=Run.Audience.EVERYONE),
         required=False,
         empty_label="Any run",
         help_text="Limit the token to one run (recommended for shared machines).",

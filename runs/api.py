@@ -11,6 +11,7 @@ from ninja import Field, Query, Router, Schema
 from pydantic import field_validator
 
 from accounts.auth import AgentBearer
+from accounts.models import AgentToken
 from accounts.services import token_check_scope
 from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
 from portal.errors import ApiError
@@ -59,9 +60,13 @@ def _summary(run: Run) -> dict:
     }
 
 
-def _visible_run(slug: str) -> Run:
-    run = Run.objects.exclude(status=Run.Status.DRAFT).filter(slug=slug).first()
-    if run is None:
+def _visible_run(request: HttpRequest, slug: str, *, joining: bool = False) -> Run:
+    """The run, if the caller may see it, or (``joining``) may train in it; else the same 404 as a
+    run that does not exist. The caller is the agent token's owner on agent endpoints."""
+    run = Run.objects.filter(slug=slug).first()
+    user = request.auth.user if isinstance(getattr(request, "auth", None), AgentToken) else request.user
+    if run is None or not (run_may_view(run=run, user=user)
+                           or joining and run.status != Run.Status.DRAFT and run_join_refusal(run=run, user=user) is None):
         raise ApiError(404, "run_not_found", f"there is no run “{slug}”; check its name on the portal's runs page")
     return run
 
@@ -84,14 +89,14 @@ def run_list(request: HttpRequest):
 
 @router.get("/runs/{slug}/", response=RunSummary, summary="A run's summary and configuration")
 def run_detail(request: HttpRequest, slug: str):
-    return _summary(_visible_run(slug))
+    return _summary(_visible_run(request, slug))
 
 
 @router.post("/runs/{slug}/join", response=JoinResponse, auth=AgentBearer(), summary="Join a run with a peer agent")
 def run_join(request: HttpRequest, slug: str, body: JoinRequest):
     """Open a training session and sign a short-lived hivemind access token for the agent's peer key."""
     rate_limit_hit(name="join", key=str(request.auth.pk))
-    run = _visible_run(slug)
+    run = _visible_run(request, slug, joining=True)
     token_check_scope(token=request.auth, run=run)
     try:
         session, access = session_open(run=run, token=request.auth, request=body)
@@ -140,7 +145,7 @@ def session_refresh_endpoint(request: HttpRequest, session_id: int):
 
 @router.get("/runs/{slug}/tokenizer.json", auth=AgentBearer(), summary="The run's tokenizer", response={200: None})
 def run_tokenizer(request: HttpRequest, slug: str):
-    run = _visible_run(slug)
+    run = _visible_run(request, slug, joining=True)
     token_check_scope(token=request.auth, run=run)
     refusal = run_join_refusal(run=run, user=request.auth.user)
     if refusal and refusal.code != "run_paused":
@@ -187,7 +192,7 @@ class CheckpointOut(Schema):
 
 @router.get("/runs/{slug}/checkpoints", response=list[CheckpointOut], summary="A run's checkpoints, newest first")
 def run_checkpoints(request: HttpRequest, slug: str):
-    run = _visible_run(slug)
+    run = _visible_run(request, slug)
     if not run_may_download_checkpoints(run=run, user=request.user):
         raise ApiError(404, "run_not_found", f"there is no run “{slug}”; check its name on the portal's runs page")
     return [
@@ -268,7 +273,7 @@ def _board(run: Run | None, by: str, window: str, limit: int, offset: int) -> li
 def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user",
                     window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
     """Credit is in GFLOP of training (see docs/volunteers.md); share is of the board's credit."""
-    return _board(_visible_run(slug), by, window, limit, offset)
+    return _board(_visible_run(request, slug), by, window, limit, offset)
 
 
 @router.get("/leaderboard", response=list[LeaderboardRowOut], summary="The leaderboard across all runs")

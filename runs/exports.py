@@ -61,7 +61,7 @@ def _teams() -> list[dict]:
 def _run_credits() -> list[dict]:
     """Per-run rows of the runs anyone may see listed (public and started)."""
     totals = (
-        RunCredit.objects.filter(run__visibility=Run.Visibility.PUBLIC, credit__gt=0)
+        RunCredit.objects.filter(run__visibility=Run.Visibility.PUBLIC, run__audience=Run.Audience.EVERYONE, credit__gt=0)
         .exclude(run__status=Run.Status.DRAFT)
         .exclude(user__visibility=User.Visibility.HIDDEN)
         .select_related("run", "user")

@@ -73,7 +73,9 @@ class RunForm(forms.Form):
     description = forms.CharField(
         required=False, max_length=10000, widget=forms.Textarea(attrs={"rows": 4}), help_text="What the run trains and why."
     )
-    visibility = forms.ChoiceField(choices=Run.Visibility.choices, help_text="Who can see the run and join it.")
+    visibility = forms.ChoiceField(choices=Run.Visibility.choices, help_text="Who may join the run, and whether it is listed.")
+    audience = forms.ChoiceField(choices=Run.Audience.choices, initial=Run.Audience.EVERYONE,
+                                 help_text="Who may see the run: its pages, API, live board and charts.")
 
     def __init__(self, *args, run: Run | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -94,11 +96,12 @@ class RunForm(forms.Form):
         initial = {f"{section}__{name}": value for section, values in config.model_dump(mode="json").items()
                    if isinstance(values, dict) for name, value in values.items()}
         if run is not None:
-            initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility)
+            initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility,
+                           audience=run.audience)
         return initial
 
     def run_fields(self) -> list:
-        return [self[name] for name in ("name", "slug", "description", "visibility")]
+        return [self[name] for name in ("name", "slug", "description", "visibility", "audience")]
 
     def sections(self) -> list[tuple[str, list]]:
         return [(title, [self[name] for name in self.paths if name.startswith(f"{key}__")]) for key, title in SECTIONS.items()]

@@ -31,6 +31,10 @@ class Run(models.Model):
         INVITE = "invite", "Invite only: a join code is needed"
         ALLOWLIST = "allowlist", "Allowlist: only the listed usernames may join"
 
+    class Audience(models.TextChoices):
+        EVERYONE = "everyone", "Everyone: the run, its boards and charts are public (listed if the run is public)"
+        MEMBERS = "members", "Members only: invisible to everyone but its organizers and those who may train in it"
+
     class TokenizerStatus(models.TextChoices):
         MISSING = "missing"
         TRAINING = "training"
@@ -41,7 +45,10 @@ class Run(models.Model):
     slug = models.SlugField(max_length=64, unique=True, help_text="The run's address and the name agents join by.")
     description = models.TextField(blank=True, max_length=10000)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
-    visibility = models.CharField(max_length=16, choices=Visibility.choices, default=Visibility.PUBLIC)
+    visibility = models.CharField(max_length=16, choices=Visibility.choices, default=Visibility.PUBLIC,
+                                  help_text="Who may join (and whether the run is listed).")
+    audience = models.CharField(max_length=16, choices=Audience.choices, default=Audience.EVERYONE,
+                                help_text="Who may see the run: its pages, API, live board, charts and profiles' mentions.")
     join_code = models.CharField(max_length=32, default=_join_code, help_text="Volunteers enter it to join an invite-only run.")
     allowlist = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="allowed_runs")
     organizers = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="organized_runs")

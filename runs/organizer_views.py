@@ -62,6 +62,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
             slug=data["slug"],
             description=data["description"],
             visibility=data["visibility"],
+            audience=data["audience"],
             config=form.config,
         )
         messages.success(request, f"Run “{run.name}” was created as a draft. Add data and a tokenizer, then activate it.")
@@ -78,7 +79,7 @@ def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
         try:
             changed = services.run_update(
                 run=run, actor=request.user, name=data["name"], description=data["description"],
-                visibility=data["visibility"], config=form.config,
+                visibility=data["visibility"], audience=data["audience"], config=form.config,
             )
         except services.RunError as exc:
             form.add_error(None, str(exc))

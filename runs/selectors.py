@@ -9,8 +9,9 @@ from runs.models import Run
 
 
 def run_list_public() -> QuerySet[Run]:
-    """Runs anyone may see listed: public and started."""
-    return Run.objects.filter(visibility=Run.Visibility.PUBLIC).exclude(status=Run.Status.DRAFT).prefetch_related("organizers")
+    """Runs anyone may see listed: public, seen by everyone, and started."""
+    runs = Run.objects.filter(visibility=Run.Visibility.PUBLIC, audience=Run.Audience.EVERYONE)
+    return runs.exclude(status=Run.Status.DRAFT).prefetch_related("organizers")
 
 
 def tokenizer_try(*, run: Run, text: str) -> list[str]:

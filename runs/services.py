@@ -34,13 +34,15 @@ def run_event_record(*, run: Run, actor: User | None, kind: str, detail: str = "
 
 
 @transaction.atomic
-def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig) -> Run:
+def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig,
+               audience: str = Run.Audience.EVERYONE) -> Run:
     public_key, encrypted_private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
     run = Run.objects.create(
         name=name,
         slug=slug,
         description=description,
         visibility=visibility,
+        audience=audience,
         config=config.model_dump(mode="json"),
         authority_public_key=public_key,
         authority_private_key=encrypted_private_key,
@@ -51,15 +53,17 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
 
 
 @transaction.atomic
-def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig) -> set[str]:
+def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig,
+               audience: str | None = None) -> set[str]:
     """Save an edit and return the config fields it changed; only mid-run-safe ones once started."""
     changed = changed_fields(RunConfig.model_validate(run.config), config)
     if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
         locked = ", ".join(sorted(changed - MID_RUN_EDITABLE))
         raise RunError(f"these settings cannot change once the run has started: {locked}")
     run.name, run.description, run.visibility = name, description, visibility
+    run.audience = audience or run.audience
     run.config = config.model_dump(mode="json")
-    run.save(update_fields=["name", "description", "visibility", "config"])
+    run.save(update_fields=["name", "description", "visibility", "audience", "config"])
     if changed:
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
     return changed

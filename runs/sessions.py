@@ -40,8 +40,26 @@ def run_is_organizer(*, run: Run, user: User) -> bool:
 
 
 def run_may_view(*, run: Run, user: User) -> bool:
-    """Drafts are for their organizers; every other run is visible to whoever has its address."""
-    return run.status != Run.Status.DRAFT or run_is_organizer(run=run, user=user) or user.is_staff
+    """Drafts are for their organizers; a members-only run for them and its members; every other run
+    is visible to whoever has its address. The one answer to "may this person see this run", for
+    pages, the API, the live board, charts and profiles."""
+    if user.is_staff or run_is_organizer(run=run, user=user):
+        return True
+    if run.status == Run.Status.DRAFT:
+        return False
+    return run.audience != Run.Audience.MEMBERS or run_is_member(run=run, user=user)
+
+
+def run_is_member(*, run: Run, user: User) -> bool:
+    """Whether ``user`` may train in the run by its own rule (its invite list, its allowlist, or, for a
+    run anyone may join, having joined it) and is not banned from it."""
+    if not user.is_authenticated or RunBan.objects.filter(run=run, user=user).exists():
+        return False
+    if run.visibility == Run.Visibility.INVITE:
+        return run.memberships.filter(user=user).exists()
+    if run.visibility == Run.Visibility.ALLOWLIST:
+        return run.allowlist.filter(pk=user.pk).exists()
+    return run.sessions.filter(user=user).exists()
 
 
 def run_may_download_checkpoints(*, run: Run, user: User) -> bool:

@@ -69,8 +69,15 @@ def _agent_toml(portal_url: str, run: Run, secret: str) -> str:
 
 @login_required
 def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
-    """How to join: install the agent, get a token for this run, run one command."""
-    run = visible_run_or_404(request, slug)
+    """How to join: install the agent, get a token for this run, run one command. A run only its
+    members may see shows this page also to whoever may join it, and to whoever brings its join
+    code (the invite link on the run's page: `?code=`)."""
+    run = get_object_or_404(Run.objects.prefetch_related("organizers"), slug=slug)
+    code = request.GET.get("code") or request.POST.get("code") or ""
+    invited = run.visibility == Run.Visibility.INVITE and code.strip() == run.join_code
+    if not (run_may_view(run=run, user=request.user) or run.status != Run.Status.DRAFT and (
+            invited or run_join_refusal(run=run, user=request.user) is None)):
+        raise Http404("no such run")
     portal_url = request.build_absolute_uri("/").rstrip("/")
     refusal = run_join_refusal(run=run, user=request.user)
     context = {
