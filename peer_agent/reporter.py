@@ -108,7 +108,9 @@ class Reporter:
         """Flush for at most ``timeout`` seconds, then stop; unsent reports stay on disk for the next start."""
         drained = self.flush(timeout)
         if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stopping.set)
+            # The loop may close between the check and the call (a halted session ends the thread): it stops anyway.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stopping.set)
             self._thread.join(timeout=5.0)
         for delivery in self._deliveries:
             delivery.spool.close()

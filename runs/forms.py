@@ -74,8 +74,11 @@ class RunForm(forms.Form):
         required=False, max_length=10000, widget=forms.Textarea(attrs={"rows": 4}), help_text="What the run trains and why."
     )
     visibility = forms.ChoiceField(choices=Run.Visibility.choices, help_text="Who may join the run, and whether it is listed.")
-    audience = forms.ChoiceField(choices=Run.Audience.choices, initial=Run.Audience.EVERYONE,
+    audience = forms.ChoiceField(choices=Run.Audience.choices, initial=Run.Audience.EVERYONE, required=False,
                                  help_text="Who may see the run: its pages, API, live board and charts.")
+
+    def clean_audience(self) -> str:
+        return self.cleaned_data.get("audience") or (self.run.audience if self.run else Run.Audience.EVERYONE)
 
     def __init__(self, *args, run: Run | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -5,6 +5,7 @@ on the epochs it claimed) and the rollup runs: the cheater has no confirmed cred
 every honest volunteer on the run's board and the board across runs, and the honest volunteers'
 credit is what it was. docs/trust.md names each rule."""
 
+import contextlib
 import datetime
 import json
 import threading
@@ -208,17 +209,14 @@ def test_one_token_cannot_open_sockets_by_the_thousand(portal, settings):
     secret, session = cheater_joins(portal)
     url = portal["url"].replace("http://", "ws://") + "/ws/agent/"
     headers = {"Authorization": f"Bearer {secret}"}
-    held = [connect(url, additional_headers=headers, open_timeout=30) for _ in range(3)]
-    try:
-        for socket in held:  # each is served: a report answered
-            socket.send(json.dumps(frame(session, held.index(socket) + 1, samples=8, speed=16.0)))
+    with contextlib.ExitStack() as held:
+        for seq in (1, 2, 3):  # each is served: a report answered
+            socket = held.enter_context(connect(url, additional_headers=headers, open_timeout=30))
+            socket.send(json.dumps(frame(session, seq, samples=8, speed=16.0)))
             assert json.loads(socket.recv(timeout=30))["type"] == "ack"
         with connect(url, additional_headers=headers, open_timeout=30) as fourth:
             answer = json.loads(fourth.recv(timeout=30))
             assert answer["code"] == "too_many_connections"
-    finally:
-        for socket in held:
-            socket.close()
     answers = []
     for _ in range(50):  # a closed socket frees its place once the server has seen it close
         with connect(url, additional_headers=headers, open_timeout=30) as again:
