@@ -24,6 +24,7 @@ test: install
 
 lint: install
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) var staticfiles

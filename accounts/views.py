@@ -53,8 +53,8 @@ def profile(request: HttpRequest) -> HttpResponse:
 
 def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
     """A volunteer's runs and credit; their machines only to themselves. Hidden: only the owner."""
+    from runs.credit.volunteers import volunteer_for_profile, volunteer_machines, volunteer_runs
     from runs.models import VolunteerCredit
-    from runs.volunteers import volunteer_for_profile, volunteer_machines, volunteer_runs
 
     volunteer = volunteer_for_profile(key=key, viewer=request.user)
     if volunteer is None:

@@ -13,7 +13,7 @@ reports. With `--viewers`, that many browsers watch `WS /ws/runs/{slug}/live/` w
 report: snapshots delivered per second and how far apart viewers get the same snapshot.
 
 The per-connection rate limit (5 reports/s) is lifted in the server: this measures capacity.
-`--writers` compares ways of storing: `batch` (runs.ingest.ReportWriter, what the portal uses),
+`--writers` compares ways of storing: `batch` (runs.ingest.reports.ReportWriter, what the portal uses),
 `per_report` (a transaction per report on a pool thread), `one_thread` (a transaction per report
 on Channels' single sync thread, the PITFALLS baseline).
 
@@ -50,7 +50,7 @@ def server_application():
 
     from portal.asgi import django_asgi_app
     from portal.routing import websocket_urlpatterns
-    from runs import consumers, ingest
+    from runs.ingest import consumers, reports
 
     class EchoConsumer(AsyncWebsocketConsumer):
         channel_layer_alias = None  # bare, like the agent socket: no channel layer
@@ -63,16 +63,16 @@ def server_application():
             self.thread_sensitive = thread_sensitive
 
         async def store(self, *, session_id, report) -> None:
-            event = ingest.report_event(session_id=session_id, report=report)
-            await database_sync_to_async(ingest.report_events_store, thread_sensitive=self.thread_sensitive)(events=[event])
+            event = reports.report_event(session_id=session_id, report=report)
+            await database_sync_to_async(reports.report_events_store, thread_sensitive=self.thread_sensitive)(events=[event])
 
     if os.environ.get(CHECKS_ENV) == "before":
-        ingest.RULES = tuple((code, rule) for code, rule in ingest.RULES if code not in EVIDENCE_RULES)
-        ingest._not_allowed = lambda **kwargs: frozenset()
-        ingest._swarm_epoch = lambda **kwargs: None
+        reports.RULES = tuple((code, rule) for code, rule in reports.RULES if code not in EVIDENCE_RULES)
+        reports._not_allowed = lambda **kwargs: frozenset()
+        reports._swarm_epoch = lambda **kwargs: None
     writer = os.environ.get(WRITER_ENV, "batch")
     if writer != "batch":
-        ingest.report_writer = PerReportWriter(thread_sensitive=writer == "one_thread")
+        reports.report_writer = PerReportWriter(thread_sensitive=writer == "one_thread")
     consumers.REPORTS_PER_SECOND, consumers.BURST = 1e9, 1e9
     return ProtocolTypeRouter({
         "http": django_asgi_app,
@@ -141,7 +141,7 @@ def agents_create(count: int, peer_batch_run) -> list[Agent]:
 
 def report_frame(agent: Agent, samples: int) -> str:
     agent.seq += 1
-    # samples ≤ one local step: plausible at any pace (runs.ingest.samples_beyond_speed). The loss
+    # samples ≤ one local step: plausible at any pace (runs.ingest.reports.samples_beyond_speed). The loss
     # falls as training would, so the live page's snapshot changes with every report.
     return json.dumps({
         "type": "report", "session_id": agent.session_id, "seq": agent.seq, "samples": samples, "steps": 1,

@@ -3,7 +3,7 @@
 Generates volunteers (1 in 20 hidden, 1 in 20 anonymous, half in 1,000 teams), one agent token and
 one session each in one of three runs, and contribution events in SQL (``generate_series``): each
 session reports every 30 s for a stretch that starts at a random moment of the last 7 days. Then it
-runs the rollup (``runs.credit.credit_rollup``), timed, and times each board ``--repeats`` times:
+runs the rollup (``runs.credit.rollup.credit_rollup``), timed, and times each board ``--repeats`` times:
 p50/p95 in ms. The baselines, timed ``--baseline-repeats`` times in the same run: for boards by
 volunteer, the query the portal ran before the rollup existed (group the run's events by volunteer
 at request time); for boards by team, the query it ran before the rollup kept team totals (group
@@ -40,9 +40,9 @@ def generate(*, volunteers: int, events: int) -> list:
     from django.core.management import call_command
     from django.db import connection
 
-    from runs.authority import authority_generate
-    from runs.forms import preset_config
+    from runs.access.authority import authority_generate
     from runs.models import Run
+    from runs.setup.forms import preset_config
 
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
@@ -120,7 +120,7 @@ def old_team_board(run, window: str) -> list:
     team per request (with the board's total credit for the share column, as the board does)."""
     from django.db.models import Count, Max, Sum
 
-    from runs.leaderboard import WINDOWS
+    from runs.credit.boards import WINDOWS
     from runs.models import RunCredit, VolunteerCredit
 
     samples_column, credit_column = WINDOWS[window]
@@ -144,7 +144,7 @@ def summed_board_credit(run, window: str) -> float:
     run's (or all runs') volunteer totals per request."""
     from django.db.models import Sum
 
-    from runs.leaderboard import WINDOWS
+    from runs.credit.boards import WINDOWS
     from runs.models import RunCredit, VolunteerCredit
 
     samples_column, credit_column = WINDOWS[window]
@@ -158,7 +158,7 @@ def rollup_cost(events: int, batch: int) -> None:
     in teams, each rolled up and timed in batches of ``batch``."""
     from django.db import connection
 
-    from runs.credit import credit_rollup
+    from runs.credit.rollup import credit_rollup
 
     seconds = {}
     for label, in_team in (("volunteers without a team", False), ("volunteers in teams", True)):
@@ -191,8 +191,8 @@ def main() -> None:
                         help="then time the rollup of this many new events without and with team totals to keep")
     args = parser.parse_args()
     _setup_django()
-    from runs.credit import credit_rollup
-    from runs.leaderboard import leaderboard_rows
+    from runs.credit.boards import leaderboard_rows
+    from runs.credit.rollup import credit_rollup
     from runs.models import ContributionEvent, Run, RunCredit
 
     runs = list(Run.objects.filter(slug__startswith="bench-").order_by("pk")) if args.skip_generate else generate(
@@ -223,10 +223,10 @@ def main() -> None:
         print(f"{name:32} {results[name]['p50']:9.1f} {results[name]['p95']:9.1f} {args.repeats:4}", flush=True)
     print("\nbaseline: the same boards summing the share's denominator over the volunteers' totals per request "
           "(before run totals)")
-    from runs import leaderboard
+    from runs.credit import boards
 
-    kept = leaderboard.board_credit
-    leaderboard.board_credit = lambda *, run, window="all": summed_board_credit(run, window)
+    kept = boards.board_credit
+    boards.board_credit = lambda *, run, window="all": summed_board_credit(run, window)
     try:
         for name, board in boards.items():
             baseline = timed(board, args.repeats)
@@ -234,7 +234,7 @@ def main() -> None:
                   f"ratio summed/new p50: {baseline['p50'] / results[name]['p50']:,.1f}x  p95: "
                   f"{baseline['p95'] / results[name]['p95']:,.1f}x", flush=True)
     finally:
-        leaderboard.board_credit = kept
+        boards.board_credit = kept
     print(f"\nbaseline: grouping the run's {ContributionEvent.objects.filter(session__run=run).count():,} events per request")
     for window, name in (("all", "run, by volunteer, all"), ("24h", "run, by volunteer, 24h")):
         baseline = timed(lambda window=window: old_board(run, window), args.baseline_repeats)

@@ -1,4 +1,4 @@
-"""Time of a run's chart series: time buckets averaged in the database (`runs.series.series_points`,
+"""Time of a run's chart series: time buckets averaged in the database (`runs.swarm.series.series_points`,
 what `GET /api/v1/runs/{slug}/series` does) against the baseline of reading every reading into
 Python and bucketing it there in one pass. Both are timed in the same run on the same rows.
 
@@ -56,9 +56,9 @@ def main() -> None:
     from django.conf import settings
     from django.db import connection
 
-    from runs.authority import authority_generate
+    from runs.access.authority import authority_generate
     from runs.models import Run, RunSample
-    from runs.series import series_points
+    from runs.swarm.series import series_points
 
     public_key, private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
     run = Run.objects.create(name="bench series", slug=f"bench-series-{os.getpid()}", status=Run.Status.ACTIVE,

@@ -22,8 +22,8 @@ from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig, config_from_preset
 from peer_agent.tokenizer import tokenizer_as_transformers
 from peer_agent.training import TrainerSetup
-from runs.corpus import corpus_lines, corpus_write
-from runs.tokenization import tokenizer_train
+from runs.setup.corpus import corpus_lines, corpus_write
+from runs.setup.tokenization import tokenizer_train
 
 # A ~57k-parameter ALBERT (at the corpus's 379-token vocabulary): a global step of 64 samples
 # costs well under a second on one CPU core, so dozens of swarm steps fit in a few minutes.

@@ -2,7 +2,7 @@
 
 A token says "the peer holding the private half of ``public_key`` may use this run's DHT until
 ``expiration_time``" and is signed by the run's authority key. The portal signs tokens
-(``runs.authority``); every peer checks the tokens of the peers it talks to with
+(runs/access/authority.py, with ``cryptography`` alone); every peer checks the tokens of the peers it talks to with
 :class:`PortalAuthorizer`. Both sides share the encoding below, so this module must never import
 the portal.
 
@@ -19,13 +19,10 @@ what ``RSAPrivateKey.sign`` returns (base64 of an RSA-PSS/SHA-256 signature) ove
 from __future__ import annotations
 
 import asyncio
-import base64
 import inspect
-import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -34,12 +31,14 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 from hivemind.utils.timed_storage import get_dht_time
 
+from peer_agent import protocol
+from peer_agent.protocol import expiration_parse
+
 logger = logging.getLogger(__name__)
 
 TokenJSON = dict[str, str]
 FetchToken = Callable[[], TokenJSON | None | Awaitable[TokenJSON | None]]
 
-_PAYLOAD_LABEL = "dedloc-portal/access-token/v1"
 _JSON_FIELDS = ("username", "peer_public_key", "expiration_time", "signature")
 
 
@@ -59,25 +58,10 @@ def rsa_public_key_parse(key: bytes | str) -> RSAPublicKey:
         ) from None
 
 
-def expiration_format(timestamp: float) -> str:
-    """Write a POSIX time as tokens carry it: naive UTC, ISO 8601, e.g. ``2025-01-31 12:30:00.000000``."""
-    moment = datetime.fromtimestamp(timestamp, UTC).replace(tzinfo=None)
-    return moment.isoformat(sep=" ", timespec="microseconds")
-
-
-def expiration_parse(text: str) -> float:
-    """Read an ``expiration_time`` back as a POSIX time; ValueError for anything else, time zones included."""
-    moment = datetime.fromisoformat(text)
-    if moment.tzinfo is not None:
-        raise ValueError(f"expiration_time must be naive UTC, got {text!r}")
-    return moment.replace(tzinfo=UTC).timestamp()
-
-
 def access_token_payload(token: AccessToken) -> bytes:
-    """The bytes the run authority signs: every field but the signature, encoded without ambiguity."""
-    public_key = base64.b64encode(token.public_key).decode()
-    fields = [_PAYLOAD_LABEL, token.username, public_key, token.expiration_time]
-    return json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode()
+    """The bytes the run authority signs (peer_agent.protocol.access_token_payload)."""
+    return protocol.access_token_payload(username=token.username, public_key=token.public_key,
+                                         expiration_time=token.expiration_time)
 
 
 def access_token_to_json(token: AccessToken) -> TokenJSON:

@@ -205,7 +205,7 @@ class MembersOnlyStateAverager(TrainingStateAverager, MembersOnlyAverager):
     def _get_handle_name(cls, namespace, method_name):
         # hivemind names an averager's RPC streams after its class; keeping the name of the class this
         # one extends keeps state downloads working for peers that build a plain TrainingStateAverager
-        # (the portal's checkpointer, runs/checkpoints.py).
+        # (the portal's checkpointer, runs/swarm/checkpoints.py).
         return TrainingStateAverager._get_handle_name(namespace, method_name)
 
 

@@ -5,6 +5,7 @@ The portal validates organizers' edits with these classes and stores
 This module imports only pydantic and the standard library so that both sides can afford it.
 """
 
+import base64
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -51,6 +52,18 @@ MID_RUN_EDITABLE: frozenset[str] = frozenset({
 computes or meets others, not what the collaboration optimizes."""
 
 MAX_FRAME_CHARS = 16_384
+
+# Agents from 0.3.0 on split a group's vector alike (the share floor of peer_agent.averaging) and
+# send their membership proofs next to their gathered data, for gradients and parameters; an older
+# agent in the same group would compute other parts or be refused, and the round would fail for
+# everyone. From 0.4.0 on they sign their joins with their peer key (JoinRequest.key_proof). The
+# portal refuses joins from older agents.
+SWARM_COMPATIBLE_SINCE = "0.4.0"
+
+# A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
+# agent declares them to transformers (peer_agent/tokenizer.py).
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4 after training, in this order
 
 Compression = Literal["none", "fp16", "uniform8bit"]
 Seq = Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]
@@ -303,6 +316,31 @@ def join_proof_message(*, run: str, peer_public_key: str, signed_at: datetime) -
     """What an agent signs with its hivemind key to join ``run`` (hivemind's ``RSAPrivateKey.sign``):
     the run and the moment bind the signature to this join, so a copy is worth little elsewhere."""
     return f"dedloc-portal join\n{run}\n{signed_at.astimezone(UTC).isoformat()}\n{peer_public_key}".encode()
+
+
+ACCESS_TOKEN_LABEL = "dedloc-portal/access-token/v1"
+
+
+def access_token_payload(*, username: str, public_key: bytes, expiration_time: str) -> bytes:
+    """The bytes a run's authority signs in a hivemind ``AccessToken``: every field but the
+    signature, encoded without ambiguity. The portal signs them (runs/access/authority.py) and every
+    peer checks them (peer_agent/authorizer.py)."""
+    fields = [ACCESS_TOKEN_LABEL, username, base64.b64encode(public_key).decode(), expiration_time]
+    return json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+def expiration_format(timestamp: float) -> str:
+    """Write a POSIX time as tokens carry it: naive UTC, ISO 8601, e.g. ``2025-01-31 12:30:00.000000``."""
+    moment = datetime.fromtimestamp(timestamp, UTC).replace(tzinfo=None)
+    return moment.isoformat(sep=" ", timespec="microseconds")
+
+
+def expiration_parse(text: str) -> float:
+    """Read an ``expiration_time`` back as a POSIX time; ValueError for anything else, time zones included."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is not None:
+        raise ValueError(f"expiration_time must be naive UTC, got {text!r}")
+    return moment.replace(tzinfo=UTC).timestamp()
 
 
 class HivemindAccess(_Schema):

@@ -1,7 +1,7 @@
-"""A run's special tokens, and its tokenizer wrapped for `transformers` with them declared.
+"""A run's tokenizer wrapped for `transformers` with its special tokens declared.
 
-The portal trains tokenizers with these tokens (``runs.tokenization``) and the agent loads them the
-same way, so this is the one place that names them. `transformers` is imported only when needed.
+The special tokens are named once, in peer_agent/protocol.py: the portal trains tokenizers with them
+(runs/setup/tokenization.py). `transformers` is imported only when needed.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4 after training, in this order
+from peer_agent.protocol import CLS, MASK, PAD, SEP, UNK
+
 # transformers 5 leaves token_type_ids out by default; ALBERT's sentence-order head needs them.
 MODEL_INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 _DECLARED = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP, "mask_token": MASK}

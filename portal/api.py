@@ -11,7 +11,7 @@ from accounts.api import router as accounts_router
 from accounts.services import AgentTokenRefused
 from portal.errors import ApiError, error_response
 from portal.ratelimit import RateLimited, rate_limited_response
-from runs.api import router as runs_router
+from runs.api.routes import router as runs_router
 
 logger = logging.getLogger(__name__)
 

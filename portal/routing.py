@@ -5,8 +5,8 @@ from channels.auth import AuthMiddlewareStack
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
-from runs.consumers import AgentConsumer
-from runs.live import RunLiveConsumer
+from runs.credit.live import RunLiveConsumer
+from runs.ingest.consumers import AgentConsumer
 
 
 def for_browsers(consumer):

@@ -133,7 +133,7 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(_CELERY_DIR / "beat-schedule")
 CELERY_TIMEZONE = "UTC"
-# Credit and leaderboards (runs/credit.py): events are rolled up in batches, never counted per report.
+# Credit and leaderboards (runs/credit/rollup.py): events are rolled up in batches, never counted per report.
 CREDIT_ROLLUP_BATCH = env_int("CREDIT_ROLLUP_BATCH", 10000, minimum=1)
 # Events younger than this wait for the next pass, so that an insert still committing is never skipped.
 CREDIT_ROLLUP_SETTLE_SECONDS = env_int("CREDIT_ROLLUP_SETTLE_SECONDS", 2, minimum=0)
@@ -195,7 +195,7 @@ RATE_LIMITS = {
     # hopeless anyway (256 random bits); this keeps guessers from loading the database.
     "token_failures": env_rate("RATE_LIMIT_TOKEN_FAILURES", "100/1h"),
 }
-# An agent's contribution reports, per websocket connection (a token bucket in runs/consumers.py).
+# An agent's contribution reports, per websocket connection (a token bucket in runs/ingest/consumers.py).
 REPORT_RATE_PER_SECOND = env_int("REPORT_RATE_PER_SECOND", 5, minimum=1)
 REPORT_RATE_BURST = env_int("REPORT_RATE_BURST", 50, minimum=1)
 

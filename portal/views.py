@@ -2,7 +2,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from portal.errors import error_response
-from runs.selectors import run_list_public
+from runs.access.rules import run_list_public
 
 
 def home(request: HttpRequest) -> HttpResponse:

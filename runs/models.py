@@ -274,7 +274,7 @@ class Checkpoint(models.Model):
 
 class CreditSums(models.Model):
     """Totals of a volunteer or a team: what the leaderboards read. Written only by the rollup
-    (runs/credit.py), in batches, never per report."""
+    (runs/credit/rollup.py), in batches, never per report."""
 
     samples = models.PositiveBigIntegerField(default=0, help_text="All samples reported.")
     samples_verified = models.PositiveBigIntegerField(default=0)
@@ -441,5 +441,5 @@ class CreditRollup(models.Model):
     windows_hour = models.DateTimeField(null=True, blank=True, help_text="Hour at which the 24 h / 7 d columns were last aged.")
     teams_checked_at = models.DateTimeField(null=True, blank=True, help_text="Team membership changes seen up to here.")
     pending_event_id = models.BigIntegerField(default=0, help_text="Events up to here were given their bounded time "
-                                                                   "to be confirmed (runs.verification.pending_expire).")
+                                                                   "to be confirmed (runs.swarm.verification.pending_expire).")
     updated_at = models.DateTimeField(null=True, blank=True)

@@ -3,7 +3,10 @@ import datetime
 from celery import shared_task
 from django.conf import settings
 
-from runs import credit, exports, services, sessions, verification
+from runs.access import sessions
+from runs.credit import exports, rollup
+from runs.setup import services
+from runs.swarm import verification
 
 
 @shared_task(acks_late=True)
@@ -14,13 +17,13 @@ def tokenizer_train_task(run_id: int) -> None:
 @shared_task(ignore_result=True)
 def credit_rollup_task() -> int:
     """Every ~10 s: contribution events into the leaderboards' aggregates (exactly once)."""
-    return credit.credit_rollup()
+    return rollup.credit_rollup()
 
 
 @shared_task(ignore_result=True)
 def credit_rac_decay_task() -> int:
     """Hourly: recent average credit of idle volunteers decays."""
-    return credit.credit_rac_decay()
+    return rollup.credit_rac_decay()
 
 
 @shared_task(ignore_result=True)

@@ -96,7 +96,7 @@ def credit_beat(settings):
 
     from django.db import connection
 
-    from runs.credit import credit_rollup
+    from runs.credit.rollup import credit_rollup
 
     settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
     stop = threading.Event()
@@ -128,7 +128,7 @@ def coordinator(settings, tmp_path):
 
     from django.db import connection
 
-    from runs.coordinator import Coordinator
+    from runs.swarm.coordinator import Coordinator
 
     settings.COORDINATOR_STATE_DIR = str(tmp_path / "coordinator")
     coordinator = Coordinator(interval=1.0)

@@ -8,9 +8,9 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from accounts.models import Team, User
-from runs.authority import authority_generate
-from runs.forms import preset_config
+from runs.access.authority import access_token_sign, authority_generate, authority_load
 from runs.models import ContributionEvent, Run, SessionEpoch, TrainingSession
+from runs.setup.forms import preset_config
 
 PASSWORD = "correct horse battery staple"
 SERVED = (Run.Status.ACTIVE, Run.Status.PAUSED)  # the statuses a coordinator keeps a backbone peer for
@@ -118,4 +118,26 @@ def epoch_confirm(session, epoch: int, *, at: datetime.datetime) -> SessionEpoch
     row, _ = SessionEpoch.objects.update_or_create(session=session, epoch=epoch, defaults=dict(
         reported_samples=reported, announced_samples=reported, status=SessionEpoch.Status.VERIFIED, checked_at=at))
     return row
+
+
+class RunAuthority:
+    """A run's authority as the portal holds it (public text, encrypted private half), signing access
+    tokens for hivemind peer keys (``hivemind.utils.crypto.RSAPrivateKey``)."""
+
+    SECRET = "portal-secret-for-tests"
+
+    def __init__(self):
+        self.public_text, self.encrypted = authority_generate(secret=self.SECRET)
+        self.private_key = authority_load(encrypted=self.encrypted, secret=self.SECRET)
+
+    @property
+    def public_key(self):
+        """The public half as hivemind's ``RSAPublicKey``, what peers check tokens with."""
+        from peer_agent.authorizer import rsa_public_key_parse
+
+        return rsa_public_key_parse(self.public_text)
+
+    def sign(self, peer_key, *, username: str = "volunteer", lifetime=datetime.timedelta(minutes=30)) -> dict:
+        return access_token_sign(private_key=self.private_key, username=username,
+                                 peer_public_key=peer_key.get_public_key().to_bytes(), lifetime=lifetime)
 

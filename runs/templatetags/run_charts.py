@@ -3,7 +3,7 @@ readers without JavaScript or sight of the canvas; `{% chart_figure %}` draws on
 
 from django import template
 
-from runs.series import CHARTS, series_latest
+from runs.swarm.series import CHARTS, series_latest
 
 register = template.Library()
 

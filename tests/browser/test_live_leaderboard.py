@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 from websockets.sync.client import connect
 
 from accounts.services import token_create
-from runs.credit import credit_rollup
+from runs.credit.rollup import credit_rollup
 from runs.models import TrainingSession
 from tests.factories import RunFactory, epoch_confirm
 

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from runs.corpus import corpus_write
 from runs.models import Run
+from runs.setup.corpus import corpus_write
 from tests.factories import PASSWORD, join_body
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

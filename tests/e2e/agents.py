@@ -6,9 +6,9 @@ import sys
 import time
 from pathlib import Path
 
-from runs import services
-from runs.corpus import corpus_lines
-from runs.forms import preset_config
+from runs.setup import services
+from runs.setup.corpus import corpus_lines
+from runs.setup.forms import preset_config
 from tests.factories import RunFactory
 
 ROOT = Path(__file__).resolve().parents[2]

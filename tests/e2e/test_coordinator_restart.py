@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from accounts.services import token_create
-from runs.coordinator import Coordinator
 from runs.models import ContributionEvent, Run
+from runs.swarm.coordinator import Coordinator
 from tests.e2e.agents import agent, serve_until, small_run, wait_for
 from tests.factories import UserFactory
 from tests.processes import children_reap

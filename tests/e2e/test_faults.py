@@ -61,7 +61,7 @@ small_run(UserFactory(username="olga", organizer=True))
 secrets = {{name: token_create(user=UserFactory(username=name), name="e2e")[1] for name in {VOLUNTEERS!r}}}
 print("SECRETS", json.dumps(secrets))
 """
-ROLLUP = "from runs.credit import credit_rollup; credit_rollup()"
+ROLLUP = "from runs.credit.rollup import credit_rollup; credit_rollup()"
 
 
 def free_port() -> int:

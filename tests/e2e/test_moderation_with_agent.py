@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from accounts.services import token_create
-from runs import services
 from runs.models import ContributionEvent, Run
+from runs.setup import services
 from tests.e2e.agents import agent, small_run, wait_for
 from tests.factories import UserFactory
 from tests.processes import children_reap

@@ -11,10 +11,10 @@ from django.test import Client
 from django.urls import reverse
 
 from accounts.services import token_create
-from runs import monitor
-from runs.coordinator import Coordinator
 from runs.models import Run, RunSample, SessionEpoch
-from runs.verification import EpochLimits
+from runs.swarm import monitor
+from runs.swarm.coordinator import Coordinator
+from runs.swarm.verification import EpochLimits
 from tests.e2e.agents import agent, serve_until, small_run
 from tests.factories import UserFactory
 from tests.processes import children_reap

@@ -8,8 +8,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from peer_agent.protocol import RunConfig
-from peer_agent.tokenizer import SPECIAL_TOKENS
+from peer_agent.protocol import SPECIAL_TOKENS, RunConfig
 from tests.processes import children_reap
 
 SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "our neighbour", "the farmer"]

@@ -27,7 +27,7 @@ from peer_agent.averaging import (
     membership_proof,
 )
 from peer_agent.training import Trainer, TrainerSetup
-from runs.authority import access_token_sign
+from tests.factories import RunAuthority
 from tests.peer_agent.test_training_swarm import train_together
 
 pytestmark = pytest.mark.timeout(240)
@@ -35,24 +35,23 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def authority():
-    return RSAPrivateKey()
+    return RunAuthority()
 
 
 @pytest.fixture(scope="module")
 def other_authority():
-    return RSAPrivateKey()
+    return RunAuthority()
 
 
-def token_json(authority: RSAPrivateKey, peer_key: RSAPrivateKey, *, lifetime=timedelta(minutes=10)) -> dict:
-    return access_token_sign(private_key=authority, username="vik", peer_public_key=peer_key.get_public_key().to_bytes(),
-                             lifetime=lifetime)
+def token_json(authority: RunAuthority, peer_key: RSAPrivateKey, *, lifetime=timedelta(minutes=10)) -> dict:
+    return authority.sign(peer_key, username="vik", lifetime=lifetime)
 
 
-def peer_authorizer(authority: RSAPrivateKey, peer_key: RSAPrivateKey | None = None, **token_kwargs) -> PortalAuthorizer:
+def peer_authorizer(authority: RunAuthority, peer_key: RSAPrivateKey | None = None, **token_kwargs) -> PortalAuthorizer:
     """A peer's authorizer whose portal issues a token signed by ``authority``, holding that token."""
     peer_key = peer_key or RSAPrivateKey()
     token = token_json(authority, peer_key, **token_kwargs)
-    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), lambda: token)
+    authorizer = PortalAuthorizer(peer_key, authority.public_key, lambda: token)
     authorizer.token_refresh_start()  # fetches the first token in this thread
     authorizer.token_refresh_stop()  # the tests' tokens outlive them: no refresh thread needed
     return authorizer
@@ -164,7 +163,7 @@ def test_a_proof_is_built_at_once_while_the_token_refresh_waits_on_the_portal(au
         finally:
             answered.set()
 
-    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), fetch_token, retry_interval=0.05)
+    authorizer = PortalAuthorizer(peer_key, authority.public_key, fetch_token, retry_interval=0.05)
     authorizer.token_refresh_start()
     try:
         later = authorizer_module.get_dht_time() + 45  # past two thirds of the first token's lifetime
@@ -195,7 +194,7 @@ def test_while_the_portal_refuses_the_held_token_is_used_until_it_expires(author
             return first
         raise ConnectionError("the portal is down")
 
-    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), fetch_token, retry_interval=0.05)
+    authorizer = PortalAuthorizer(peer_key, authority.public_key, fetch_token, retry_interval=0.05)
     authorizer.token_refresh_start()
     try:
         monkeypatch.setattr(authorizer_module, "get_dht_time", lambda: time.time() + 45)  # a refresh is due
@@ -215,7 +214,7 @@ def test_while_the_portal_refuses_the_held_token_is_used_until_it_expires(author
 def test_an_authorizer_whose_token_is_not_kept_fresh_builds_no_proof(authority):
     """Without token_refresh_start the training thread never fetches: it has nothing to prove with."""
     peer_key = RSAPrivateKey()
-    authorizer = PortalAuthorizer(peer_key, authority.get_public_key(), lambda: token_json(authority, peer_key))
+    authorizer = PortalAuthorizer(peer_key, authority.public_key, lambda: token_json(authority, peer_key))
     with pytest.raises(PortalAccessError, match="no access token to this run's swarm yet"):
         membership_proof(authorizer, random_peer_id())
 

@@ -41,12 +41,12 @@ def test_the_channel_layer_delivers_between_consumers():
 def test_a_database_outage_is_a_503_with_retry_after_not_a_500(client, db, monkeypatch):
     from django.db import OperationalError
 
-    from runs import selectors
+    from runs.api import routes
 
     def away(*args, **kwargs):
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(selectors, "run_list_public", away)
+    monkeypatch.setattr(routes, "run_list_public", away)
     response = client.get("/api/v1/runs/")
     assert response.status_code == 503
     assert response["Retry-After"] == "30"

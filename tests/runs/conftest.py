@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from accounts.services import team_create, team_join
 from peer_agent.protocol import RunConfig
-from runs.credit import credit_rollup
+from runs.credit.rollup import credit_rollup
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 HOUR = datetime.timedelta(hours=1)

@@ -13,16 +13,16 @@ from django.db.models import Sum
 from accounts.models import AgentToken
 from accounts.services import token_create, token_revoke
 from portal.asgi import application
-from runs import consumers, ingest
+from runs.ingest import consumers, reports
 from runs.models import ContributionEvent, ReportRejection, TrainingSession
-from runs.services import run_ban
+from runs.setup.services import run_ban
 from tests.factories import RunFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 # Reports as an agent at 12.5 samples/s sends them: 32 samples every 2.56 s by its clock, which
-# is what the plausibility rules (runs.ingest.RULES) expect; seq 0 would have gone out 200 s ago.
+# is what the plausibility rules (runs.ingest.reports.RULES) expect; seq 0 would have gone out 200 s ago.
 def report(session_id: int, seq: int, samples: int = 32, **changes) -> dict:
     sent_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2.56 * seq - 200)
     frame = {
@@ -222,14 +222,14 @@ def test_the_sockets_of_one_run_share_one_admission_check(monkeypatch):
             run=run, user=user, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
             access_expires_at=datetime.datetime.now(datetime.UTC)), secret))
     fetches = []
-    fetch = ingest.run_admission
+    fetch = reports.run_admission
 
     def counted(**kwargs):
         fetches.append(kwargs["run_id"])
         return fetch(**kwargs)
 
-    monkeypatch.setattr(ingest, "run_admission", counted)
-    monkeypatch.setattr(consumers, "run_admissions", ingest.RunAdmissions(max_age=60.0))
+    monkeypatch.setattr(reports, "run_admission", counted)
+    monkeypatch.setattr(consumers, "run_admissions", reports.RunAdmissions(max_age=60.0))
 
     async def agent(session, secret) -> list[dict]:
         communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {secret}".encode())])

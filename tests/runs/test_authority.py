@@ -6,51 +6,31 @@ import time
 from datetime import timedelta
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from hivemind.proto import dht_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import (
     PortalAccessError,
     PortalAuthorizer,
-    expiration_parse,
-    rsa_public_key_parse,
-)
-from runs.authority import (
-    AuthorityKeyError,
     access_token_from_json,
-    access_token_sign,
-    authority_generate,
-    authority_load,
+    expiration_parse,
 )
+from runs.access import authority
+from runs.access.authority import AuthorityKeyError, access_token_sign, authority_load
+from tests.factories import RunAuthority
 
-SECRET = "portal-secret-for-tests"
-
-
-class Authority:
-    """A run's authority as the portal holds it: public text, encrypted private half."""
-
-    def __init__(self):
-        self.public_text, self.encrypted = authority_generate(secret=SECRET)
-        self.private_key = authority_load(encrypted=self.encrypted, secret=SECRET)
-        self.public_key = rsa_public_key_parse(self.public_text)
-
-    def sign(self, peer_key: RSAPrivateKey, *, username="volunteer", lifetime=timedelta(minutes=30)):
-        return access_token_sign(
-            private_key=self.private_key,
-            username=username,
-            peer_public_key=peer_key.get_public_key().to_bytes(),
-            lifetime=lifetime,
-        )
+SECRET = RunAuthority.SECRET
 
 
 @pytest.fixture(scope="module")
 def run_authority():
-    return Authority()
+    return RunAuthority()
 
 
 @pytest.fixture(scope="module")
 def other_run_authority():
-    return Authority()
+    return RunAuthority()
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +42,35 @@ def authorizer_for(authority, peer_key, fetch_token=lambda: None, **kwargs):
     return PortalAuthorizer(peer_key, authority.public_key, fetch_token, **kwargs)
 
 
+def private_der(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.NoEncryption())
+
+
 def test_authority_key_survives_encryption_round_trip(run_authority):
     loaded = authority_load(encrypted=run_authority.encrypted, secret=SECRET)
+    public = loaded.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
 
-    assert loaded.get_public_key().to_bytes().decode() == run_authority.public_text
-    assert run_authority.public_key.verify(b"data", loaded.sign(b"data"))
+    assert public.decode() == run_authority.public_text
+    assert private_der(loaded) == private_der(run_authority.private_key)
 
 
 def test_authority_key_loads_from_a_memoryview_as_binary_fields_return(run_authority):
     loaded = authority_load(encrypted=memoryview(run_authority.encrypted), secret=SECRET)
 
-    assert loaded.to_bytes() == run_authority.private_key.to_bytes()
+    assert private_der(loaded) == private_der(run_authority.private_key)
+
+
+def test_a_key_stored_by_hivemind_loads_and_signs_tokens_hivemind_accepts(peer_key):
+    """Runs created before the portal signed with ``cryptography`` alone stored hivemind's own key
+    bytes (``RSAPrivateKey.to_bytes``); they load, and hivemind's public key checks their tokens."""
+    hivemind_key = RSAPrivateKey()
+    loaded = authority_load(encrypted=authority._fernet(SECRET).encrypt(hivemind_key.to_bytes()), secret=SECRET)
+    token = access_token_sign(private_key=loaded, username="rahul", peer_public_key=peer_key.get_public_key().to_bytes(),
+                              lifetime=timedelta(minutes=5))
+
+    authorizer = PortalAuthorizer(peer_key, hivemind_key.get_public_key(), lambda: token)
+    assert authorizer.is_token_valid(access_token_from_json(token))
 
 
 def test_authority_key_is_refused_under_another_secret(run_authority):
@@ -81,7 +79,7 @@ def test_authority_key_is_refused_under_another_secret(run_authority):
 
 
 def test_encrypted_authority_key_does_not_hold_the_private_key_in_clear(run_authority):
-    der = run_authority.private_key.to_bytes()
+    der = private_der(run_authority.private_key)
     blob = run_authority.encrypted
 
     for clear in (der, der[64:96], base64.b64encode(der)[64:96], base64.urlsafe_b64encode(der)[64:96]):

@@ -23,12 +23,12 @@ from peer_agent.portal import PortalClient
 from peer_agent.protocol import RunConfig
 from peer_agent.tokenizer import tokenizer_load
 from peer_agent.training import Trainer, TrainerSetup
-from runs import services
-from runs.authority import access_token_sign, authority_load
-from runs.coordinator import Coordinator
-from runs.corpus import corpus_lines
-from runs.forms import preset_config
+from runs.access.authority import access_token_sign, authority_load
 from runs.models import Checkpoint
+from runs.setup import services
+from runs.setup.corpus import corpus_lines
+from runs.setup.forms import preset_config
+from runs.swarm.coordinator import Coordinator
 from tests.factories import RunFactory
 from tests.processes import children_reap
 
@@ -162,7 +162,7 @@ def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_s
 def test_the_checkpointer_retries_while_no_peer_shares_its_state(run, coordinator, make_trainer, caplog):
     """The only peer trains in client mode, which never serves its state: the checkpointer sees
     the epochs go by, saves nothing, says why, and keeps trying."""
-    caplog.set_level(logging.INFO, logger="runs.checkpoints")
+    caplog.set_level(logging.INFO, logger="runs.swarm.checkpoints")
     client = make_trainer(client_mode=True)
     train_until(client, coordinator, lambda: caplog.text.count("no peer shared a state newer than epoch 0") >= 2,
                 "two attempts to download the state")

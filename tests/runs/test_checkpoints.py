@@ -16,7 +16,9 @@ from peer_agent.join import _checkpoint_fetch, join_request_signed
 from peer_agent.metrics import LocalMetrics
 from peer_agent.portal import PortalClient
 from peer_agent.protocol import DeviceInfo, JoinResponse
-from runs.checkpoints import (
+from runs.models import Checkpoint, Run, RunMembership
+from runs.setup.services import run_ban
+from runs.swarm.checkpoints import (
     CheckpointPolicy,
     checkpoint_number,
     checkpoint_save,
@@ -24,8 +26,6 @@ from runs.checkpoints import (
     state_epoch_trusted,
     swarm_reading_of,
 )
-from runs.models import Checkpoint, Run, RunMembership
-from runs.services import run_ban
 from tests.factories import RunFactory, join_body
 from tests.runs.test_join_api import post
 

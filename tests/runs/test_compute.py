@@ -1,4 +1,4 @@
-"""The compute a training sample costs (runs/compute.py), against what torch counts on the model
+"""The compute a training sample costs (runs/setup/compute.py), against what torch counts on the model
 the agent trains, and the migration that rescales credit stored under the old unit."""
 
 import datetime
@@ -13,9 +13,9 @@ from transformers import AlbertConfig, AlbertForMaskedLM
 
 from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig, config_from_preset
-from runs.compute import training_flops_per_sample
-from runs.credit import credit_per_sample
-from runs.forms import preset_config
+from runs.credit.rollup import credit_per_sample
+from runs.setup.compute import training_flops_per_sample
+from runs.setup.forms import preset_config
 
 BEFORE = [("runs", "0008_run_credit_total")]
 AFTER = [("runs", "0009_credit_counts_layer_applications")]

@@ -10,8 +10,8 @@ from django.conf import settings as django_settings
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
-from runs.authority import access_token_sign, authority_load
-from runs.coordinator import Coordinator
+from runs.access.authority import access_token_sign, authority_load
+from runs.swarm.coordinator import Coordinator
 from tests.factories import RunFactory
 from tests.processes import children_reap
 from tests.runs.test_swarm_auth import running_dht

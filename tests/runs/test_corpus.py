@@ -1,6 +1,6 @@
 import pytest
 
-from runs.corpus import MAX_DOCUMENT, MIN_DOCUMENT, corpus_lines, corpus_write
+from runs.setup.corpus import MAX_DOCUMENT, MIN_DOCUMENT, corpus_lines, corpus_write
 
 ENGLISH_TIMES = ["at dawn", "in the morning", "at noon", "in the afternoon", "in the evening", "at night"]
 

@@ -7,8 +7,9 @@ from django.utils import timezone
 
 from accounts.services import team_create
 from peer_agent.protocol import RunConfig
-from runs import credit, tasks
-from runs.credit import credit_rollup, rac_update
+from runs import tasks
+from runs.credit import rollup
+from runs.credit.rollup import credit_rollup, rac_update
 from runs.models import (
     CreditHour,
     CreditRollup,
@@ -31,7 +32,7 @@ def test_the_rollup_counts_each_event_once_however_often_it_runs(db, clock):
     assert credit_rollup() == 3
     assert credit_rollup() == 0
     total = RunCredit.objects.get(run=run, user=vik)
-    cps = credit.run_credit_per_sample(run)
+    cps = rollup.run_credit_per_sample(run)
     assert total.samples == 60 and total.credit == pytest.approx(60 * cps) and total.credit_provisional == 0
     assert total.compute_seconds == pytest.approx(6.0) and total.machines == 1
     assert VolunteerCredit.objects.get(user=vik).credit == pytest.approx(60 * cps)
@@ -48,7 +49,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
     for _ in range(5):
         report(session, 100)
     settings.CREDIT_ROLLUP_BATCH = 2
-    real_derive = credit.run_credit_derive
+    real_derive = rollup.run_credit_derive
     calls = []
 
     def crash_on_second_batch(**kwargs):
@@ -57,7 +58,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
             raise RuntimeError("worker killed")
         real_derive(**kwargs)
 
-    monkeypatch.setattr(credit, "run_credit_derive", crash_on_second_batch)
+    monkeypatch.setattr(rollup, "run_credit_derive", crash_on_second_batch)
     with pytest.raises(RuntimeError):
         credit_rollup()
     assert RunCredit.objects.get(run=run, user=vik).samples == 200, "the first batch committed, the second rolled back"
@@ -66,7 +67,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 200
     assert RunCreditTotal.objects.get(run=run).samples == 200
     assert CreditRollup.objects.get().event_id == session.events.order_by("seq")[1].pk
-    monkeypatch.setattr(credit, "run_credit_derive", real_derive)
+    monkeypatch.setattr(rollup, "run_credit_derive", real_derive)
     credit_rollup()
     credit_rollup()
     assert RunCredit.objects.get(run=run, user=vik).samples == 500
@@ -74,7 +75,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice(db, clock, monkey
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 500 and TeamCreditHour.objects.get().samples == 500
     total = RunCreditTotal.objects.get(run=run)
     assert (total.samples, total.samples_24h) == (500, 500)
-    assert total.credit == pytest.approx(500 * credit.run_credit_per_sample(run))
+    assert total.credit == pytest.approx(500 * rollup.run_credit_per_sample(run))
 
 
 def test_events_still_settling_wait_for_the_next_pass(db, settings):
@@ -137,7 +138,7 @@ def test_verified_and_provisional_credit_follow_the_monitor_and_organizers(db, c
         4: epoch(session=session, epoch=4, reported_samples=20, announced_samples=5, status="flagged", checked_at=NOW),
     }
     credit_rollup()
-    cps = credit.run_credit_per_sample(run)
+    cps = rollup.run_credit_per_sample(run)
     total = RunCredit.objects.get(run=run, user=vik)
     assert (total.samples_verified, total.samples_rejected) == (130, 30)
     assert total.credit_verified == pytest.approx(130 * cps)
@@ -170,8 +171,8 @@ def test_credit_adds_up_across_runs_of_different_sizes(db, clock):
     credit_rollup()
     everywhere = VolunteerCredit.objects.get(user=vik)
     assert everywhere.samples == 200 and everywhere.machines == 2
-    assert everywhere.credit == pytest.approx(100 * (credit.run_credit_per_sample(small) + credit.run_credit_per_sample(big)))
-    assert credit.run_credit_per_sample(big) > 10 * credit.run_credit_per_sample(small)
+    assert everywhere.credit == pytest.approx(100 * (rollup.run_credit_per_sample(small) + rollup.run_credit_per_sample(big)))
+    assert rollup.run_credit_per_sample(big) > 10 * rollup.run_credit_per_sample(small)
 
 
 def test_silent_sessions_are_closed_when_last_seen(db, settings):

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from accounts.services import team_create, team_join
-from runs import credit, tasks
-from runs.credit import credit_rollup
+from runs import tasks
+from runs.credit import rollup
+from runs.credit.rollup import credit_rollup
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 DAY = NOW.date().isoformat()
@@ -37,7 +38,7 @@ def test_the_board_across_runs_shows_pseudonyms_and_never_hidden_names(client, v
     rows = client.get("/api/v1/leaderboard").json()
     assert [(row["rank"], row["name"]) for row in rows] == [(1, "Amina R."), (2, shy.pseudonym)]
     assert rows[0]["share"] == pytest.approx(300 / 600), "the hidden volunteer counts in the total"
-    assert rows[0]["credit"] == pytest.approx(300 * credit.run_credit_per_sample(run))
+    assert rows[0]["credit"] == pytest.approx(300 * rollup.run_credit_per_sample(run))
     assert rows[1]["profile_url"] == f"/volunteers/{shy.pseudonym}/"
     text = json.dumps(rows) + client.get("/leaderboard/").content.decode()
     assert "Ghostly" not in text and "ghost" not in text and ">shy<" not in text
@@ -98,7 +99,7 @@ def test_machines_are_shown_to_their_owner_only(client_for, volunteers, outsider
 def test_a_volunteers_daily_contributions_as_json(client, volunteers):
     run, amina, shy, ghost = volunteers
     days = client.get("/api/v1/volunteers/amina/contributions").json()
-    assert days == [{"day": DAY, "samples": 300, "credit": pytest.approx(300 * credit.run_credit_per_sample(run))}]
+    assert days == [{"day": DAY, "samples": 300, "credit": pytest.approx(300 * rollup.run_credit_per_sample(run))}]
 
 
 def _read(folder, name: str):
@@ -110,7 +111,7 @@ def test_the_daily_dump_lists_credit_and_leaves_hidden_volunteers_out(client, vo
     run, amina, shy, ghost = volunteers
     folder = settings.MEDIA_ROOT / "stats" / DAY
     assert tasks.stats_dump_task(DAY) == str(folder)
-    cps = credit.run_credit_per_sample(run)
+    cps = rollup.run_credit_per_sample(run)
     users = _read(folder, "users.json.gz")
     assert [(user["name"], user["team"]) for user in users] == [("Amina R.", "Dhaka Compute"), (shy.pseudonym, "")]
     assert [row["name"] for row in _read(folder, "users.csv.gz")] == ["Amina R.", shy.pseudonym]

@@ -8,8 +8,8 @@ from django.apps import apps
 from django.db.models import Sum
 
 from runs import tasks
-from runs.credit import credit_rollup
-from runs.leaderboard import WINDOWS, board_credit, leaderboard_rows
+from runs.credit.boards import WINDOWS, board_credit, leaderboard_rows
+from runs.credit.rollup import credit_rollup
 from runs.models import RunCredit, RunCreditTotal, SessionEpoch, VolunteerCredit
 from tests.factories import NOW
 

@@ -11,9 +11,10 @@ from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
 from accounts.services import team_create, team_disband, team_join, team_leave
-from runs import credit, exports, tasks
-from runs.credit import credit_rollup
-from runs.leaderboard import WINDOWS, leaderboard_rows
+from runs import tasks
+from runs.credit import exports, rollup
+from runs.credit.boards import WINDOWS, leaderboard_rows
+from runs.credit.rollup import credit_rollup
 from runs.models import RunCredit, RunCreditTotal, RunTeamCredit, SessionEpoch, TeamCredit, TeamCreditHour, VolunteerCredit
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
@@ -40,7 +41,7 @@ def grouped_team_board(run, window: str) -> list[dict]:
     )
     rac = defaultdict(float)
     for total in totals.exclude(user__team=None).select_related("user__team"):
-        rac[total.user.team.name] += credit.rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at)
+        rac[total.user.team.name] += rollup.rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at)
     return [{**team, "name": team["user__team__name"], "rank": rank, "share": team["credit"] / board,
              "recent_average_credit": rac[team["user__team__name"]]} for rank, team in enumerate(teams, start=1)]
 
@@ -64,7 +65,7 @@ def test_team_boards_equal_the_old_grouping_when_nobody_changes_teams(teams, win
 
 def test_team_totals_across_runs_add_up_runs_of_different_sizes(teams):
     small, big, dhaka, lima = teams
-    cps_small, cps_big = credit.run_credit_per_sample(small), credit.run_credit_per_sample(big)
+    cps_small, cps_big = rollup.run_credit_per_sample(small), rollup.run_credit_per_sample(big)
     total = TeamCredit.objects.get(team=dhaka)
     assert total.samples == 300 + 30 + 120 + 50 + 7
     assert total.credit == pytest.approx((300 + 30 + 120 + 50) * cps_small + 7 * cps_big)
@@ -80,7 +81,7 @@ def test_a_volunteer_who_changes_teams_leaves_past_work_with_the_old_team(teams,
     report(session_for(small, bo, machine="bo-new"), 60, at=NOW)
     clock.now = NOW + datetime.timedelta(minutes=5)
     credit_rollup()
-    cps = credit.run_credit_per_sample(small)
+    cps = rollup.run_credit_per_sample(small)
     dhaka_total, lima_total = RunTeamCredit.objects.get(run=small, team=dhaka), RunTeamCredit.objects.get(run=small, team=lima)
     assert dhaka_total.samples == 300 + 30 + 120 + 50 and dhaka_total.samples_24h == 30 + 120 + 50
     assert lima_total.samples == 400 + 60 and lima_total.samples_24h == 60
@@ -124,7 +125,7 @@ def test_verification_and_rejection_reach_the_team(db, clock):
     session = session_for(run, vik)
     report(session, 1000, confirmed=False)
     credit_rollup()
-    cps = credit.run_credit_per_sample(run)
+    cps = rollup.run_credit_per_sample(run)
     SessionEpoch.objects.create(session=session, epoch=1, reported_samples=100, announced_samples=80, status="verified",
                                 checked_at=NOW)
     SessionEpoch.objects.create(session=session, epoch=2, reported_samples=30, status="rejected", decided_at=NOW)
@@ -145,7 +146,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice_for_teams(db, clo
     for _ in range(5):
         report(session, 100)
     settings.CREDIT_ROLLUP_BATCH = 2
-    real_apply = credit.run_team_credit_apply
+    real_apply = rollup.run_team_credit_apply
     calls = []
 
     def crash_on_second_batch(**kwargs):
@@ -154,7 +155,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice_for_teams(db, clo
             raise RuntimeError("worker killed")
         real_apply(**kwargs)
 
-    monkeypatch.setattr(credit, "run_team_credit_apply", crash_on_second_batch)
+    monkeypatch.setattr(rollup, "run_team_credit_apply", crash_on_second_batch)
     with pytest.raises(RuntimeError):
         credit_rollup()
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 200
@@ -162,7 +163,7 @@ def test_a_crash_in_the_middle_of_a_batch_counts_nothing_twice_for_teams(db, clo
     assert not TeamCreditHour.objects.exists(), "confirmed work is dated by the epochs pass, after every batch"
     assert RunCredit.objects.get(run=run, user=vik).samples == 200, "the volunteer's totals rolled back with the team's"
     assert RunCreditTotal.objects.get(run=run).samples == 200, "the run's total, written before the crash, rolled back too"
-    monkeypatch.setattr(credit, "run_team_credit_apply", real_apply)
+    monkeypatch.setattr(rollup, "run_team_credit_apply", real_apply)
     credit_rollup()
     credit_rollup()
     assert RunTeamCredit.objects.get(run=run, team=team).samples == 500
@@ -205,11 +206,11 @@ def test_the_migration_backfills_team_totals_from_the_volunteers_totals(teams):
                                  (TeamCredit.objects.all(), kept_teams, lambda row: row.team_id)):
         assert {key(row) for row in rows} == set(kept_rows)
         for row in rows:
-            for field in [*credit.SUMMED_FIELDS, *credit.TEAM_COUNTS]:
+            for field in [*rollup.SUMMED_FIELDS, *rollup.TEAM_COUNTS]:
                 assert getattr(row, field) == pytest.approx(getattr(kept_rows[key(row)], field)), field
             assert row.last_seen_at == kept_rows[key(row)].last_seen_at
-            assert credit.rac_now(average=row.recent_average_credit, updated_at=row.rac_updated_at) == pytest.approx(
-                credit.rac_now(average=kept_rows[key(row)].recent_average_credit,
+            assert rollup.rac_now(average=row.recent_average_credit, updated_at=row.rac_updated_at) == pytest.approx(
+                rollup.rac_now(average=kept_rows[key(row)].recent_average_credit,
                                updated_at=kept_rows[key(row)].rac_updated_at), rel=0.02)
     assert_same_board(leaderboard_rows(run=None, by="team", window="7d"), grouped_team_board(None, "7d"))
     assert timezone.now() == NOW

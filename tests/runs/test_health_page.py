@@ -6,9 +6,9 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from runs.health import epochs_per_hour
 from runs.models import Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
-from runs.services import run_ban
+from runs.setup.services import run_ban
+from runs.swarm.health import epochs_per_hour
 from tests.factories import RunFactory, UserFactory
 
 

@@ -15,7 +15,7 @@ import websockets
 from django.db.models import Sum
 
 from portal.asgi import application
-from runs import ingest
+from runs.ingest import reports
 from runs.models import ContributionEvent, TrainingSession
 from tests.runs import test_agent_socket
 from tests.runs.test_agent_socket import report, total
@@ -79,7 +79,7 @@ def serving():
 def test_a_report_stored_before_the_portal_went_down_and_resent_after_it_came_back_counts_once(
         session, transactional_db, monkeypatch):
     committed = threading.Event()
-    real_writer = ingest.report_writer
+    real_writer = reports.report_writer
 
     class DiesAfterCommit:
         """The portal stops between storing report 2 and acknowledging it."""
@@ -98,11 +98,11 @@ def test_a_report_stored_before_the_portal_went_down_and_resent_after_it_came_ba
             assert await asyncio.to_thread(committed.wait, 20)
             return answers
 
-    monkeypatch.setattr(ingest, "report_writer", DiesAfterCommit())
+    monkeypatch.setattr(reports, "report_writer", DiesAfterCommit())
     with serving() as url:
         assert asyncio.run(send_and_lose_the_ack(url)) == [{"type": "ack", "seq": 1}]
         assert seqs_stored(session) == [1, 2], "report 2 was committed, its ack never read"
-    monkeypatch.setattr(ingest, "report_writer", real_writer)
+    monkeypatch.setattr(reports, "report_writer", real_writer)
     with serving() as url:
         # The agent's spool still holds 2 (never acknowledged) and goes on with 3.
         answers = asyncio.run(send_each(url, session.secret, [report(session.pk, 2), report(session.pk, 3)]))

@@ -1,4 +1,4 @@
-"""The plausibility rules of `WS /ws/agent/` (runs.ingest.RULES): each refuses what no honest agent
+"""The plausibility rules of `WS /ws/agent/` (runs.ingest.reports.RULES): each refuses what no honest agent
 sends, with an error frame naming it, a ReportRejection for the organizer and no credit."""
 
 import datetime
@@ -10,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 
 from peer_agent.protocol import Report
 from portal.asgi import application
-from runs import ingest
+from runs.ingest import reports
 from runs.models import ContributionEvent, ReportRejection, TrainingSession
 from tests.runs import test_agent_socket
 from tests.runs.test_agent_socket import exchange, report, total
@@ -20,9 +20,9 @@ session = test_agent_socket.session  # the fixture: a volunteer's session in an 
 NOW = datetime.datetime(2026, 5, 1, 12, 0, tzinfo=datetime.UTC)
 
 
-def pace(**changes) -> ingest.SessionPace:
+def pace(**changes) -> reports.SessionPace:
     fields = dict(started_at=NOW - datetime.timedelta(hours=1), target_batch_size=4096, peer_batch=8)
-    return ingest.SessionPace(**{**fields, **changes})
+    return reports.SessionPace(**{**fields, **changes})
 
 
 def make(seq: int, *, at: float = 0.0, samples: int = 40, speed: float = 10.0, epoch: int = 3) -> Report:
@@ -31,22 +31,22 @@ def make(seq: int, *, at: float = 0.0, samples: int = 40, speed: float = 10.0, e
                   sent_at=NOW + datetime.timedelta(seconds=at))
 
 
-def refusal(report: Report, session_pace: ingest.SessionPace) -> str | None:
-    refused = ingest.report_check(report=report, pace=session_pace, now=NOW)
+def refusal(report: Report, session_pace: reports.SessionPace) -> str | None:
+    refused = reports.report_check(report=report, pace=session_pace, now=NOW)
     return refused.code if refused else None
 
 
-def warmed_up(speed: float = 10.0) -> ingest.SessionPace:
+def warmed_up(speed: float = 10.0) -> reports.SessionPace:
     """A session that sent WARMUP_REPORTS reports at `speed`, one every 4 s, the last at NOW."""
     session_pace = pace()
-    for seq in range(1, ingest.WARMUP_REPORTS + 1):
-        session_pace.accept(make(seq, at=4.0 * (seq - ingest.WARMUP_REPORTS), samples=int(speed * 4), speed=speed))
+    for seq in range(1, reports.WARMUP_REPORTS + 1):
+        session_pace.accept(make(seq, at=4.0 * (seq - reports.WARMUP_REPORTS), samples=int(speed * 4), speed=speed))
     return session_pace
 
 
 def test_every_rule_has_a_name_a_function_and_a_docstring():
-    assert [code for code, _ in ingest.RULES] == [rule.__name__ for _, rule in ingest.RULES]
-    assert all(rule.__doc__ for _, rule in ingest.RULES)
+    assert [code for code, _ in reports.RULES] == [rule.__name__ for _, rule in reports.RULES]
+    assert all(rule.__doc__ for _, rule in reports.RULES)
 
 
 def test_an_honest_agents_reports_pass_every_rule():
@@ -56,24 +56,24 @@ def test_an_honest_agents_reports_pass_every_rule():
 
 
 def test_sent_in_future_refuses_a_clock_far_ahead_and_tolerates_skew():
-    assert refusal(make(1, at=ingest.CLOCK_SKEW.total_seconds() + 1), pace()) == "sent_in_future"
-    assert refusal(make(1, at=ingest.CLOCK_SKEW.total_seconds() - 1), pace()) is None
+    assert refusal(make(1, at=reports.CLOCK_SKEW.total_seconds() + 1), pace()) == "sent_in_future"
+    assert refusal(make(1, at=reports.CLOCK_SKEW.total_seconds() - 1), pace()) is None
 
 
 def test_sent_before_session_refuses_work_from_before_the_join():
-    assert refusal(make(1, at=-3600 - ingest.CLOCK_SKEW.total_seconds() - 1), pace()) == "sent_before_session"
+    assert refusal(make(1, at=-3600 - reports.CLOCK_SKEW.total_seconds() - 1), pace()) == "sent_before_session"
 
 
 def test_local_epoch_backwards_allows_a_resync_of_one_epoch_only():
     session_pace = warmed_up()  # at epoch 3
-    assert refusal(make(11, at=4.0, epoch=3 - ingest.EPOCH_RESYNC), session_pace) is None
-    assert refusal(make(11, at=4.0, epoch=3 - ingest.EPOCH_RESYNC - 1), session_pace) == "local_epoch_backwards"
+    assert refusal(make(11, at=4.0, epoch=3 - reports.EPOCH_RESYNC), session_pace) is None
+    assert refusal(make(11, at=4.0, epoch=3 - reports.EPOCH_RESYNC - 1), session_pace) == "local_epoch_backwards"
 
 
 def test_samples_beyond_run_pace_allows_more_as_more_epochs_pass():
     session_pace = pace(target_batch_size=64)
     session_pace.accept(make(1, samples=8, speed=0.0))
-    limit = int(ingest.RUN_PACE_SLACK * 64)
+    limit = int(reports.RUN_PACE_SLACK * 64)
     assert refusal(make(2, at=10.0, samples=limit + 1, speed=1e5), session_pace) == "samples_beyond_run_pace"
     assert refusal(make(2, at=10.0, samples=limit * 2, speed=1e5, epoch=4), session_pace) is None
 
@@ -83,13 +83,13 @@ def test_samples_beyond_run_pace_allows_what_the_session_computes_while_its_view
     # progress; a slow fetch lets an honest peer gather several target batches in one epoch.
     session_pace = pace(target_batch_size=32)
     session_pace.accept(make(1, samples=40, speed=40.0))
-    lagging = int(ingest.RUN_PACE_SLACK * 32 + 40.0 * ingest.PROGRESS_LAG)
+    lagging = int(reports.RUN_PACE_SLACK * 32 + 40.0 * reports.PROGRESS_LAG)
     assert refusal(make(2, at=60.0, samples=lagging, speed=40.0), session_pace) is None
     assert refusal(make(2, at=60.0, samples=lagging + 1, speed=1e5), session_pace) == "samples_beyond_run_pace"
 
 
 def test_speed_jump_refuses_a_sudden_multiple_only_after_the_warm_up():
-    jump = 10.0 * ingest.SPEED_JUMP + 1
+    jump = 10.0 * reports.SPEED_JUMP + 1
     assert refusal(make(11, at=100.0, samples=40, speed=jump), warmed_up()) == "speed_jump"
     early = pace()
     early.accept(make(1, samples=40))
@@ -115,8 +115,8 @@ def test_speed_beyond_device_refuses_a_speed_no_such_device_reaches_from_the_fir
 def test_local_epoch_ahead_of_swarm_bounds_epochs_by_the_monitors_reading_when_there_is_one():
     assert refusal(make(1, epoch=10**6), pace()) is None, "no reading of the swarm: no bound"
     at_swarm = pace(swarm_epoch=3)
-    assert refusal(make(1, epoch=3 + ingest.SWARM_EPOCH_AHEAD), at_swarm) is None
-    assert refusal(make(1, epoch=4 + ingest.SWARM_EPOCH_AHEAD), at_swarm) == "local_epoch_ahead_of_swarm"
+    assert refusal(make(1, epoch=3 + reports.SWARM_EPOCH_AHEAD), at_swarm) is None
+    assert refusal(make(1, epoch=4 + reports.SWARM_EPOCH_AHEAD), at_swarm) == "local_epoch_ahead_of_swarm"
 
 
 def test_late_and_resent_reports_are_judged_on_their_own():
@@ -128,7 +128,7 @@ def test_late_and_resent_reports_are_judged_on_their_own():
 @pytest.mark.django_db(transaction=True)
 def test_the_pace_is_seeded_from_the_latest_stored_report(session):
     exchange(session.secret, [report(session.pk, 1), report(session.pk, 2, local_epoch=7)])
-    seeded = ingest.session_pace(session=TrainingSession.objects.select_related("run").get(pk=session.pk))
+    seeded = reports.session_pace(session=TrainingSession.objects.select_related("run").get(pk=session.pk))
     assert (seeded.last.seq, seeded.last.local_epoch, seeded.max_speed) == (2, 7, 12.5)
     assert seeded.target_batch_size == session.run.config["training"]["target_batch_size"]
 
@@ -156,12 +156,12 @@ def test_an_implausible_report_is_refused_recorded_and_not_credited_and_the_sock
 
 @pytest.mark.django_db(transaction=True)
 def test_a_speed_jump_after_the_warm_up_is_refused_over_the_socket(session):
-    frames = [report(session.pk, seq) for seq in range(1, ingest.WARMUP_REPORTS + 1)]
-    seq = ingest.WARMUP_REPORTS + 1
-    frames.append(report(session.pk, seq, samples_per_second=12.5 * ingest.SPEED_JUMP * 2))
+    frames = [report(session.pk, seq) for seq in range(1, reports.WARMUP_REPORTS + 1)]
+    seq = reports.WARMUP_REPORTS + 1
+    frames.append(report(session.pk, seq, samples_per_second=12.5 * reports.SPEED_JUMP * 2))
     answers = exchange(session.secret, frames)
     assert answers[-1]["code"] == "speed_jump"
-    assert total(session) == 32 * ingest.WARMUP_REPORTS
+    assert total(session) == 32 * reports.WARMUP_REPORTS
 
 
 @pytest.mark.django_db(transaction=True)
@@ -197,8 +197,8 @@ def test_a_seq_gap_is_accepted_and_the_missing_report_counts_when_it_arrives(ses
 def test_a_flood_is_refused_beyond_the_rate_limit_and_recorded_once(session, monkeypatch):
     """The per-connection limit (REPORTS_PER_SECOND after a BURST) answers rate_limited; a flood
     leaves one ReportRejection, not one per frame."""
-    from runs import consumers
-    from runs.consumers import BURST
+    from runs.ingest import consumers
+    from runs.ingest.consumers import BURST
 
     monkeypatch.setattr(consumers, "REPORTS_PER_SECOND", 1e-6)  # no refill however slow the machine
 

@@ -12,7 +12,7 @@ from peer_agent import SWARM_COMPATIBLE_SINCE, __version__
 from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
 from peer_agent.protocol import JoinResponse, join_proof_message
 from runs.models import Run, RunMembership, TrainingSession
-from runs.services import data_file_add, run_allowlist_set, run_ban
+from runs.setup.services import data_file_add, run_allowlist_set, run_ban
 from tests.factories import BACKBONE_ADDRESS, RunFactory, UserFactory, join_body
 
 

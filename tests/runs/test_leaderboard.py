@@ -9,7 +9,7 @@ from channels.testing import WebsocketCommunicator
 
 from accounts.services import team_create
 from portal.asgi import application
-from runs.credit import credit_rollup
+from runs.credit.rollup import credit_rollup
 from tests.factories import RunFactory, UserFactory, report, session_for
 
 

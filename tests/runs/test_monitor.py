@@ -14,7 +14,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from peer_agent.metrics import LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from runs.models import Run, RunSample, SessionEpoch, TrainingSession
-from runs.monitor import Monitor, progress_key
+from runs.swarm.monitor import Monitor, progress_key
 from tests.factories import RunFactory
 from tests.processes import children_reap
 from tests.runs.test_swarm_auth import running_dht

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accounts.services import token_create, token_revoke
-from runs.api import PROBE_DOWNLOAD_DEFAULT, PROBE_DOWNLOAD_MAX, PROBE_UPLOAD_MAX
+from runs.api.routes import PROBE_DOWNLOAD_DEFAULT, PROBE_DOWNLOAD_MAX, PROBE_UPLOAD_MAX
 
 DOWNLOAD = "/api/v1/probe/download"
 UPLOAD = "/api/v1/probe/upload"

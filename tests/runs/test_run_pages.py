@@ -3,8 +3,8 @@
 import pytest
 from django.urls import reverse
 
-from runs.forms import RunForm, preset_config
 from runs.models import Run, RunEvent
+from runs.setup.forms import RunForm, preset_config
 from tests.factories import RunFactory, UserFactory
 
 

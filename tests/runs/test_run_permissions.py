@@ -4,7 +4,7 @@ organizer of another run and staff."""
 import pytest
 from django.urls import reverse
 
-from runs.services import run_ban
+from runs.setup.services import run_ban
 from tests.factories import RunFactory, UserFactory
 
 ORGANIZER_PAGES = ["run-edit", "run-participants"]

@@ -13,7 +13,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
 from peer_agent.authorizer import PortalAuthorizer, expiration_parse
-from tests.runs.test_authority import Authority
+from tests.factories import RunAuthority
 
 pytestmark = pytest.mark.swarm
 
@@ -73,12 +73,12 @@ def no_leftover_children():
 
 @pytest.fixture(scope="module")
 def run_authority():
-    return Authority()
+    return RunAuthority()
 
 
 @pytest.fixture(scope="module")
 def other_run_authority():
-    return Authority()
+    return RunAuthority()
 
 
 @pytest.fixture(scope="module")

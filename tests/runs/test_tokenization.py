@@ -7,14 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models
 
-from peer_agent.tokenizer import SPECIAL_TOKENS, tokenizer_as_transformers
-from runs.corpus import corpus_lines
-from runs.tokenization import (
-    tokenizer_build,
-    tokenizer_train,
-    tokenizer_try,
-    tokenizer_validate,
-)
+from peer_agent.protocol import SPECIAL_TOKENS
+from peer_agent.tokenizer import tokenizer_as_transformers
+from runs.setup.corpus import corpus_lines
+from runs.setup.tokenization import tokenizer_build, tokenizer_train, tokenizer_try, tokenizer_validate
 
 ZWJ, ZWNJ = "\u200d", "\u200c"
 VOWEL_SIGNS = set("ািীুূৃেৈোৌ")

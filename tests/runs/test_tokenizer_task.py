@@ -5,8 +5,8 @@ from django.urls import reverse
 from tokenizers import Tokenizer
 
 from peer_agent.tokenizer import tokenizer_as_transformers
-from runs.corpus import corpus_lines
-from runs.services import data_file_add
+from runs.setup.corpus import corpus_lines
+from runs.setup.services import data_file_add
 from runs.tasks import tokenizer_train_task
 from tests.factories import RunFactory
 

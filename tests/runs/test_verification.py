@@ -10,9 +10,9 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress
 
 from accounts.services import token_create
 from peer_agent.metrics import LocalMetrics
-from runs import verification
 from runs.models import ContributionEvent, RunEvent, SessionEpoch, TrainingSession
-from runs.monitor import announcements, peer_key_text, swarm_reading
+from runs.swarm import verification
+from runs.swarm.monitor import announcements, peer_key_text, swarm_reading
 from tests.factories import RunFactory, UserFactory
 
 # The tiny preset: target batch 64, one local step of 8 samples; tolerance 5 %.

@@ -13,10 +13,10 @@ from django.core.files.base import ContentFile
 from django.utils import timezone
 
 from accounts.services import team_create, token_create, token_revoke
-from runs.authority import authority_generate
+from runs.access.authority import authority_generate
+from runs.access.sessions import session_link_token
 from runs.models import Checkpoint, Run, RunMembership, SessionEpoch, TrainingSession
-from runs.services import data_file_add, run_ban
-from runs.sessions import session_link_token
+from runs.setup.services import data_file_add, run_ban
 from tests.factories import RunFactory, UserFactory, join_body
 
 

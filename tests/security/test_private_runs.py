@@ -15,9 +15,10 @@ from django.test import Client
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
 from portal.asgi import application
-from runs import exports, services
-from runs.credit import credit_rollup
+from runs.credit import exports
+from runs.credit.rollup import credit_rollup
 from runs.models import Run, RunMembership
+from runs.setup import services
 from tests.factories import RunFactory, join_body, report, session_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

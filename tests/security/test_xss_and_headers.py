@@ -12,7 +12,7 @@ from django.utils import timezone
 from accounts.models import Team
 from accounts.services import token_create
 from runs.models import ContributionEvent, Run
-from runs.services import run_ban
+from runs.setup.services import run_ban
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'

@@ -20,10 +20,10 @@ from django.utils import timezone
 
 from accounts.models import Team, User
 from accounts.services import team_create, team_join, token_create
-from runs import services
-from runs.corpus import corpus_lines
-from runs.forms import preset_config
 from runs.models import Run
+from runs.setup import services
+from runs.setup.corpus import corpus_lines
+from runs.setup.forms import preset_config
 
 ORGANIZER = ("organizer", "organizer-demo-pass")
 VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusrat", "nusrat-demo-pass"), ("tanvir", "tanvir-demo-pass")]

@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand
 
 from peer_agent.join import StopRequest
-from runs.coordinator import Coordinator
+from runs.swarm.coordinator import Coordinator
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@ contribution events into the totals the leaderboards read.
 
 Unit: one credit is one GFLOP of training compute: the matrix products of a forward and backward
 pass of the run's model, every application of ALBERT's shared layer and the attention over the
-whole sequence included (runs/compute.py), so credit is comparable across runs of different model
+whole sequence included (runs/setup/compute.py), so credit is comparable across runs of different model
 sizes and sequence lengths.
 """
 
@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from accounts.models import TeamEvent, User
 from peer_agent.protocol import RunConfig
-from runs.compute import training_flops_per_sample
 from runs.models import (
     ContributionEvent,
     CreditHour,
@@ -36,6 +35,7 @@ from runs.models import (
     VolunteerCredit,
     epoch_confirmed_samples,
 )
+from runs.setup.compute import training_flops_per_sample
 
 RAC_HALF_LIFE = datetime.timedelta(days=7)
 DAY_SECONDS = 86400.0
@@ -50,7 +50,7 @@ _has_events = Exists(ContributionEvent.objects.filter(session=OuterRef("pk")))
 
 def credit_per_sample(config: RunConfig) -> float:
     """Credit of one training sample: the GFLOP of its forward and backward pass
-    (runs.compute.training_flops_per_sample / 1e9)."""
+    (runs.setup.compute.training_flops_per_sample / 1e9)."""
     return training_flops_per_sample(config) / 1e9
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
-from runs.authority import authority_generate
+from runs.access.authority import authority_generate
 from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership
 
 MAX_DATA_FILE_BYTES = 50 * 1024 * 1024
@@ -187,7 +187,7 @@ def _tokenizer_changeable(run: Run) -> None:
 
 @transaction.atomic
 def tokenizer_upload(*, run: Run, actor: User, json_text: str) -> None:
-    from runs.tokenization import tokenizer_validate
+    from runs.setup.tokenization import tokenizer_validate
 
     _tokenizer_changeable(run)
     try:
@@ -213,7 +213,7 @@ def tokenizer_train_start(*, run: Run, actor: User) -> None:
 
 def tokenizer_train(*, run_id: int) -> None:
     """Train the run's Unigram tokenizer on a sample of its data (runs in the Celery worker)."""
-    from runs.tokenization import tokenizer_train as train
+    from runs.setup.tokenization import tokenizer_train as train
 
     run = Run.objects.get(pk=run_id)
     config = RunConfig.model_validate(run.config).tokenizer
@@ -228,3 +228,14 @@ def tokenizer_train(*, run_id: int) -> None:
         Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.FAILED, tokenizer_error=str(exc)[:2000])
         raise
     _tokenizer_store(run=run, json_text=tokenizer.to_str())
+
+
+def run_tokenizer_try(*, run: Run, text: str) -> list[str]:
+    """How the run's stored tokenizer splits ``text`` (the "try it" box of the run page)."""
+    from tokenizers import Tokenizer
+
+    from runs.setup.tokenization import tokenizer_try
+
+    with run.tokenizer_file.open("rb") as handle:
+        tokenizer = Tokenizer.from_str(handle.read().decode())
+    return tokenizer_try(tokenizer, text)

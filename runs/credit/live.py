@@ -10,9 +10,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 
-from runs.leaderboard import run_snapshot
+from runs.access.rules import visible_run
+from runs.credit.boards import run_snapshot
 from runs.models import Run
-from runs.sessions import run_may_view
 
 logger = logging.getLogger(__name__)
 PUSH_INTERVAL = 0.5
@@ -34,11 +34,6 @@ async def snapshot_text(run: Run) -> str:
         return text
 
 
-def _viewable_run(slug: str, user) -> Run | None:
-    run = Run.objects.filter(slug=slug).first()
-    return run if run is not None and run_may_view(run=run, user=user) else None
-
-
 class RunLiveConsumer(AsyncWebsocketConsumer):
     # Each viewer polls the per-run cached snapshot (at most 2 Hz) and never hears from a group,
     # so it needs no channel layer: with Redis, one blocking read per viewer timed out at 500 viewers.
@@ -46,7 +41,7 @@ class RunLiveConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         slug = self.scope["url_route"]["kwargs"]["slug"]
-        self.run = await database_sync_to_async(_viewable_run)(slug, self.scope.get("user"))
+        self.run = await database_sync_to_async(visible_run)(slug=slug, user=self.scope.get("user"))
         if self.run is None:
             await self.close(code=4404)
             return

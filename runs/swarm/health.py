@@ -9,7 +9,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from runs.models import Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
-from runs.series import series_latest
+from runs.swarm.series import series_latest
 
 EPOCH_RATE_WINDOW = datetime.timedelta(hours=1)
 MARKERS_PER_KIND = 200

@@ -35,9 +35,9 @@ from django.utils import timezone
 
 from accounts.models import User
 from peer_agent.protocol import RunConfig
-from runs.ingest import RUN_PACE_SLACK
+from runs.ingest.reports import RUN_PACE_SLACK
 from runs.models import ContributionEvent, Run, RunEvent, SessionEpoch, TrainingSession
-from runs.services import run_event_record
+from runs.setup.services import run_event_record
 
 TOLERANCE = 0.05
 NEVER_SEEN_REJECT_AFTER = datetime.timedelta(minutes=10)
@@ -211,7 +211,7 @@ def pending_expire(*, now: datetime.datetime | None = None) -> int:
     the swarm closed (the monitor would have judged them if it could), and epochs far ahead of the
     swarm or of a run the monitor no longer reads. The swarm's current epoch waits. Events are
     taken once, in id order, behind a watermark. Returns the session epochs rejected."""
-    from runs.ingest import SWARM_EPOCH_AHEAD
+    from runs.ingest.reports import SWARM_EPOCH_AHEAD
     from runs.models import CreditRollup, RunSample
 
     now = now or timezone.now()

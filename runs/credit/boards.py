@@ -1,4 +1,4 @@
-"""Leaderboards and the live snapshot of a run, read from the rollup's aggregates (runs/credit.py):
+"""Leaderboards and the live snapshot of a run, read from the rollup's aggregates (runs/credit/rollup.py):
 never an aggregation over the contribution events, so a board costs the same with 10 or 10M."""
 
 import datetime
@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import User
-from runs.credit import rac_now
+from runs.credit.rollup import rac_now
 from runs.models import (
     ContributionEvent,
     Run,

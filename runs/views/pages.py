@@ -2,6 +2,7 @@
 
 import base64
 import datetime
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib import messages
@@ -12,17 +13,24 @@ from django.shortcuts import get_object_or_404, redirect, render
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
-from runs import exports, selectors, services
-from runs.leaderboard import BY, WINDOWS, leaderboard_rows, run_snapshot
+from runs.access.rules import run_is_organizer, run_join_refusal, run_may_download_checkpoints, visible_run
+from runs.credit import exports
+from runs.credit.boards import BY, WINDOWS, leaderboard_rows, run_snapshot
 from runs.models import Run
-from runs.sessions import run_is_organizer, run_join_refusal, run_may_download_checkpoints, run_may_view
+from runs.setup import services
 
 
 def visible_run_or_404(request: HttpRequest, slug: str) -> Run:
-    run = get_object_or_404(Run.objects.prefetch_related("organizers"), slug=slug)
-    if not run_may_view(run=run, user=request.user):
+    run = visible_run(slug=slug, user=request.user)
+    if run is None:
         raise Http404("no such run")
     return run
+
+
+def agent_wheel_path() -> Path | None:
+    """The newest wheel in MEDIA_ROOT/agent/, built at deploy by `manage.py agent_wheel`."""
+    wheels = sorted((Path(settings.MEDIA_ROOT) / "agent").glob("peer_agent-*.whl"), key=lambda path: path.stat().st_mtime)
+    return wheels[-1] if wheels else None
 
 
 def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
@@ -39,7 +47,7 @@ def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "checkpoints": run.checkpoints.all() if run_may_download_checkpoints(run=run, user=request.user) else None,
     }
     if is_organizer and request.GET.get("try") and run.tokenizer_status == Run.TokenizerStatus.READY:
-        context["tokens_tried"] = selectors.tokenizer_try(run=run, text=request.GET["try"][:1000])
+        context["tokens_tried"] = services.run_tokenizer_try(run=run, text=request.GET["try"][:1000])
     return render(request, "runs/run_detail.html", context)
 
 
@@ -54,7 +62,7 @@ def checkpoint_download(request: HttpRequest, slug: str, epoch: int) -> FileResp
 
 
 def _install_command(portal_url: str) -> str:
-    wheel = selectors.agent_wheel_path()
+    wheel = agent_wheel_path()
     return f"pip install {portal_url}/agent/{wheel.name}" if wheel else "pip install peer-agent"
 
 
@@ -72,11 +80,9 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
     """How to join: install the agent, get a token for this run, run one command. A run only its
     members may see shows this page also to whoever may join it, and to whoever brings its join
     code (the invite link on the run's page: `?code=`)."""
-    run = get_object_or_404(Run.objects.prefetch_related("organizers"), slug=slug)
     code = request.GET.get("code") or request.POST.get("code") or ""
-    invited = run.visibility == Run.Visibility.INVITE and code.strip() == run.join_code
-    if not (run_may_view(run=run, user=request.user) or run.status != Run.Status.DRAFT and (
-            invited or run_join_refusal(run=run, user=request.user) is None)):
+    run = visible_run(slug=slug, user=request.user, joining=True, join_code=code)
+    if run is None:
         raise Http404("no such run")
     portal_url = request.build_absolute_uri("/").rstrip("/")
     refusal = run_join_refusal(run=run, user=request.user)
@@ -117,7 +123,7 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
 
 def agent_wheel(request: HttpRequest, filename: str) -> FileResponse:
     """The peer-agent wheel built by `manage.py agent_wheel` (pip needs its real file name)."""
-    wheel = selectors.agent_wheel_path()
+    wheel = agent_wheel_path()
     if wheel is None or wheel.name != filename:
         raise Http404("no such agent build; the join page links the current one")
     return FileResponse(wheel.open("rb"), as_attachment=True, filename=wheel.name, content_type="application/octet-stream")

@@ -19,7 +19,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from accounts.models import User
-from runs.leaderboard import volunteer_profile_key
+from runs.credit.boards import volunteer_profile_key
 from runs.models import Run, RunCredit, TeamCredit, VolunteerCredit
 
 KINDS = ("users", "teams", "runs")

@@ -16,22 +16,20 @@ from accounts.services import token_check_scope
 from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
 from portal.errors import ApiError
 from portal.ratelimit import rate_limit_hit
-from runs import selectors
-from runs.exports import stats_dumps
-from runs.leaderboard import PAGE_MAX, leaderboard_row_json, leaderboard_rows
-from runs.models import Checkpoint, Run, TrainingSession
-from runs.series import series_points
-from runs.sessions import (
+from runs.access.rules import (
     JoinRefused,
     run_join_refusal,
+    run_list_public,
     run_may_download_checkpoints,
     run_may_view,
-    session_link_target,
-    session_link_token,
-    session_open,
-    session_refresh,
+    visible_run,
 )
-from runs.volunteers import volunteer_daily, volunteer_for_profile
+from runs.access.sessions import session_link_target, session_link_token, session_open, session_refresh
+from runs.credit.boards import PAGE_MAX, leaderboard_row_json, leaderboard_rows
+from runs.credit.exports import stats_dumps
+from runs.credit.volunteers import volunteer_daily, volunteer_for_profile
+from runs.models import Checkpoint, Run, TrainingSession
+from runs.swarm.series import series_points
 
 router = Router(tags=["runs"])
 
@@ -63,10 +61,9 @@ def _summary(run: Run) -> dict:
 def _visible_run(request: HttpRequest, slug: str, *, joining: bool = False) -> Run:
     """The run, if the caller may see it, or (``joining``) may train in it; else the same 404 as a
     run that does not exist. The caller is the agent token's owner on agent endpoints."""
-    run = Run.objects.filter(slug=slug).first()
     user = request.auth.user if isinstance(getattr(request, "auth", None), AgentToken) else request.user
-    if run is None or not (run_may_view(run=run, user=user)
-                           or joining and run.status != Run.Status.DRAFT and run_join_refusal(run=run, user=user) is None):
+    run = visible_run(slug=slug, user=user, joining=joining)
+    if run is None:
         raise ApiError(404, "run_not_found", f"there is no run “{slug}”; check its name on the portal's runs page")
     return run
 
@@ -84,7 +81,7 @@ def _absolute(request: HttpRequest, path: str, scheme: str | None = None) -> str
 
 @router.get("/runs/", response=list[RunSummary], summary="Public runs")
 def run_list(request: HttpRequest):
-    return [_summary(run) for run in selectors.run_list_public()]
+    return [_summary(run) for run in run_list_public()]
 
 
 @router.get("/runs/{slug}/", response=RunSummary, summary="A run's summary and configuration")

@@ -5,7 +5,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from accounts.models import User
-from runs.credit import rac_now, run_credit_per_sample
+from runs.credit.rollup import rac_now, run_credit_per_sample
 from runs.models import ContributionEvent, CreditHour, Run, RunCredit
 
 
@@ -23,7 +23,7 @@ def volunteer_for_profile(*, key: str, viewer) -> User | None:
 def volunteer_runs(*, user: User, viewer) -> list[dict]:
     """The runs the volunteer contributed to that the viewer may see, with their confirmed totals
     (and, for the volunteer alone, the credit still pending)."""
-    from runs.sessions import run_may_view
+    from runs.access.rules import run_may_view
 
     now = timezone.now()
     rows = []

@@ -13,14 +13,14 @@ from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
 from peer_agent.protocol import Ack, ErrorFrame, ProtocolError, Report, parse_client_frame
 from portal.ratelimit import RateLimited
-from runs import ingest
+from runs.ingest import reports
 from runs.models import Run, TrainingSession
 
 logger = logging.getLogger(__name__)
 
-db = ingest.db  # on PostgreSQL, not every agent's calls queued on one thread (PITFALLS: ~136 msg/s)
+db = reports.db  # on PostgreSQL, not every agent's calls queued on one thread (PITFALLS: ~136 msg/s)
 SESSION_RECHECK_SECONDS = 5.0
-run_admissions = ingest.RunAdmissions(max_age=SESSION_RECHECK_SECONDS)
+run_admissions = reports.RunAdmissions(max_age=SESSION_RECHECK_SECONDS)
 REPORTS_PER_SECOND = float(settings.REPORT_RATE_PER_SECOND)
 BURST = settings.REPORT_RATE_BURST  # a reconnecting agent resends its spool at once
 # Open agent sockets per agent token in this web process: each agent holds one, and each costs the
@@ -71,7 +71,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         SOCKETS_OPEN[self.token.pk] += 1
         self.counted_token = self.token.pk
         self.sessions: dict[int, TrainingSession] = {}
-        self.paces: dict[int, ingest.SessionPace] = {}
+        self.paces: dict[int, reports.SessionPace] = {}
         self.allowance, self.allowance_at, self.limited = float(BURST), time.monotonic(), False
 
     async def disconnect(self, code: int) -> None:
@@ -102,17 +102,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         try:
             session, status = await self._session(report.session_id)
-        except ingest.ReportRefused as refusal:
+        except reports.ReportRefused as refusal:
             await self._refuse(report, refusal)
             return
         pace = self.paces[session.pk]
         if report.seq not in pace.acked:  # acknowledged on this connection before: ack again, nothing to store
-            refusal = ingest.report_check(report=report, pace=pace)
+            refusal = reports.report_check(report=report, pace=pace)
             if refusal is not None:
                 await self._refuse(report, refusal)
                 return
             try:
-                await ingest.report_writer.store(session_id=session.pk, report=report)
+                await reports.report_writer.store(session_id=session.pk, report=report)
             except Exception:  # noqa: BLE001 - logged by the writer; the agent keeps the report and resends it
                 await self._send_error(report.seq, "server_error", "the report could not be stored now; it will be sent again")
                 return
@@ -138,7 +138,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if not self.limited:
             # Recorded once per flood: a flood must not become a flood of writes.
             self.limited = True
-            await db(ingest.report_rejection_record)(
+            await db(reports.report_rejection_record)(
                 user_id=self.token.user_id, session_id=report.session_id, seq=report.seq, code="rate_limited",
                 detail=detail)
         await self._send_error(report.seq, "rate_limited", detail)
@@ -149,23 +149,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
         and revoked tokens act within SESSION_RECHECK_SECONDS."""
         session = self.sessions.get(session_id)
         if session is None:
-            session, pace, admission = await db(ingest.report_session_paced)(
+            session, pace, admission = await db(reports.report_session_paced)(
                 token=self.token, session_id=session_id, paced=session_id in self.paces)
             if pace is not None:
                 self.paces[session_id] = pace
             self.sessions[session_id] = session
         else:
             admission = await run_admissions.admission(run_id=session.run_id, token_id=self.token.pk)
-            ingest.admission_check(admission=admission, session=session, token=self.token)
+            reports.admission_check(admission=admission, session=session, token=self.token)
         self.paces[session_id].swarm_epoch = admission.swarm_epoch
         return session, admission.status
 
-    async def _refuse(self, report: Report, refusal: ingest.ReportRefused) -> None:
-        await db(ingest.report_rejection_record)(
+    async def _refuse(self, report: Report, refusal: reports.ReportRefused) -> None:
+        await db(reports.report_rejection_record)(
             user_id=self.token.user_id, session_id=report.session_id, seq=report.seq, code=refusal.code,
             detail=refusal.detail)
         await self._send_error(report.seq, refusal.code, refusal.detail)
-        if refusal.code in ingest.FATAL_CODES:
+        if refusal.code in reports.FATAL_CODES:
             logger.info("session %s refused for good: %s", report.session_id, refusal.code)
 
     async def _send_error(self, seq: int | None, code: str, detail: str) -> None:

@@ -11,10 +11,10 @@ from django.utils import timezone
 from packaging.version import InvalidVersion, Version
 
 from accounts.models import AgentToken, User
-from peer_agent import SWARM_COMPATIBLE_SINCE
-from peer_agent.protocol import JoinRequest, join_proof_message
-from runs.authority import access_token_sign, authority_load, peer_key_proof_verify
-from runs.models import Checkpoint, DataFile, Run, RunBan, TrainingSession
+from peer_agent.protocol import SWARM_COMPATIBLE_SINCE, JoinRequest, join_proof_message
+from runs.access.authority import access_token_sign, authority_load, peer_key_proof_verify
+from runs.access.rules import JoinRefused, run_join_refusal
+from runs.models import Checkpoint, DataFile, Run, TrainingSession
 
 _FILE_SIGNER_SALT = "runs.data-file"
 _CHECKPOINT_SIGNER_SALT = "runs.checkpoint"
@@ -25,78 +25,6 @@ KEY_PROOF_MAX_AGE = datetime.timedelta(minutes=5)
 # A session counts as live while its agent was heard from this recently (a crashed agent's session
 # stops counting then, long before it is closed as silent).
 LIVE_SESSION_SEEN_WITHIN = datetime.timedelta(minutes=2)  # agents' clocks are NTP-synced; hivemind's tokens allow 60 s
-
-
-class JoinRefused(Exception):
-    """Why an agent may not join or refresh; `status`, `code` and `retry_after` go into the API error."""
-
-    def __init__(self, status: int, code: str, detail: str, retry_after: int | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail, self.retry_after = status, code, detail, retry_after
-
-
-def run_is_organizer(*, run: Run, user: User) -> bool:
-    return user.is_authenticated and run.organizers.filter(pk=user.pk).exists()
-
-
-def run_may_view(*, run: Run, user: User) -> bool:
-    """Drafts are for their organizers; a members-only run for them and its members; every other run
-    is visible to whoever has its address. The one answer to "may this person see this run", for
-    pages, the API, the live board, charts and profiles."""
-    if user.is_staff or run_is_organizer(run=run, user=user):
-        return True
-    if run.status == Run.Status.DRAFT:
-        return False
-    return run.audience != Run.Audience.MEMBERS or run_is_member(run=run, user=user)
-
-
-def run_is_member(*, run: Run, user: User) -> bool:
-    """Whether ``user`` may train in the run by its own rule (its invite list, its allowlist, or, for a
-    run anyone may join, having joined it) and is not banned from it."""
-    if not user.is_authenticated or RunBan.objects.filter(run=run, user=user).exists():
-        return False
-    if run.visibility == Run.Visibility.INVITE:
-        return run.memberships.filter(user=user).exists()
-    if run.visibility == Run.Visibility.ALLOWLIST:
-        return run.allowlist.filter(pk=user.pk).exists()
-    return run.sessions.filter(user=user).exists()
-
-
-def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
-    """Public and unlisted runs share their checkpoints with whoever sees the run; invite-only and
-    allowlisted runs only with the people who may train in them (and staff): not with the banned."""
-    if not run_may_view(run=run, user=user):
-        return False
-    if run.visibility in (Run.Visibility.PUBLIC, Run.Visibility.UNLISTED) or user.is_staff:
-        return True
-    if not user.is_authenticated:
-        return False
-    if run_is_organizer(run=run, user=user):
-        return True
-    if RunBan.objects.filter(run=run, user=user).exists():
-        return False
-    if run.visibility == Run.Visibility.INVITE:
-        return run.memberships.filter(user=user).exists()
-    return run.allowlist.filter(pk=user.pk).exists()
-
-
-def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
-    """The reason `user` may not train in `run` now, or None when they may."""
-    if run.status == Run.Status.DRAFT:
-        return JoinRefused(409, "run_not_active", f"run “{run.slug}” has not started yet")
-    if run.status == Run.Status.PAUSED:
-        return JoinRefused(409, "run_paused", f"run “{run.slug}” is paused by its organizer; the agent will retry every 60 s")
-    if run.status == Run.Status.FINISHED:
-        return JoinRefused(409, "run_finished", f"run “{run.slug}” has finished; thank you for contributing")
-    if RunBan.objects.filter(run=run, user=user).exists():
-        return JoinRefused(403, "banned", f"you were banned from run “{run.slug}” by its organizers")
-    if run_is_organizer(run=run, user=user):
-        return None
-    if run.visibility == Run.Visibility.INVITE and not run.memberships.filter(user=user).exists():
-        return JoinRefused(403, "invite_only", f"run “{run.slug}” is invite-only: enter its join code on the run's page first")
-    if run.visibility == Run.Visibility.ALLOWLIST and not run.allowlist.filter(pk=user.pk).exists():
-        return JoinRefused(403, "not_allowed", f"run “{run.slug}” is open only to volunteers its organizers listed")
-    return None
 
 
 def _access_token(*, run: Run, user: User, peer_public_key: str) -> tuple[dict, datetime.datetime]:

@@ -1,5 +1,5 @@
 """The run coordinator: for every active run, a stable hivemind backbone peer whose addresses are
-the run's `initial_peers`, a heartbeat that organizers see, the run's monitor (runs.monitor) and a checkpointer."""
+the run's `initial_peers`, a heartbeat that organizers see, the run's monitor (runs.swarm.monitor) and a checkpointer."""
 
 import datetime
 import json
@@ -15,10 +15,10 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import metrics_validators
-from runs.authority import access_token_sign, authority_load
-from runs.checkpoints import Checkpointer
+from runs.access.authority import access_token_sign, authority_load
 from runs.models import Run
-from runs.monitor import Monitor
+from runs.swarm.checkpoints import Checkpointer
+from runs.swarm.monitor import Monitor
 
 logger = logging.getLogger(__name__)
 COORDINATOR_USERNAME = "coordinator"

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from peer_agent.tokenizer import CLS, SEP, SPECIAL_TOKENS, UNK
+from peer_agent.protocol import CLS, SEP, SPECIAL_TOKENS, UNK
 
 logger = logging.getLogger(__name__)
 

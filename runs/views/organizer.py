@@ -12,10 +12,11 @@ from django.views.decorators.http import require_POST
 
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
-from runs import services, verification
-from runs.forms import PRESETS, RunForm, preset_config
+from runs.access.rules import run_is_organizer
 from runs.models import DataFile, Run, SessionEpoch
-from runs.sessions import run_is_organizer
+from runs.setup import services
+from runs.setup.forms import PRESETS, RunForm, preset_config
+from runs.swarm import verification
 
 MAX_TOKENIZER_BYTES = 20 * 1024 * 1024
 

@@ -4,9 +4,9 @@ moderation details."""
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from runs.health import run_health
-from runs.sessions import run_is_organizer
-from runs.views import visible_run_or_404
+from runs.access.rules import run_is_organizer
+from runs.swarm.health import run_health
+from runs.views.pages import visible_run_or_404
 
 
 def run_health_page(request: HttpRequest, slug: str) -> HttpResponse:

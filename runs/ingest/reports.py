@@ -21,8 +21,8 @@ from django.utils import timezone
 
 from accounts.models import AgentToken
 from peer_agent.protocol import Report, RunConfig
-from runs.compute import samples_per_second_ceiling
 from runs.models import ContributionEvent, ReportRejection, Run, RunBan, RunMembership, RunSample, TrainingSession
+from runs.setup.compute import samples_per_second_ceiling
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class SessionPace:
     target_batch_size: int  # samples the whole run gathers per collaboration epoch
     peer_batch: int  # samples in one local step of one peer
     # The most samples per second the session's declared device could train of the run's model
-    # (runs/compute.py): what bounds its claims from the first report.
+    # (runs/setup/compute.py): what bounds its claims from the first report.
     samples_ceiling: float = float("inf")
     counted: int = 0  # samples of every report accepted for the session, whatever its seq
     swarm_epoch: int | None = None  # the swarm's epoch as the coordinator's monitor last read it
@@ -301,7 +301,7 @@ def local_epoch_ahead_of_swarm(report: Report, pace: SessionPace, now: datetime)
 
 def speed_beyond_device(report: Report, pace: SessionPace, now: datetime) -> str | None:
     """samples_per_second above what the device the session declared could train of the run's model
-    (runs/compute.py: its FLOPs per sample against a generous peak of the device kind)."""
+    (runs/setup/compute.py: its FLOPs per sample against a generous peak of the device kind)."""
     if report.samples_per_second > pace.samples_ceiling:
         return (f"samples_per_second {report.samples_per_second:g} is more than this device could train of the "
                 f"run's model ({pace.samples_ceiling:.3g} samples/s)")

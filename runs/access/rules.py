@@ -1,0 +1,102 @@
+"""Who may see a run, train in it, organize it and download its checkpoints: the one place that
+answers, for pages, the API, the live board, charts and profiles."""
+
+from django.db.models import QuerySet
+
+from accounts.models import User
+from runs.models import Run, RunBan
+
+
+class JoinRefused(Exception):
+    """Why an agent may not join or refresh; `status`, `code` and `retry_after` go into the API error."""
+
+    def __init__(self, status: int, code: str, detail: str, retry_after: int | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.retry_after = status, code, detail, retry_after
+
+
+def run_is_organizer(*, run: Run, user: User) -> bool:
+    return user.is_authenticated and run.organizers.filter(pk=user.pk).exists()
+
+
+def run_may_view(*, run: Run, user: User) -> bool:
+    """Drafts are for their organizers; a members-only run for them and its members; every other run
+    is visible to whoever has its address. The one answer to "may this person see this run", for
+    pages, the API, the live board, charts and profiles."""
+    if user.is_staff or run_is_organizer(run=run, user=user):
+        return True
+    if run.status == Run.Status.DRAFT:
+        return False
+    return run.audience != Run.Audience.MEMBERS or run_is_member(run=run, user=user)
+
+
+def run_is_member(*, run: Run, user: User) -> bool:
+    """Whether ``user`` may train in the run by its own rule (its invite list, its allowlist, or, for a
+    run anyone may join, having joined it) and is not banned from it."""
+    if not user.is_authenticated or RunBan.objects.filter(run=run, user=user).exists():
+        return False
+    if run.visibility == Run.Visibility.INVITE:
+        return run.memberships.filter(user=user).exists()
+    if run.visibility == Run.Visibility.ALLOWLIST:
+        return run.allowlist.filter(pk=user.pk).exists()
+    return run.sessions.filter(user=user).exists()
+
+
+def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
+    """Public and unlisted runs share their checkpoints with whoever sees the run; invite-only and
+    allowlisted runs only with the people who may train in them (and staff): not with the banned."""
+    if not run_may_view(run=run, user=user):
+        return False
+    if run.visibility in (Run.Visibility.PUBLIC, Run.Visibility.UNLISTED) or user.is_staff:
+        return True
+    if not user.is_authenticated:
+        return False
+    if run_is_organizer(run=run, user=user):
+        return True
+    if RunBan.objects.filter(run=run, user=user).exists():
+        return False
+    if run.visibility == Run.Visibility.INVITE:
+        return run.memberships.filter(user=user).exists()
+    return run.allowlist.filter(pk=user.pk).exists()
+
+
+def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
+    """The reason `user` may not train in `run` now, or None when they may."""
+    if run.status == Run.Status.DRAFT:
+        return JoinRefused(409, "run_not_active", f"run “{run.slug}” has not started yet")
+    if run.status == Run.Status.PAUSED:
+        return JoinRefused(409, "run_paused", f"run “{run.slug}” is paused by its organizer; the agent will retry every 60 s")
+    if run.status == Run.Status.FINISHED:
+        return JoinRefused(409, "run_finished", f"run “{run.slug}” has finished; thank you for contributing")
+    if RunBan.objects.filter(run=run, user=user).exists():
+        return JoinRefused(403, "banned", f"you were banned from run “{run.slug}” by its organizers")
+    if run_is_organizer(run=run, user=user):
+        return None
+    if run.visibility == Run.Visibility.INVITE and not run.memberships.filter(user=user).exists():
+        return JoinRefused(403, "invite_only", f"run “{run.slug}” is invite-only: enter its join code on the run's page first")
+    if run.visibility == Run.Visibility.ALLOWLIST and not run.allowlist.filter(pk=user.pk).exists():
+        return JoinRefused(403, "not_allowed", f"run “{run.slug}” is open only to volunteers its organizers listed")
+    return None
+
+
+def visible_run(*, slug: str, user: User, joining: bool = False, join_code: str = "") -> Run | None:
+    """The run named ``slug`` if ``user`` may see it or (``joining``) may train in it or brings its
+    invite code; else None, the same answer as for a run that does not exist, so that a hidden run's
+    name is not confirmed."""
+    run = Run.objects.filter(slug=slug).prefetch_related("organizers").first()
+    if run is None:
+        return None
+    if run_may_view(run=run, user=user):
+        return run
+    if not joining or run.status == Run.Status.DRAFT:
+        return None
+    invited = run.visibility == Run.Visibility.INVITE and bool(join_code) and join_code.strip() == run.join_code
+    if invited or run_join_refusal(run=run, user=user) is None:
+        return run
+    return None
+
+
+def run_list_public() -> QuerySet[Run]:
+    """Runs anyone may see listed: public, seen by everyone, and started."""
+    runs = Run.objects.filter(visibility=Run.Visibility.PUBLIC, audience=Run.Audience.EVERYONE)
+    return runs.exclude(status=Run.Status.DRAFT).prefetch_related("organizers")
