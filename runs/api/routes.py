@@ -13,7 +13,7 @@ from pydantic import field_validator
 from accounts.auth import AgentBearer
 from accounts.models import AgentToken
 from accounts.services import token_check_scope
-from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
+from peer_agent.protocol import JoinRequest, JoinResponse, LeaderboardRow, RefreshResponse
 from portal.errors import ApiError
 from portal.ratelimit import rate_limit_hit
 from runs.access.rules import (
@@ -25,7 +25,7 @@ from runs.access.rules import (
     visible_run,
 )
 from runs.access.sessions import session_link_target, session_link_token, session_open, session_refresh
-from runs.credit.boards import PAGE_MAX, leaderboard_row_json, leaderboard_rows
+from runs.credit.boards import PAGE_MAX, leaderboard_rows
 from runs.credit.exports import stats_dumps
 from runs.credit.volunteers import volunteer_daily, volunteer_for_profile
 from runs.models import Checkpoint, Run, TrainingSession
@@ -244,36 +244,22 @@ def probe_upload(request: HttpRequest):
     return {"bytes": received}
 
 
-class LeaderboardRowOut(Schema):
-    rank: int
-    name: str
-    profile_url: str | None
-    samples: int
-    credit: float
-    credit_verified: float
-    recent_average_credit: float
-    compute_seconds: float
-    share: float
-    last_seen: str | None
-    machines: int
-
-
 Page = Query[int, {"ge": 1, "le": PAGE_MAX}]
 Offset = Query[int, {"ge": 0, "le": 10_000_000}]
 
 
 def _board(run: Run | None, by: str, window: str, limit: int, offset: int) -> list[dict]:
-    return [leaderboard_row_json(row) for row in leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)]
+    return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
 
 
-@router.get("/runs/{slug}/leaderboard", response=list[LeaderboardRowOut], summary="A run's leaderboard")
+@router.get("/runs/{slug}/leaderboard", response=list[LeaderboardRow], summary="A run's leaderboard")
 def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user",
                     window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
     """Credit is in GFLOP of training (see docs/volunteers.md); share is of the board's credit."""
     return _board(_visible_run(request, slug), by, window, limit, offset)
 
 
-@router.get("/leaderboard", response=list[LeaderboardRowOut], summary="The leaderboard across all runs")
+@router.get("/leaderboard", response=list[LeaderboardRow], summary="The leaderboard across all runs")
 def leaderboard(request: HttpRequest, by: Literal["user", "team"] = "user",
                 window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
     return _board(None, by, window, limit, offset)

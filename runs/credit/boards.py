@@ -8,6 +8,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import User
+from peer_agent.protocol import LiveSnapshot
 from runs.credit.rollup import rac_now
 from runs.models import (
     ContributionEvent,
@@ -129,10 +130,6 @@ def _team_rows(run: Run | None, window: str, *, limit: int, offset: int) -> list
     ]
 
 
-def leaderboard_row_json(row: dict) -> dict:
-    return {**row, "last_seen": row["last_seen"].isoformat() if row["last_seen"] else None}
-
-
 def _pace(run: Run, now: datetime.datetime) -> dict:
     """The collaboration's pace: the monitor's newest reading of the swarm when it is fresh, else
     what the agents reported in the last minute."""
@@ -153,14 +150,15 @@ def _pace(run: Run, now: datetime.datetime) -> dict:
 
 
 def run_snapshot(*, run: Run) -> dict:
-    """What the live page shows: the board and the collaboration's pace right now."""
+    """What the live page shows: the board and the collaboration's pace right now, as the JSON form
+    of ``peer_agent.protocol.LiveSnapshot`` (the frame ``WS /ws/runs/{slug}/live/`` sends)."""
     rows = leaderboard_rows(run=run, limit=50)
     totals = RunCredit.objects.filter(run=run, samples_verified__gt=0).aggregate(
         samples_total=Sum("samples_verified"), credit_total=Sum("credit"), volunteers=Count("user_id"),
     )
-    return {
-        "type": "snapshot",
-        "leaderboard": [leaderboard_row_json(row) for row in rows],
-        "totals": {key.removesuffix("_total"): value or 0 for key, value in totals.items()},
+    snapshot = LiveSnapshot(
+        leaderboard=rows,
+        totals={key.removesuffix("_total"): value or 0 for key, value in totals.items()},
         **_pace(run, timezone.now()),
-    }
+    )
+    return snapshot.model_dump(mode="json")

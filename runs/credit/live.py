@@ -7,7 +7,6 @@ import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 
 from runs.access.rules import visible_run
@@ -29,7 +28,7 @@ async def snapshot_text(run: Run) -> str:
         if cached and time.monotonic() - cached[0] < PUSH_INTERVAL:
             return cached[1]
         snapshot = await database_sync_to_async(run_snapshot, thread_sensitive=False)(run=run)
-        text = json.dumps(snapshot, cls=DjangoJSONEncoder)
+        text = json.dumps(snapshot)
         _snapshots[run.pk] = (time.monotonic(), text)
         return text
 

@@ -8,6 +8,7 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
 from accounts.services import team_create
+from peer_agent.protocol import LeaderboardRow, LiveSnapshot
 from portal.asgi import application
 from runs.credit.rollup import credit_rollup
 from tests.factories import RunFactory, UserFactory, report, session_for
@@ -80,6 +81,17 @@ def test_the_live_feed_pushes_a_snapshot_with_the_board():
     snapshot = async_to_sync(first_snapshot)()
     assert snapshot["leaderboard"][0]["name"] == "amina"
     assert snapshot["alive_peers"] == 1 and snapshot["epoch"] == 3
+    assert LiveSnapshot.model_validate(snapshot).model_dump(mode="json") == snapshot, "the frame is the protocol's LiveSnapshot"
+
+
+@pytest.mark.parametrize("path", ["/api/v1/runs/board-run/leaderboard", "/api/v1/runs/board-run/leaderboard?by=team",
+                                  "/api/v1/leaderboard?window=7d", "/api/v1/leaderboard?by=team"])
+def test_board_rows_are_the_protocols_leaderboard_rows(client, board, path):
+    rows = client.get(path).json()
+    assert rows
+    for row in rows:
+        LeaderboardRow.model_validate(row)  # no field unknown to the protocol, none missing, all in range
+        assert set(row) == set(LeaderboardRow.model_fields), "every field the protocol names is sent"
 
 
 @pytest.mark.django_db(transaction=True)
