@@ -174,7 +174,8 @@ def token_list(request: HttpRequest) -> HttpResponse:
         )
         # Rendered, not redirected: the secret must never reach a URL, a session or a log.
         response = render(
-            request, "accounts/token_list.html", {"form": AgentTokenForm(), "tokens": selectors.token_list(user=request.user), "new_token": token, "secret": secret}
+            request, "accounts/token_list.html",
+            {"form": AgentTokenForm(), "tokens": selectors.token_list(user=request.user), "new_token": token, "secret": secret},
         )
         response["Cache-Control"] = "no-store"
         return response

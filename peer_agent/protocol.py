@@ -352,7 +352,8 @@ class HivemindAccess(_Schema):
 
     username: str = Field(min_length=1, max_length=150, description="Volunteer the token is issued to.")
     peer_public_key: OpenSSHPublicKey = Field(description="Peer key the token names (AccessToken.public_key).")
-    expiration_time: str = Field(max_length=64, description="UTC time in ISO format without offset, as hivemind writes it; signed, so kept verbatim.")
+    expiration_time: str = Field(
+        max_length=64, description="UTC time in ISO format without offset, as hivemind writes it; signed, so kept verbatim.")
     signature: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$", description="Authority's base64 signature.")
 
     @field_validator("expiration_time")

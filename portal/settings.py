@@ -101,7 +101,7 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # redis-py caps an async pool at 100 connections; many viewers need more (PITFALLS).
+            # redis-py caps an async pool at 100 connections; many viewers need more (docs/design.md).
             "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": env_int("REDIS_MAX_CONNECTIONS", 1000, minimum=10)}]},
         }
     }

@@ -29,6 +29,7 @@ WHEEL_TEST = "tests/runs/test_agent_wheel.py::test_the_wheel_is_built_served_and
 EXERCISED = [
     (r"make demo", DEMO_TEST),
     (r"make test", ".ci/run"),
+    (r"make lint", ".ci/run"),
     (r"python manage\.py migrate", DEMO_TEST),
     (r"(time )?(\S+=\S+ )*\.venv/bin/python manage\.py migrate( \w+)?", DEMO_TEST),
     (r"python manage\.py collectstatic --noinput", "tests/test_docs_commands.py::test_collectstatic_gathers_the_pages_assets"),

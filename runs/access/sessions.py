@@ -30,7 +30,8 @@ LIVE_SESSION_SEEN_WITHIN = datetime.timedelta(minutes=2)  # agents' clocks are N
 def _access_token(*, run: Run, user: User, peer_public_key: str) -> tuple[dict, datetime.datetime]:
     lifetime = datetime.timedelta(minutes=settings.HIVEMIND_ACCESS_MINUTES)
     private_key = authority_load(encrypted=run.authority_private_key, secret=settings.AUTHORITY_ENCRYPTION_KEY)
-    access = access_token_sign(private_key=private_key, username=user.username, peer_public_key=peer_public_key, lifetime=lifetime)
+    access = access_token_sign(private_key=private_key, username=user.username, peer_public_key=peer_public_key,
+                               lifetime=lifetime)
     return access, timezone.now() + lifetime
 
 

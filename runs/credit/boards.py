@@ -46,7 +46,8 @@ def _totals(run: Run | None):
 def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", limit: int = 100, offset: int = 0) -> list[dict]:
     """Ranked rows of one run's board, or of all runs' when ``run`` is None: name, confirmed samples
     and credit (pending credit is its owner's and the organizers' business, never a board's), share
-    of the board's credit, RAC, compute time, last seen, machines. Hidden volunteers count toward the total and their team's row but never appear.
+    of the board's credit, RAC, compute time, last seen, machines. Hidden volunteers count toward the
+    total and their team's row but never appear.
 
     A team's row is the credit its members earned while in it (RunTeamCredit: a volunteer who
     changes teams leaves their past work with the old team); members and machines are those of

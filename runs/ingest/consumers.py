@@ -18,7 +18,7 @@ from runs.models import Run, TrainingSession
 
 logger = logging.getLogger(__name__)
 
-db = reports.db  # on PostgreSQL, not every agent's calls queued on one thread (PITFALLS: ~136 msg/s)
+db = reports.db  # on PostgreSQL, not every agent's calls queued on one thread (docs/design.md, "One sync thread")
 SESSION_RECHECK_SECONDS = 5.0
 run_admissions = reports.RunAdmissions(max_age=SESSION_RECHECK_SECONDS)
 REPORTS_PER_SECOND = float(settings.REPORT_RATE_PER_SECOND)

@@ -374,7 +374,7 @@ class ReportWriter:
     """Stores the reports of every agent socket of this process in shared transactions.
 
     A transaction per report spends its time in the commit and in thread hops, and Channels'
-    default puts every consumer's database call on one thread (PITFALLS: ~136 reports/s). Here
+    default puts every consumer's database call on one thread (docs/design.md: ~136 reports/s). Here
     reports queue while the previous batch commits, so batches grow with the load and latency
     stays one commit at low load. `store` returns only after the report's batch has committed,
     so an ack that follows it still means "durably stored".

@@ -29,7 +29,8 @@ _TINY_OVERRIDES = {
     "tokenizer": {"vocab_size": 4000, "sample_size": 20000},
     "data": {"source": "files", "path": None, "name": None, "max_seq_length": 128, "shuffle_buffer": 1000},
     "training": {"target_batch_size": 64, "per_device_batch_size": 8, "warmup_steps": 20, "total_steps": 5000},
-    "averaging": {"matchmaking_time": 2.0, "averaging_timeout": 30.0, "checkpoint_every_epochs": 5, "checkpoint_every_minutes": 10.0},
+    "averaging": {"matchmaking_time": 2.0, "averaging_timeout": 30.0, "checkpoint_every_epochs": 5,
+                  "checkpoint_every_minutes": 10.0},
 }
 
 

@@ -96,7 +96,8 @@ def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
 def run_action(request: HttpRequest, run: Run, action: str) -> HttpResponse:
     if action not in services.TRANSITIONS:
         raise PermissionDenied("unknown action")
-    return _then(request, run, lambda: services.run_transition(run=run, actor=request.user, action=action), f"Run {services.TRANSITIONS[action][2]}.")
+    return _then(request, run, lambda: services.run_transition(run=run, actor=request.user, action=action),
+                 f"Run {services.TRANSITIONS[action][2]}.")
 
 
 @organizer_required
@@ -117,7 +118,8 @@ def run_ban(request: HttpRequest, run: Run) -> HttpResponse:
         messages.error(request, "No volunteer has that username.")
         return redirect("run-participants", slug=run.slug)
     reason = request.POST.get("reason", "")[:500]
-    _then(request, run, lambda: services.run_ban(run=run, actor=request.user, user=user, reason=reason), f"{user.username} is banned.")
+    _then(request, run, lambda: services.run_ban(run=run, actor=request.user, user=user, reason=reason),
+          f"{user.username} is banned.")
     return redirect("run-participants", slug=run.slug)
 
 
@@ -135,7 +137,8 @@ def run_unban(request: HttpRequest, run: Run) -> HttpResponse:
 def run_allowlist(request: HttpRequest, run: Run) -> HttpResponse:
     usernames = [name.strip() for name in request.POST.get("usernames", "").replace("\n", ",").split(",") if name.strip()]
     return _then(
-        request, run, lambda: services.run_allowlist_set(run=run, actor=request.user, usernames=usernames), f"The allowlist has {len(usernames)} volunteers."
+        request, run, lambda: services.run_allowlist_set(run=run, actor=request.user, usernames=usernames),
+        f"The allowlist has {len(usernames)} volunteers.",
     )
 
 
@@ -151,7 +154,8 @@ def data_upload(request: HttpRequest, run: Run) -> HttpResponse:
         return redirect(run)
     content = upload.read()
     return _then(
-        request, run, lambda: services.data_file_add(run=run, actor=request.user, name=upload.name, content=content), f"Uploaded {upload.name}."
+        request, run, lambda: services.data_file_add(run=run, actor=request.user, name=upload.name, content=content),
+        f"Uploaded {upload.name}.",
     )
 
 
@@ -166,7 +170,8 @@ def data_remove(request: HttpRequest, run: Run, pk: int) -> HttpResponse:
 @organizer_required
 def tokenizer_train(request: HttpRequest, run: Run) -> HttpResponse:
     return _then(
-        request, run, lambda: services.tokenizer_train_start(run=run, actor=request.user), "Tokenizer training started; this page shows when it is ready."
+        request, run, lambda: services.tokenizer_train_start(run=run, actor=request.user),
+        "Tokenizer training started; this page shows when it is ready.",
     )
 
 

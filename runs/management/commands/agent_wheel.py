@@ -19,7 +19,8 @@ class Command(BaseCommand):
         with tempfile.TemporaryDirectory() as build_dir:
             # No build isolation: the build uses the setuptools already installed, with no download.
             result = subprocess.run(
-                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", build_dir, str(settings.BASE_DIR)],
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", build_dir,
+                 str(settings.BASE_DIR)],
                 capture_output=True, text=True,
             )
             if result.returncode != 0:

@@ -26,7 +26,8 @@ from runs.setup.corpus import corpus_lines
 from runs.setup.forms import preset_config
 
 ORGANIZER = ("organizer", "organizer-demo-pass")
-VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusrat", "nusrat-demo-pass"), ("tanvir", "tanvir-demo-pass")]
+VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusrat", "nusrat-demo-pass"),
+              ("tanvir", "tanvir-demo-pass")]
 RUN_SLUG = "bengali-demo"
 CHECKPOINT_EVERY_EPOCHS = 2  # the first checkpoint appears on the run page within a few minutes of starting
 
@@ -43,7 +44,8 @@ def demo_people_ensure(volunteers: int) -> tuple[User, list[User]]:
     organizer = _person(*ORGANIZER)
     organizer.user_permissions.add(Permission.objects.get(codename="organize_runs"))
     people = [_person(*pair) for pair in VOLUNTEERS[:volunteers]]
-    team = Team.objects.filter(name="Dhaka Compute", disbanded_at=None).first() or team_create(founder=people[0], name="Dhaka Compute")
+    team = (Team.objects.filter(name="Dhaka Compute", disbanded_at=None).first()
+            or team_create(founder=people[0], name="Dhaka Compute"))
     for person in people:
         team_join(user=person, team=team)
     return organizer, people
