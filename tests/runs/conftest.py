@@ -5,9 +5,10 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from accounts.services import team_create, team_join
+from accounts.services import team_create, team_join, token_create
 from peer_agent.protocol import RunConfig
 from runs.credit.rollup import credit_rollup
+from runs.models import TrainingSession
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 HOUR = datetime.timedelta(hours=1)
@@ -28,6 +29,20 @@ def clock(monkeypatch):
 def _rollup_takes_every_event(settings):
     """The rollup takes events as soon as they are stored (tests of the settle delay set their own)."""
     settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
+
+
+@pytest.fixture
+def session(volunteer):
+    """A volunteer's session in an active tiny run, with its agent token's secret as ``.secret``
+    (what the tests of `WS /ws/agent/` report with)."""
+    run = RunFactory()
+    token, secret = token_create(user=volunteer, name="laptop")
+    session = TrainingSession.objects.create(
+        run=run, user=volunteer, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
+        access_expires_at=datetime.datetime.now(datetime.UTC),
+    )
+    session.secret = secret
+    return session
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ import json
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.db.models import Sum
 
 from accounts.models import AgentToken
 from accounts.services import token_create, token_revoke
@@ -16,63 +14,10 @@ from portal.asgi import application
 from runs.ingest import consumers, reports
 from runs.models import ContributionEvent, ReportRejection, TrainingSession
 from runs.setup.services import run_ban
+from tests.agent_wire import exchange, report, total
 from tests.factories import RunFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-# Reports as an agent at 12.5 samples/s sends them: 32 samples every 2.56 s by its clock, which
-# is what the plausibility rules (runs.ingest.reports.RULES) expect; seq 0 would have gone out 200 s ago.
-def report(session_id: int, seq: int, samples: int = 32, **changes) -> dict:
-    sent_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2.56 * seq - 200)
-    frame = {
-        "type": "report", "session_id": session_id, "seq": seq, "samples": samples, "steps": 4, "local_epoch": 2,
-        "loss": 7.5, "samples_per_second": 12.5, "sent_at": sent_at.isoformat(),
-    }
-    return {**frame, **changes}
-
-
-def exchange(secret: str | None, frames: list, *, headers=None) -> list[dict]:
-    """Connect, send each frame (dicts as JSON, strings raw), and return every answer. A function
-    among the frames is called in between, on the database, as another request would."""
-
-    async def run() -> list[dict]:
-        auth = [(b"authorization", f"Bearer {secret}".encode())] if secret else []
-        communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers if headers is not None else auth)
-        connected, _ = await communicator.connect()
-        assert connected
-        answers = []
-        try:
-            if not secret or headers is not None:
-                answers.append(json.loads(await communicator.receive_from(timeout=10)))
-                return answers
-            for frame in frames:
-                if callable(frame):
-                    await database_sync_to_async(frame)()
-                    continue
-                await communicator.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
-                answers.append(json.loads(await communicator.receive_from(timeout=10)))
-        finally:
-            await communicator.disconnect()
-        return answers
-
-    return async_to_sync(run)()
-
-
-@pytest.fixture
-def session(volunteer):
-    run = RunFactory()
-    token, secret = token_create(user=volunteer, name="laptop")
-    session = TrainingSession.objects.create(
-        run=run, user=volunteer, token=token, peer_public_key="ssh-rsa AAAA", agent_version="0.1.0",
-        access_expires_at=datetime.datetime.now(datetime.UTC),
-    )
-    session.secret = secret
-    return session
-
-
-def total(session) -> int:
-    return ContributionEvent.objects.filter(session=session).aggregate(total=Sum("samples"))["total"] or 0
 
 
 def test_a_report_is_acknowledged_once_stored(session):

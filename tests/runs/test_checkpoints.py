@@ -26,8 +26,8 @@ from runs.swarm.checkpoints import (
     state_epoch_trusted,
     swarm_reading_of,
 )
+from tests.agent_wire import post
 from tests.factories import RunFactory, join_body
-from tests.runs.test_join_api import post
 
 POLICY = CheckpointPolicy(every_epochs=5, every_minutes=30.0, keep_last=3, keep_every_nth=10)
 

@@ -17,11 +17,9 @@ from django.db.models import Sum
 from portal.asgi import application
 from runs.ingest import reports
 from runs.models import ContributionEvent, TrainingSession
-from tests.runs import test_agent_socket
-from tests.runs.test_agent_socket import report, total
+from tests.agent_wire import report, total
 
 pytestmark = pytest.mark.django_db(transaction=True)
-session = test_agent_socket.session  # the fixture: a volunteer's session in an active tiny run
 
 
 def socket_url(base: str) -> str:

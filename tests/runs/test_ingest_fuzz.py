@@ -16,12 +16,10 @@ from accounts.services import token_create
 from peer_agent.protocol import Report
 from portal.asgi import application
 from runs.models import ContributionEvent, TrainingSession
+from tests.agent_wire import report
 from tests.factories import RunFactory
-from tests.runs import test_agent_socket
-from tests.runs.test_agent_socket import report
 
 pytestmark = pytest.mark.django_db(transaction=True)
-session = test_agent_socket.session  # the fixture: a volunteer's session in an active tiny run
 
 FIELDS = ["type", "session_id", "seq", "samples", "steps", "local_epoch", "loss", "samples_per_second", "sent_at"]
 json_values = st.recursive(

@@ -12,10 +12,7 @@ from peer_agent.protocol import Report
 from portal.asgi import application
 from runs.ingest import reports
 from runs.models import ContributionEvent, ReportRejection, TrainingSession
-from tests.runs import test_agent_socket
-from tests.runs.test_agent_socket import exchange, report, total
-
-session = test_agent_socket.session  # the fixture: a volunteer's session in an active tiny run
+from tests.agent_wire import exchange, report, total
 
 NOW = datetime.datetime(2026, 5, 1, 12, 0, tzinfo=datetime.UTC)
 

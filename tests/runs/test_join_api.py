@@ -13,14 +13,8 @@ from peer_agent.authorizer import PortalAuthorizer, access_token_from_json
 from peer_agent.protocol import JoinResponse, join_proof_message
 from runs.models import Run, RunMembership, TrainingSession
 from runs.setup.services import data_file_add, run_allowlist_set, run_ban
+from tests.agent_wire import post
 from tests.factories import BACKBONE_ADDRESS, RunFactory, UserFactory, join_body
-
-
-def post(client, url: str, secret: str, body: dict | None = None, raw: str | None = None):
-    return client.post(
-        url, data=raw if raw is not None else json.dumps(body or {}), content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {secret}",
-    )
 
 
 @pytest.fixture

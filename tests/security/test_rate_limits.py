@@ -18,8 +18,8 @@ from accounts.services import token_create, token_revoke
 from portal import ratelimit
 from portal.asgi import application
 from portal.ratelimit import RateLimited, rate_limit_hit
+from tests.agent_wire import report
 from tests.factories import PASSWORD, RunFactory, join_body
-from tests.runs.test_agent_socket import report
 
 DAY = 86400
 
