@@ -4,50 +4,15 @@ anonymous; oscar: logged in, no relation; vik: volunteer of both runs (member of
 one); bruno: banned from both; olga: organizer of both; otto: organizer of another run; stella: staff.
 """
 
-import dataclasses
-import functools
-
 import pytest
-from django.conf import settings
 from django.core.files.base import ContentFile
-from django.utils import timezone
 
 from accounts.services import team_create, token_create, token_revoke
-from runs.access.authority import authority_generate
 from runs.access.sessions import session_link_token
-from runs.models import Checkpoint, Run, RunMembership, SessionEpoch, TrainingSession
+from runs.models import Checkpoint, RunMembership, SessionEpoch
 from runs.setup.services import data_file_add, run_ban
-from tests.factories import RunFactory, UserFactory, join_body
-
-
-@functools.cache
-def _authority() -> tuple[str, bytes]:
-    """One authority key pair for every run here: generating RSA keys per case would dominate."""
-    return authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
-
-
-@dataclasses.dataclass
-class World:
-    users: dict
-    tokens: dict  # token persona -> secret
-    values: dict  # what fills the path templates
-
-
-def _run(slug: str, visibility: str, organizer) -> Run:
-    public_key, private_key = _authority()
-    run = RunFactory(
-        slug=slug, visibility=visibility, organizers=[organizer],
-        authority_public_key=public_key, authority_private_key=private_key,
-    )
-    run.tokenizer_file.save(f"{slug}-tokenizer.json", ContentFile(b'{"version": "1.0"}'))
-    return run
-
-
-def _session(run: Run, user, token) -> TrainingSession:
-    return TrainingSession.objects.create(
-        run=run, user=user, token=token, peer_public_key=join_body("any")["peer_public_key"], agent_version="0.1.0",
-        access_expires_at=timezone.now(),
-    )
+from tests.factories import UserFactory
+from tests.security.world import World, world_run, world_session
 
 
 @pytest.fixture
@@ -56,8 +21,8 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     other_organizer = UserFactory(username="otto", organizer=True)
     users = {"anonymous": None, "oscar": outsider, "vik": volunteer, "bruno": banned, "olga": organizer,
              "otto": other_organizer, "stella": staff}
-    public, invite = _run("open-run", "public", organizer), _run("code-run", "invite", organizer)
-    other = _run("other-run", "public", other_organizer)
+    public, invite = world_run("open-run", "public", organizer), world_run("code-run", "invite", organizer)
+    other = world_run("other-run", "public", other_organizer)
     for run in (public, invite):
         run_ban(run=run, actor=organizer, user=banned)
     RunMembership.objects.create(run=invite, user=volunteer)
@@ -69,7 +34,7 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     tokens["elsewhere"] = token_create(user=volunteer, name="lab machine", run=other)[1]
     team = team_create(founder=volunteer, name="Dhaka Compute")
     data_file = data_file_add(run=invite, actor=organizer, name="bn.txt", content=b"a line\n")
-    invite_session, public_session = _session(invite, volunteer, None), _session(public, volunteer, None)
+    invite_session, public_session = world_session(invite, volunteer, None), world_session(public, volunteer, None)
     checkpoints = {run: Checkpoint.objects.create(run=run, epoch=3, size=2, file=ContentFile(b"PK", name="epoch-3.zip"))
                    for run in (public, invite)}
     (settings.MEDIA_ROOT / "agent").mkdir(parents=True, exist_ok=True)

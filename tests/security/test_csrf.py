@@ -9,7 +9,7 @@ from django.test import Client
 from accounts.models import AgentToken
 from runs.models import TrainingSession
 from tests.factories import join_body
-from tests.security.test_permission_matrix import API, PAGES, PERSONAS, post_data
+from tests.security.matrix import API, PAGES, PERSONAS, post_data
 
 REFUSED = {403, 404, 405, "login", "admin-login"}
 

@@ -24,9 +24,9 @@ from django.test import Client
 from portal.asgi import application
 from portal.routing import websocket_urlpatterns
 from runs.models import Run
-from tests.runs.test_agent_socket import report
-from tests.security.conftest import World, _run, _session
-from tests.security.test_permission_matrix import PERSONAS, TOKEN_PERSONAS
+from tests.agent_wire import report
+from tests.security.matrix import PERSONAS, TOKEN_PERSONAS
+from tests.security.world import World, world_run, world_session
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the consumers read the database from other threads
 
@@ -59,13 +59,13 @@ def sockets_world(world: World) -> World:
     """The security world plus an unlisted run, a draft, vik's session in otto's run (where the
     `elsewhere` token may report) and bruno's session in the public run he is banned from."""
     public, other = Run.objects.get(slug=world.values["public"]), Run.objects.get(slug="other-run")
-    draft = _run("draft-run", "public", world.users["olga"])
+    draft = world_run("draft-run", "public", world.users["olga"])
     Run.objects.filter(pk=draft.pk).update(status=Run.Status.DRAFT)
-    unlisted = _run("quiet-run", "unlisted", world.users["olga"])
+    unlisted = world_run("quiet-run", "unlisted", world.users["olga"])
     world.values.update(
         draft=draft.slug, unlisted=unlisted.slug,
-        elsewhere_session=_session(other, world.users["vik"], None).pk,
-        banned_session=_session(public, world.users["bruno"], None).pk,
+        elsewhere_session=world_session(other, world.users["vik"], None).pk,
+        banned_session=world_session(public, world.users["bruno"], None).pk,
     )
     return world
 

@@ -1,0 +1,137 @@
+"""The security policy as tables (tests/security/test_permission_matrix.py checks every route
+against them; test_csrf.py and test_websocket_matrix.py read them too).
+
+PAGES: browser routes with a session cookie. API: the JSON API with an agent token
+(`Authorization: Bearer`). Each row is `(path, method, expected status per persona)`; `{public}`
+and `{invite}` in a path are a public run and an invite-only run, both active and organized by
+olga. A route of the URL conf with no row here fails `test_every_route_has_a_row`, so adding a
+route means adding its row here (one line per method and run).
+"""
+
+from django.core.files.base import ContentFile
+
+L = "login"  # 302 to the log-in page
+A = "admin-login"  # 302 to the admin's log-in page
+
+# The personas of tests/security/conftest.py's `world`.
+PERSONAS = ["anonymous", "oscar", "vik", "bruno", "olga", "otto", "stella"]
+
+PAGES = [
+    # path                                       method  anon  oscar  vik   bruno  olga  otto  stella
+    ("/",                                         "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/login/",                          "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/login/",                          "POST", 200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/logout/",                         "POST", 302,  302,   302,  302,   302,  302,  302),
+    ("/accounts/signup/",                         "GET",  200,  302,   302,  302,   302,  302,  302),
+    ("/accounts/signup/",                         "POST", 200,  302,   302,  302,   302,  302,  302),
+    ("/accounts/profile/",                        "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/accounts/profile/",                        "POST", L,    200,   200,  200,   200,  200,  200),
+    ("/accounts/password_change/",                "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/accounts/password_change/",                "POST", L,    200,   200,  200,   200,  200,  200),
+    ("/accounts/password_change/done/",           "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/accounts/password_reset/",                 "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/password_reset/",                 "POST", 302,  302,   302,  302,   302,  302,  302),
+    ("/accounts/password_reset/done/",            "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/reset/MQ/bad-token/",             "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/reset/done/",                     "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/tokens/",                                  "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/tokens/",                                  "POST", L,    200,   200,  200,   200,  200,  200),
+    ("/tokens/{vik_token}/revoke/",               "POST", L,    404,   302,  404,   404,  404,  404),
+    ("/teams/",                                   "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/teams/new/",                               "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/teams/new/",                               "POST", L,    302,   200,  302,   302,  302,  302),
+    ("/teams/{team}/",                            "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/teams/{team}/join/",                       "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/teams/{team}/leave/",                      "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/teams/{team}/hand-over/",                  "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/teams/{team}/disband/",                    "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/runs/new/",                                "GET",  L,    403,   403,  403,   200,  200,  200),
+    ("/runs/new/",                                "POST", L,    403,   403,  403,   200,  200,  200),
+    ("/runs/{public}/",                           "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/",                           "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{public}/join/",                      "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/join/",                      "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/runs/{public}/join/",                      "POST", L,    200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/join/",                      "POST", L,    200,   200,  200,   200,  200,  200),
+    ("/runs/{public}/edit/",                      "GET",  L,    403,   403,  403,   200,  403,  403),
+    ("/runs/{invite}/edit/",                      "POST", L,    403,   403,  403,   200,  403,  403),
+    ("/runs/{public}/participants/",              "GET",  L,    403,   403,  403,   200,  403,  403),
+    ("/runs/{invite}/participants/",              "GET",  L,    403,   403,  403,   200,  403,  403),
+    ("/runs/{public}/ban/",                       "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{public}/unban/",                     "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{invite}/allowlist/",                 "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{invite}/data/",                      "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{invite}/data/{data_file}/remove/",   "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{public}/tokenizer/train/",           "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{public}/tokenizer/upload/",          "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{public}/status/pause/",              "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{invite}/status/finish/",             "POST", L,    403,   403,  403,   302,  403,  403),
+    ("/runs/{public}/status/pause/",              "GET",  405,  405,   405,  405,   405,  405,  405),
+    ("/runs/{public}/health/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/health/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{public}/checkpoints/epoch-3.zip",    "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/checkpoints/epoch-3.zip",    "GET",  404,  404,   200,  404,   200,  404,  200),
+    ("/runs/{public}/flags/",                     "GET",  L,    403,   403,  403,   200,  403,  200),
+    ("/runs/{public}/flags/{flag}/accept/",       "POST", L,    403,   403,  403,   302,  403,  302),
+    ("/runs/{public}/flags/{flag}/reject/",       "GET",  405,  405,   405,  405,   405,  405,  405),
+    ("/leaderboard/",                             "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/stats/",                                   "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/stats/2026-01-01/users.json.gz",           "GET",  404,  404,   404,  404,   404,  404,  404),
+    ("/volunteers/{vik}/",                        "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/agent/{wheel}",                            "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/admin/",                                   "GET",  A,    A,     A,    A,     A,    A,    200),
+    ("/admin/runs/run/",                          "GET",  A,    A,     A,    A,     A,    A,    200),
+    ("/api/v2/runs/",                             "GET",  404,  404,   404,  404,   404,  404,  404),
+]
+
+# The API's personas hold agent tokens: each of the seven above (anonymous sends none), plus a
+# revoked token of vik's and a token of vik's limited to another run.
+TOKEN_PERSONAS = [*PERSONAS, "revoked", "elsewhere"]
+
+API = [
+    # path                                           method  anon oscar vik  bruno olga otto stella revoked elsewhere
+    ("/api/v1/openapi.json",                         "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/docs",                                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/",                                     "GET",  404, 404,  404, 404,  404, 404, 404,   404,    404),
+    ("/api/v1/me",                                   "GET",  401, 200,  200, 200,  200, 200, 200,   401,    200),
+    ("/api/v1/runs/",                                "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/",                       "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/",                       "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/join",                   "POST", 401, 200,  200, 403,  200, 200, 200,   401,    403),
+    ("/api/v1/runs/{invite}/join",                   "POST", 401, 403,  200, 403,  200, 403, 403,   401,    403),
+    ("/api/v1/sessions/{public_session}/refresh",    "POST", 401, 404,  200, 404,  404, 404, 404,   401,    403),
+    ("/api/v1/sessions/{invite_session}/refresh",    "POST", 401, 404,  200, 404,  404, 404, 404,   401,    403),
+    ("/api/v1/runs/{public}/tokenizer.json",         "GET",  401, 200,  200, 403,  200, 200, 200,   401,    403),
+    ("/api/v1/runs/{invite}/tokenizer.json",         "GET",  401, 403,  200, 403,  200, 403, 403,   401,    403),
+    ("/api/v1/data/{invite_data_link}",              "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/probe/download",                       "GET",  401, 200,  200, 200,  200, 200, 200,   401,    200),
+    ("/api/v1/probe/upload",                         "POST", 401, 200,  200, 200,  200, 200, 200,   401,    200),
+    ("/api/v1/runs/{public}/leaderboard",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/leaderboard",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/checkpoints",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/checkpoints",            "GET",  404, 404,  404, 404,  404, 404, 404,   404,    404),
+    ("/api/v1/checkpoints/{invite_checkpoint_link}", "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/leaderboard",                          "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/stats",                                "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/volunteers/{vik}/contributions",       "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+]
+
+# What a POST carries, by path template; a POST whose path is not here sends an empty form.
+FORMS = {
+    "/accounts/login/": {"username": "nobody", "password": "wrong"},
+    "/accounts/password_reset/": {"email": "someone@example.org"},
+    "/tokens/": {"name": "laptop", "lifetime_days": 30},
+    "/teams/new/": {"name": "Sylhet Compute"},
+    "/runs/{public}/join/": {"action": "token"},
+    "/runs/{invite}/join/": {"action": "token"},
+    "/runs/{public}/ban/": {"username": "oscar"},
+    "/runs/{public}/unban/": {"username": "bruno"},
+    "/runs/{invite}/allowlist/": {"usernames": "vik"},
+    "/runs/{invite}/data/": {"file": lambda: ContentFile(b"one line of text\n", name="more.txt")},
+}
+
+
+def post_data(template: str) -> dict:
+    return {key: value() if callable(value) else value for key, value in FORMS.get(template, {}).items()}
