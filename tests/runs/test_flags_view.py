@@ -8,7 +8,7 @@ from django.urls import reverse
 from runs.models import RunEvent, SessionEpoch
 from runs.swarm import verification
 from tests.factories import RunFactory, UserFactory
-from tests.runs.test_verification import judge, report, session_for
+from tests.runs.epochs import judge, report, session_for
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from runs.models import Run, RunSample, SessionEpoch, TrainingSession
 from runs.swarm.monitor import Monitor, progress_key
 from tests.factories import RunFactory
 from tests.processes import children_reap
+from tests.runs.epochs import report, session_for
 from tests.runs.test_swarm_auth import running_dht
-from tests.runs.test_verification import report, session_for
 
 pytestmark = [pytest.mark.swarm, pytest.mark.django_db(transaction=True)]
 

@@ -1,23 +1,19 @@
 """Verified credit: a session's reported samples for an epoch against what its peer announced in
 its signed DHT records; flags for the organizer; judging twice changes nothing."""
 
-import datetime
-import itertools
-
 import pytest
 from django.utils import timezone
 from hivemind.optim.progress_tracker import LocalTrainingProgress
 
-from accounts.services import token_create
 from peer_agent.metrics import LocalMetrics
-from runs.models import ContributionEvent, RunEvent, SessionEpoch, TrainingSession
+from runs.models import RunEvent, SessionEpoch, TrainingSession
 from runs.swarm import verification
 from runs.swarm.monitor import announcements, peer_key_text, swarm_reading
-from tests.factories import RunFactory, UserFactory
+from tests.factories import RunFactory
+from tests.runs.epochs import judge, report, session_for
 
 # The tiny preset: target batch 64, one local step of 8 samples; tolerance 5 %.
 TARGET, STEP = 64, 8
-_seq = itertools.count(1)
 
 
 @pytest.fixture
@@ -25,23 +21,6 @@ def run(db):
     run = RunFactory()
     assert verification.EpochLimits.for_run(run) == verification.EpochLimits(TARGET, STEP)
     return run
-
-
-def session_for(run, username="amina", user=None):
-    user = user or UserFactory(username=username)
-    token, _ = token_create(user=user, name="laptop")
-    return TrainingSession.objects.create(run=run, user=user, token=token, peer_public_key=f"ssh-rsa {user.username}AAAA",
-                                          agent_version="0.1.0", access_expires_at=timezone.now())
-
-
-def report(session, samples, epoch):
-    ContributionEvent.objects.create(session=session, seq=next(_seq), samples=samples, steps=1, local_epoch=epoch,
-                                     loss=5.0, samples_per_second=10.0, sent_at=timezone.now())
-
-
-def judge(run, epoch, closed_minutes_ago=1.0):
-    closed_at = timezone.now() - datetime.timedelta(minutes=closed_minutes_ago)
-    return verification.epoch_judge(run=run, epoch=epoch, closed_at=closed_at)
 
 
 def row(session, epoch):

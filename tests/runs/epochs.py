@@ -1,0 +1,33 @@
+"""Sessions, their reports and the verdict on their epochs, as the tests of verified credit
+(tests/runs/test_verification.py, test_flags_view.py, test_monitor.py) make them: reports are
+stored unconfirmed, at the current time, and only `judge` (the monitor's verification of a closed
+epoch) decides them."""
+
+import datetime
+import itertools
+
+from django.utils import timezone
+
+from accounts.services import token_create
+from runs.models import ContributionEvent, TrainingSession
+from runs.swarm import verification
+from tests.factories import UserFactory
+
+_seq = itertools.count(1)
+
+
+def session_for(run, username="amina", user=None):
+    user = user or UserFactory(username=username)
+    token, _ = token_create(user=user, name="laptop")
+    return TrainingSession.objects.create(run=run, user=user, token=token, peer_public_key=f"ssh-rsa {user.username}AAAA",
+                                          agent_version="0.1.0", access_expires_at=timezone.now())
+
+
+def report(session, samples, epoch):
+    ContributionEvent.objects.create(session=session, seq=next(_seq), samples=samples, steps=1, local_epoch=epoch,
+                                     loss=5.0, samples_per_second=10.0, sent_at=timezone.now())
+
+
+def judge(run, epoch, closed_minutes_ago=1.0):
+    closed_at = timezone.now() - datetime.timedelta(minutes=closed_minutes_ago)
+    return verification.epoch_judge(run=run, epoch=epoch, closed_at=closed_at)
