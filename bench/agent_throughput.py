@@ -38,10 +38,10 @@ import psutil
 import torch
 
 from bench.workload import Workload, workload_build
+from harness.processes import children_reap
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.reporter import Reporter
 from peer_agent.training import Trainer
-from tests.processes import children_reap
 
 RUN_ID = "bench_throughput"
 TINY_MODEL = dict(preset="tiny")

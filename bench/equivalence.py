@@ -55,9 +55,9 @@ from pathlib import Path
 import torch
 
 from bench.workload import Workload, dropout_off, loss_evaluate, workload_build
+from harness.processes import children_reap
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.training import Trainer
-from tests.processes import children_reap
 
 Batch = dict[str, torch.Tensor]
 # How far apart two peers in step hold their parameters, by state compression. Measured: a few float32

@@ -1,28 +1,48 @@
-"""Cleaning up the processes real hivemind peers leave behind (DHT, averagers, p2pd)."""
+"""Processes the tests start and end themselves: a DHT peer on loopback, a forked child that
+sleeps. (Reaping what hivemind leaves behind, which the benchmarks do too, is
+harness/processes.py's `children_reap`.)"""
 
-from contextlib import suppress
+import contextlib
+import multiprocessing
+import time
 
 import psutil
 
 
-def children_reap() -> None:
-    """Terminate, then kill, every child process of this test process, except torch's
-    shared-memory manager: hivemind switches torch to the "file_system" sharing strategy, and
-    tensors freed later in this process still need the manager (killing it aborts the
-    interpreter with "Broken pipe")."""
-    children = [child for child in psutil.Process().children(recursive=True) if _name(child) != "torch_shm_manager"]
-    _, alive = psutil.wait_procs(children, timeout=2)
-    for child in alive:
-        with suppress(psutil.NoSuchProcess):
-            child.terminate()
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    for child in alive:
-        with suppress(psutil.NoSuchProcess):
-            child.kill()
+def _sleep_when_ready(ready) -> None:
+    ready.set()
+    time.sleep(60)
 
 
-def _name(process: psutil.Process) -> str:
+def forked_child() -> multiprocessing.Process:
+    """A forked child that sleeps, once it runs Python code of its own: a signal that arrives while the
+    interpreter is still settling after the fork is cleared by it, and would make the test flaky."""
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    child = context.Process(target=_sleep_when_ready, args=(ready,), daemon=True)
+    child.start()
+    assert ready.wait(30)
+    return child
+
+
+def processes_kill(processes: list[psutil.Process]) -> None:
+    """Give these processes 2 s to exit, then kill the ones left."""
+    _gone, alive = psutil.wait_procs(processes, timeout=2)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
+@contextlib.contextmanager
+def running_dht(**kwargs):
+    """A DHT peer on loopback, shut down afterwards with its p2pd and any other child it left."""
+    from hivemind.dht import DHT
+
+    dht = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], startup_timeout=60, **kwargs)
+    process = psutil.Process(dht.pid)
+    descendants = [process, *process.children(recursive=True)]
     try:
-        return process.name()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return ""
+        yield dht
+    finally:
+        dht.shutdown()
+        processes_kill(descendants)

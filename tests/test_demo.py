@@ -15,8 +15,8 @@ import httpx
 import psutil
 import pytest
 
+from harness.processes import children_reap
 from runs.management.commands.demo import ORGANIZER, RUN_SLUG, VOLUNTEERS
-from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(1200)]
 

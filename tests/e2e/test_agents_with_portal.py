@@ -11,12 +11,12 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 
 from accounts.services import token_create
+from harness.processes import children_reap
 from peer_agent.spool import spool_files, spool_read
 from runs.models import ContributionEvent, ReportRejection, TrainingSession
 from tests.e2e.agents import agent, small_run, wait_for
 from tests.factories import UserFactory
 from tests.netcut import CuttableLink
-from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 

@@ -11,11 +11,11 @@ import psutil
 import pytest
 
 from accounts.services import token_create
+from harness.processes import children_reap
 from runs.models import ContributionEvent, Run
 from runs.swarm.coordinator import Coordinator
 from tests.e2e.agents import agent, serve_until, small_run, wait_for
 from tests.factories import UserFactory
-from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 

@@ -31,9 +31,9 @@ import pytest
 import redis
 from websockets.sync.client import ClientConnection, connect
 
+from harness.processes import children_reap
 from peer_agent.spool import SpoolSummary, spool_files, spool_read
 from tests.e2e.agents import ROOT, agent, wait_for
-from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 

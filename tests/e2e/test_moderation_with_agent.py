@@ -7,11 +7,11 @@ import signal
 import pytest
 
 from accounts.services import token_create
+from harness.processes import children_reap
 from runs.models import ContributionEvent, Run
 from runs.setup import services
 from tests.e2e.agents import agent, small_run, wait_for
 from tests.factories import UserFactory
-from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 

@@ -11,13 +11,13 @@ from django.test import Client
 from django.urls import reverse
 
 from accounts.services import token_create
+from harness.processes import children_reap
 from runs.models import Run, RunSample, SessionEpoch
 from runs.swarm import monitor
 from runs.swarm.coordinator import Coordinator
 from runs.swarm.verification import EpochLimits
 from tests.e2e.agents import agent, serve_until, small_run
 from tests.factories import UserFactory
-from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 

@@ -8,8 +8,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from harness.processes import children_reap
 from peer_agent.protocol import SPECIAL_TOKENS, RunConfig
-from tests.processes import children_reap
 
 SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "our neighbour", "the farmer"]
 VERBS = ["eats", "sees", "likes", "finds", "paints", "carries"]

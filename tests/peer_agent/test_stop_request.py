@@ -1,7 +1,6 @@
 """Ctrl-C and SIGTERM for the agent and the coordinator (peer_agent.join.StopRequest): the process
 stops cleanly, and a hivemind process forked from it still dies of SIGTERM."""
 
-import multiprocessing
 import os
 import signal
 import threading
@@ -10,6 +9,7 @@ import time
 import pytest
 
 from peer_agent.join import StopRequest
+from tests.processes import forked_child
 
 
 @pytest.fixture
@@ -18,22 +18,6 @@ def handlers_restored():
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
-
-
-def _sleep_when_ready(ready) -> None:
-    ready.set()
-    time.sleep(60)
-
-
-def forked_child() -> multiprocessing.Process:
-    """A forked child that sleeps, once it runs Python code of its own: a signal that arrives while the
-    interpreter is still settling after the fork is cleared by it, and would make the test flaky."""
-    context = multiprocessing.get_context("fork")
-    ready = context.Event()
-    child = context.Process(target=_sleep_when_ready, args=(ready,), daemon=True)
-    child.start()
-    assert ready.wait(30)
-    return child
 
 
 def test_sigterm_asks_to_stop_and_a_second_signal_quits_at_once(handlers_restored):

@@ -14,6 +14,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from transformers import AlbertForMaskedLM, AlbertForPreTraining, PreTrainedTokenizerFast, pipeline
 
 from accounts.services import token_create
+from harness.processes import children_reap
 from peer_agent import __version__
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.checkpoint import checkpoint_metadata, checkpoint_unzip
@@ -30,7 +31,6 @@ from runs.setup.corpus import corpus_lines
 from runs.setup.forms import preset_config
 from runs.swarm.coordinator import Coordinator
 from tests.factories import RunFactory
-from tests.processes import children_reap
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(420), pytest.mark.django_db(transaction=True)]
 

@@ -9,12 +9,12 @@ import pytest
 from django.conf import settings as django_settings
 from hivemind.utils.crypto import RSAPrivateKey
 
+from harness.processes import children_reap
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from runs.access.authority import access_token_sign, authority_load
 from runs.swarm.coordinator import Coordinator
 from tests.factories import RunFactory
-from tests.processes import children_reap
-from tests.runs.test_swarm_auth import running_dht
+from tests.processes import running_dht
 
 pytestmark = [pytest.mark.swarm, pytest.mark.django_db(transaction=True)]
 

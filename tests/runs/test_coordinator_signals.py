@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 
 from runs.management.commands import run_coordinator
-from tests.peer_agent.test_stop_request import forked_child
+from tests.processes import forked_child
 
 
 @pytest.fixture

@@ -12,13 +12,13 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgr
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
+from harness.processes import children_reap
 from peer_agent.metrics import LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from runs.models import Run, RunSample, SessionEpoch, TrainingSession
 from runs.swarm.monitor import Monitor, progress_key
 from tests.factories import RunFactory
-from tests.processes import children_reap
+from tests.processes import running_dht
 from tests.runs.epochs import report, session_for
-from tests.runs.test_swarm_auth import running_dht
 
 pytestmark = [pytest.mark.swarm, pytest.mark.django_db(transaction=True)]
 

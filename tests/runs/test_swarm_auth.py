@@ -8,12 +8,12 @@ from functools import partial
 
 import psutil
 import pytest
-from hivemind.dht import DHT
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
 from peer_agent.authorizer import PortalAuthorizer, expiration_parse
 from tests.factories import RunAuthority
+from tests.processes import processes_kill, running_dht
 
 pytestmark = pytest.mark.swarm
 
@@ -39,26 +39,6 @@ def one_token_then_refusal(token):
     return lambda: answers.pop() if answers else None
 
 
-def _kill(processes):
-    _gone, alive = psutil.wait_procs(processes, timeout=2)
-    for process in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-
-
-@contextlib.contextmanager
-def running_dht(**kwargs):
-    """A DHT peer on loopback, shut down afterwards with its p2pd and any other child it left."""
-    dht = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], startup_timeout=60, **kwargs)
-    process = psutil.Process(dht.pid)
-    descendants = [process, *process.children(recursive=True)]
-    try:
-        yield dht
-    finally:
-        dht.shutdown()
-        _kill(descendants)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def no_leftover_children():
     before = {child.pid for child in psutil.Process().children(recursive=True)}
@@ -68,7 +48,7 @@ def no_leftover_children():
         for child in psutil.Process().children(recursive=True)
         if child.pid not in before and child.name() != "torch_shm_manager"  # torch reuses it process-wide
     ]
-    _kill(leftovers)
+    processes_kill(leftovers)
 
 
 @pytest.fixture(scope="module")

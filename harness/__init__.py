@@ -1,0 +1,5 @@
+"""What the tests and the benchmarks share: helpers that are not tests and import neither
+``tests`` nor ``bench`` (tests/test_layout.py checks that), so a benchmark needs no test code.
+
+- ``harness.processes``: reaping the processes real hivemind peers leave behind.
+"""
