@@ -120,6 +120,21 @@ class Tally:
         return f"{name:<26} {rate:9.0f} msg/s   p50 {p50 * 1000:7.1f} ms   p99 {p99 * 1000:7.1f} ms{errors}"
 
 
+def run_create(slug: str):
+    """An active run of the `tiny` preset with its own authority key, straight through the ORM (as
+    bench/leaderboard.py makes its runs): the agent socket needs no more of it."""
+    from django.conf import settings
+
+    from runs.access.authority import authority_generate
+    from runs.models import Run
+    from runs.setup.forms import preset_config
+
+    public_key, private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
+    return Run.objects.create(name=f"Bench {slug}", slug=slug, status=Run.Status.ACTIVE,
+                              config=preset_config("tiny").model_dump(mode="json"),
+                              authority_public_key=public_key, authority_private_key=private_key)
+
+
 def agents_create(count: int, peer_batch_run) -> list[Agent]:
     """Volunteers, tokens and sessions for `count` agents, straight through the ORM."""
     from accounts.models import User
@@ -309,11 +324,10 @@ def main() -> None:
     from django.core.management import call_command
 
     from runs.models import ContributionEvent
-    from tests.factories import RunFactory
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     call_command("migrate", verbosity=0)
-    run = RunFactory(slug=f"bench-ingest-{int(time.time())}")
+    run = run_create(f"bench-ingest-{int(time.time())}")
     training = run.config["training"]
     peer_batch = training["per_device_batch_size"] * training.get("gradient_accumulation_steps", 1)
     agents = agents_create(max(args.agents), run)
