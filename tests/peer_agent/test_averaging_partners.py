@@ -28,7 +28,7 @@ from peer_agent.averaging import (
 )
 from peer_agent.training import Trainer, TrainerSetup
 from tests.factories import RunAuthority
-from tests.peer_agent.test_training_swarm import train_together
+from tests.peer_agent.trainers import train_together
 
 pytestmark = pytest.mark.timeout(240)
 

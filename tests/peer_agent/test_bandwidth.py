@@ -1,12 +1,8 @@
 """Bandwidth: upload and download timed against the portal's probes, and what the agent declares to the swarm."""
 
-import json
-import os
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -18,55 +14,7 @@ from peer_agent.bandwidth import (
     measure_probe,
 )
 from peer_agent.portal import PortalClient, PortalRefused, Transfer
-
-TOKEN = "agt_secret"
-MIB = 1 << 20
-
-
-class ProbeRoutes:
-    """The portal's two probe endpoints, answered inside any ``BaseHTTPRequestHandler``."""
-
-    def __init__(self, *, token: str = TOKEN, delay_s: float = 0.0, upload_limit: int = 2 * MIB):
-        self.token, self.delay_s, self.upload_limit = token, delay_s, upload_limit
-        self.downloads: list[int] = []
-        self.uploads: list[int] = []
-
-    def answer(self, handler: BaseHTTPRequestHandler) -> bool:
-        """Answer a probe request and return True; False when it is for another path."""
-        url = urlsplit(handler.path)
-        if (handler.command, url.path) == ("GET", "/api/v1/probe/download"):
-            if self._authorized(handler):
-                size = int(parse_qs(url.query).get("size", [str(4 * MIB)])[0])
-                time.sleep(self.delay_s)
-                self.downloads.append(size)
-                send(handler, 200, os.urandom(size))
-            return True
-        if (handler.command, url.path) == ("POST", "/api/v1/probe/upload"):
-            size = len(handler.rfile.read(int(handler.headers.get("Content-Length", 0))))
-            if self._authorized(handler):
-                time.sleep(self.delay_s)
-                if size > self.upload_limit:
-                    send(handler, 413, {"error": {"code": "probe_too_large", "detail": "upload at most 1 MiB"}})
-                else:
-                    self.uploads.append(size)
-                    send(handler, 200, {"bytes": size})
-            return True
-        return False
-
-    def _authorized(self, handler: BaseHTTPRequestHandler) -> bool:
-        if handler.headers.get("Authorization") == f"Bearer {self.token}":
-            return True
-        send(handler, 401, {"error": {"code": "token_unknown", "detail": "this agent token does not exist"}})
-        return False
-
-
-def send(handler: BaseHTTPRequestHandler, status: int, body: dict | bytes) -> None:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/octet-stream" if isinstance(body, bytes) else "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
+from tests.peer_agent.fakes import MIB, TOKEN, ProbeRoutes, send
 
 
 class ProbePortal:

@@ -18,8 +18,7 @@ from peer_agent import cli, join
 from peer_agent.protocol import config_from_preset
 from peer_agent.settings import SettingsError, agent_home, credentials_store, settings_resolve
 from peer_agent.spool import Spool, spool_files, spool_read
-from tests.peer_agent.test_bandwidth import ProbeRoutes
-from tests.peer_agent.test_reporter import TOKEN, ContractServer, report
+from tests.peer_agent.fakes import TOKEN, ContractServer, ProbeRoutes, report
 
 REPO = Path(__file__).resolve().parents[2]
 

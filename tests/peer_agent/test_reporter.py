@@ -5,37 +5,22 @@ it stores each report under ``(session_id, seq)`` before acknowledging it, and a
 repeated ``seq`` without counting it again.
 """
 
-import asyncio
-import contextlib
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from datetime import UTC
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from websockets.asyncio.server import serve
-from websockets.exceptions import ConnectionClosed
 
-from peer_agent.protocol import ProtocolError, Report, parse_client_frame
 from peer_agent.reporter import Reporter
 from peer_agent.spool import Spool, SpoolBusy, spool_files, spool_read
+from tests.peer_agent.fakes import TOKEN, ContractServer, report
 
-TOKEN = "agt_secret"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:
@@ -45,80 +30,6 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.02)
     return True
-
-
-class ContractServer:
-    """``/ws/agent/`` as the contract describes it, with knobs to misbehave."""
-
-    def __init__(self, port: int | None = None, *, ack: bool = True, drop_every: int | None = None,
-                 errors: dict[int, tuple[str, str]] | None = None):
-        self.port = port or free_port()
-        self.ack, self.drop_every, self.errors = ack, drop_every, errors or {}
-        self.stored: dict[tuple[int, int], int] = {}
-        self.frames = self.connections = self.duplicates = 0
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws/agent/"
-
-    def samples(self, session_id: int) -> int:
-        return sum(samples for (session, _), samples in self.stored.items() if session == session_id)
-
-    def seqs(self, session_id: int) -> list[int]:
-        return sorted(seq for session, seq in self.stored if session == session_id)
-
-    def start(self) -> "ContractServer":
-        ready = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main(ready)), daemon=True)
-        self._thread.start()
-        assert ready.wait(5)
-        return self
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stopped.set)
-        self._thread.join(5)
-
-    async def _main(self, ready: threading.Event) -> None:
-        self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
-        async with serve(self._handle, "127.0.0.1", self.port, process_request=self._authenticate):
-            ready.set()
-            await self._stopped.wait()
-
-    def _authenticate(self, connection, request):
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return connection.respond(401, "invalid agent token\n")
-        return None
-
-    async def _handle(self, ws) -> None:
-        self.connections += 1
-        async for message in ws:
-            self.frames += 1
-            try:
-                report = parse_client_frame(message)
-            except ProtocolError as exc:
-                await ws.send(exc.to_frame().model_dump_json())
-                continue
-            if self.drop_every and self.frames % self.drop_every == 0:
-                if self.frames % (2 * self.drop_every) == 0:
-                    self._store(report)  # stored, but the ack is lost with the connection
-                ws.transport.abort()
-                return
-            if report.seq in self.errors:
-                code, detail = self.errors[report.seq]
-                await ws.send(json.dumps({"type": "error", "seq": report.seq, "code": code, "detail": detail}))
-                continue
-            self._store(report)
-            if self.ack:
-                with contextlib.suppress(ConnectionClosed):
-                    await ws.send(json.dumps({"type": "ack", "seq": report.seq}))
-
-    def _store(self, report: Report) -> None:
-        key = (report.session_id, report.seq)
-        if key in self.stored:
-            self.duplicates += 1
-        else:
-            self.stored[key] = report.samples
 
 
 @pytest.fixture
@@ -260,13 +171,6 @@ def test_a_spool_in_use_by_another_agent_is_left_alone(tmp_path):
     spool.close()
     Spool.open(tmp_path, 9).close()
     assert spool_files(tmp_path) == [tmp_path / "session-9.jsonl"]
-
-
-def report(session_id: int, seq: int, samples: int = 1) -> Report:
-    from datetime import datetime
-
-    return Report(session_id=session_id, seq=seq, samples=samples, steps=1, local_epoch=0, loss=None,
-                  samples_per_second=1.0, sent_at=datetime.now(UTC))
 
 
 def test_a_half_written_last_line_is_cut_off_on_open(tmp_path):

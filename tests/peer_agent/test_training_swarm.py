@@ -1,8 +1,6 @@
 """Real hivemind peers on loopback training a tiny ALBERT together."""
 
 import math
-import threading
-import time
 
 import pytest
 import torch
@@ -11,11 +9,9 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from peer_agent.metrics import LocalMetrics, metrics_key, metrics_read
 from peer_agent.training import Trainer, TrainerSetup
+from tests.peer_agent.trainers import train_together
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
-
-STEP_TIME_S = 0.25  # stands in for compute, so the swarm's progress reads keep up as they would on real hardware
-DEADLINE_S = 120
 
 
 @pytest.fixture
@@ -38,31 +34,6 @@ def make_trainer(tiny_config, tokenizer, corpus_file):
     yield make
     for trainer in trainers:
         trainer.shutdown()
-
-
-def train_together(trainers, epochs):
-    """Step every trainer in its own thread until all reach ``epochs``; the step results of each."""
-    results = [[] for _ in trainers]
-    errors = []
-
-    def run(index, trainer):
-        try:
-            deadline = time.monotonic() + DEADLINE_S
-            while min(t.optimizer.local_epoch for t in trainers) < epochs and time.monotonic() < deadline:
-                time.sleep(STEP_TIME_S)
-                results[index].append(trainer.step())
-                trainer.progress()  # polls the swarm's throughput in the background
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(trainers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 def assert_same_parameters(trainers, atol=5e-3):
