@@ -8,8 +8,7 @@ from playwright.sync_api import expect
 
 from accounts.services import token_create
 from runs.models import Checkpoint, RunSample, TrainingSession
-from tests.browser.test_live_leaderboard import send_report
-from tests.browser.test_run_pages import log_in
+from tests.browser.steps import log_in, send_report
 from tests.factories import RunFactory
 
 pytestmark = [pytest.mark.browser]

@@ -18,7 +18,7 @@ from accounts.services import token_create
 from harness.processes import children_reap
 from runs.models import Checkpoint, ContributionEvent, Run, RunCredit, TrainingSession
 from runs.setup.corpus import corpus_write
-from tests.browser.test_run_pages import log_in
+from tests.browser.steps import log_in
 from tests.e2e.agents import agent, serve_until, wait_for
 from tests.factories import PASSWORD, UserFactory
 

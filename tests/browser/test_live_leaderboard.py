@@ -3,27 +3,17 @@ the rollup counts it (Celery beat runs it every 10 s in production; here the tes
 leaderboard row changes without reload."""
 
 import datetime
-import json
 
 import pytest
 from playwright.sync_api import expect
-from websockets.sync.client import connect
 
 from accounts.services import token_create
 from runs.credit.rollup import credit_rollup
 from runs.models import TrainingSession
+from tests.browser.steps import send_report
 from tests.factories import RunFactory, epoch_confirm
 
 pytestmark = [pytest.mark.browser]
-
-
-def send_report(server: str, secret: str, session_id: int, seq: int, samples: int, ago_s: float = 0) -> dict:
-    sent_at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=ago_s)
-    frame = {"type": "report", "session_id": session_id, "seq": seq, "samples": samples, "steps": 1, "local_epoch": 4,
-             "loss": 5.25, "samples_per_second": 16.0, "sent_at": sent_at.isoformat()}
-    with connect(server.replace("http", "ws") + "/ws/agent/", additional_headers={"Authorization": f"Bearer {secret}"}) as socket:
-        socket.send(json.dumps(frame))
-        return json.loads(socket.recv(timeout=10))
 
 
 def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server, volunteer, screenshot, settings):

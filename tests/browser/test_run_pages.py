@@ -9,17 +9,10 @@ from playwright.sync_api import expect
 
 from runs.models import Run
 from runs.setup.corpus import corpus_write
-from tests.factories import PASSWORD, join_body
+from tests.browser.steps import log_in
+from tests.factories import join_body
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def log_in(page, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("button", name="Log out")).to_be_visible()
 
 
 def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_command(
