@@ -1,0 +1,89 @@
+"""Tests and benchmarks stand alone: no test module imports another, and no benchmark imports tests.
+
+A test module that another imports runs its imports, and defines its fixtures, wherever it is
+imported; moving or renaming one test then breaks unrelated ones, and a fixture taken that way is
+module state that other modules patch. Fixtures that several test modules use live in the nearest
+conftest.py; helpers in modules whose names do not start with ``test_`` (tests/factories.py,
+tests/agent_wire.py, tests/processes.py, ...); what the tests and the benchmarks share in
+``harness/``, which imports neither.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPORTERS = {"import_module", "__import__"}
+
+
+def imported(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module ``path`` imports anywhere in it (inside functions too), by absolute name;
+    ``from package import name`` counts as importing ``package.name`` as well, since ``name`` may be
+    a module. ``importlib.import_module("...")`` and ``__import__("...")`` with a literal count too."""
+    package = list(path.relative_to(root).parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package[:len(package) - node.level + 1] if node.level else []
+            base = ".".join([*parts, *([node.module] if node.module else [])])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if function in IMPORTERS:
+                names.add(node.args[0].value)
+    return names
+
+
+def is_test_module(name: str) -> bool:
+    """A module of tests/ that pytest collects or loads itself: ``test_*.py`` or a ``conftest.py``."""
+    parts = name.split(".")
+    return parts[0] == "tests" and any(part.startswith("test_") or part == "conftest" for part in parts[1:])
+
+
+def importers(folder: str, forbidden, root: Path = ROOT) -> dict[str, list[str]]:
+    """The modules under ``folder`` that import a module ``forbidden`` accepts, with what they import."""
+    files = sorted((root / folder).rglob("*.py"))
+    assert files, f"no Python files under {folder}/"
+    found = {}
+    for path in files:
+        bad = sorted(name for name in imported(path, root) if forbidden(name))
+        if bad:
+            found[str(path.relative_to(root))] = bad
+    return found
+
+
+def test_no_module_of_the_tests_imports_a_test_module_or_a_conftest():
+    offenders = importers("tests", is_test_module)
+    assert not offenders, (
+        "test modules and conftest.py files are loaded by pytest, not imported: move what is shared to "
+        f"a conftest.py fixture or a helper module: {offenders}")
+
+
+@pytest.mark.parametrize("folder, forbidden", [("bench", ("tests",)), ("harness", ("tests", "bench"))])
+def test_the_benchmarks_and_the_harness_import_no_test_code(folder, forbidden):
+    offenders = importers(folder, lambda name: name.split(".")[0] in forbidden)
+    assert not offenders, f"{folder}/ must not import {' or '.join(forbidden)} (use harness/): {offenders}"
+
+
+@pytest.mark.parametrize("source, found", [
+    ("from tests.runs.test_agent_socket import report", True),
+    ("from tests.runs import test_agent_socket", True),
+    ("import tests.peer_agent.test_reporter", True),
+    ("from tests.security.conftest import World", True),
+    ("from .test_join_api import post", True),
+    ("def f():\n    from tests.browser.test_run_pages import log_in", True),
+    ("importlib.import_module('tests.runs.test_verification')", True),
+    ("from tests.factories import RunFactory", False),
+    ("from tests.agent_wire import report", False),
+    ("from django.test import Client", False),
+])
+def test_the_check_sees_every_way_of_importing_a_test_module(tmp_path, source, found):
+    module = tmp_path / "tests" / "runs" / "test_example.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(source + "\n")
+    assert bool(importers("tests", is_test_module, root=tmp_path)) is found
