@@ -2,4 +2,5 @@
 ``tests`` nor ``bench`` (tests/test_layout.py checks that), so a benchmark needs no test code.
 
 - ``harness.processes``: reaping the processes real hivemind peers leave behind.
+- ``harness.netlab``: test hosts in network namespaces on a bridge, each at its own rate.
 """
