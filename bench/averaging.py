@@ -1,7 +1,7 @@
 """Averaging at the bandwidth limit: hivemind all-reduce rounds on 4 shaped test hosts.
 
-Four peers, each in its own network namespace (``/work/shared/tools/netns-lab``: a bridge, and a tc
-token bucket per host limiting its upload and its download), average a gradient-sized vector with
+Four peers, each in its own network namespace (``harness.netlab``: a bridge, and a tc token bucket
+per host limiting its upload and its download), average a gradient-sized vector with
 the gradient averager built with the options the agent gives it in
 ``peer_agent.training.optimizer_build``:
 
@@ -53,7 +53,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.netlab import NetLab
+
 N_PEERS = 4
+LAB_PREFIX = "avg"  # the namespaces avg0..avg3 and avgbr
 LAB_ADDRESS_PREFIX = "/ip4/10.77.0.1/"
 CASES = ("homogeneous", "slow", "client")
 MODES = ("declared", "equal", "hivemind", "tcp")
@@ -76,7 +79,6 @@ def _parse() -> argparse.Namespace:
                         help="gradient compression (the agent's default is fp16)")
     parser.add_argument("--matchmaking-time", type=float, default=3.0)
     parser.add_argument("--averaging-timeout", type=float, default=180.0)
-    parser.add_argument("--lab", default="/work/shared/tools/netns-lab", help="the netns-lab script")
     # Set by the coordinator for the peer processes it starts.
     parser.add_argument("--role", choices=("coordinator", "peer"), default="coordinator")
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -248,11 +250,6 @@ def _declared(args, case: str, mode: str, rates: list[float]) -> list[float]:
     return list(rates)
 
 
-def _lab(args, *command: str) -> None:
-    subprocess.run([args.lab, *command], check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "NETNS_LAB_PREFIX": "avg"})
-
-
 def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -287,7 +284,8 @@ def _wait_for(path: Path, processes: list[subprocess.Popen], timeout: float) -> 
         time.sleep(0.1)
 
 
-def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[float], total_rounds: int) -> list[dict]:
+def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, rates: list[float],
+                      total_rounds: int) -> list[dict]:
     """Start the 4 peers for one configuration, let them average, and return per-round records."""
     for stale in work.glob("*"):
         if stale.name not in ("shapes.json", "tcp.json"):
@@ -298,10 +296,10 @@ def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[flo
     log = (work / "peers.log").open("w")
 
     def start(i: int, initial_peer: str | None) -> None:
-        command = [args.lab, "exec", str(i), sys.executable, "-m", "bench.averaging", "--role", "peer",
-                   "--index", str(i), "--workdir", str(work), "--bandwidth", str(declared[i]),
-                   "--compression", args.compression, "--matchmaking-time", str(args.matchmaking_time),
-                   "--averaging-timeout", str(args.averaging_timeout), "--total-rounds", str(total_rounds)]
+        command = lab.command(i, sys.executable, "-m", "bench.averaging", "--role", "peer",
+                              "--index", str(i), "--workdir", str(work), "--bandwidth", str(declared[i]),
+                              "--compression", args.compression, "--matchmaking-time", str(args.matchmaking_time),
+                              "--averaging-timeout", str(args.averaging_timeout), "--total-rounds", str(total_rounds))
         if initial_peer:
             command += ["--initial-peer", initial_peer]
         if clients[i]:
@@ -310,8 +308,7 @@ def run_configuration(args, work: Path, *, case: str, mode: str, rates: list[flo
             command.append("--hivemind-averager")
         if mode == "tcp":
             command.append("--tcp")
-        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                          env={**os.environ, "NETNS_LAB_PREFIX": "avg"}))
+        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     try:
         start(0, None)
@@ -358,45 +355,40 @@ def coordinator_main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-averaging-") as directory:
         work = Path(directory)
         os.chmod(work, 0o755)
-        try:
-            for preset in args.presets.split(","):
-                shapes = _shapes(preset)
-                (work / "shapes.json").write_text(json.dumps(shapes))
-                elements = sum(_numel(shape) for shape in shapes)
-                size = elements * bytes_per_element
-                timed = args.large_rounds if preset == "large" and args.large_rounds else args.rounds
-                print(f"\n{preset}: {elements:,} elements, S = {size / 1e6:.2f} MB on the wire ({args.compression}); "
-                      f"{args.warmup} warm-up + {timed} timed rounds")
-                for case in args.cases.split(","):
-                    rates = [args.fast_rate] * N_PEERS
-                    if case == "slow":
-                        rates[-1] = args.slow_rate
-                    lp_rates = [0.0 if case == "client" and i == N_PEERS - 1 else rate for i, rate in enumerate(rates)]
-                    bound = round_time_model(size, rates, _fractions(elements, lp_rates))
-                    _lab(args, "up", str(N_PEERS), *[f"{rate:g}mbit" for rate in rates])
-                    try:
-                        for mode in args.modes.split(","):
-                            declared = _declared(args, case, mode, rates)
-                            shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)],
-                                                floored=mode != "hivemind")
-                            model = round_time_model(size, rates, shares)
-                            (work / "tcp.json").write_text(json.dumps([shares, size]))
-                            before = _uptime()
-                            rounds = run_configuration(args, work, case=case, mode=mode, rates=rates,
-                                                       total_rounds=args.warmup + timed)
-                            timed_rounds = [r for r in rounds[args.warmup:] if r["complete"]]
-                            seconds = [r["seconds"] for r in timed_rounds]
-                            row = dict(preset=preset, case=case, mode=mode, rates=rates, shares=shares,
-                                       model=model, bound=bound, seconds=seconds,
-                                       incomplete=len(rounds[args.warmup:]) - len(timed_rounds),
-                                       skew=max((r["skew"] for r in timed_rounds), default=0.0),
-                                       load_before=before, load_after=_uptime())
-                            rows.append(row)
-                            _print_row(row)
-                    finally:
-                        _lab(args, "down")
-        finally:
-            _lab(args, "down")
+        for preset in args.presets.split(","):
+            shapes = _shapes(preset)
+            (work / "shapes.json").write_text(json.dumps(shapes))
+            elements = sum(_numel(shape) for shape in shapes)
+            size = elements * bytes_per_element
+            timed = args.large_rounds if preset == "large" and args.large_rounds else args.rounds
+            print(f"\n{preset}: {elements:,} elements, S = {size / 1e6:.2f} MB on the wire ({args.compression}); "
+                  f"{args.warmup} warm-up + {timed} timed rounds")
+            for case in args.cases.split(","):
+                rates = [args.fast_rate] * N_PEERS
+                if case == "slow":
+                    rates[-1] = args.slow_rate
+                lp_rates = [0.0 if case == "client" and i == N_PEERS - 1 else rate for i, rate in enumerate(rates)]
+                bound = round_time_model(size, rates, _fractions(elements, lp_rates))
+                # The hosts of this case; leaving the block, however, removes them.
+                with NetLab(N_PEERS, rates, prefix=LAB_PREFIX) as lab:
+                    for mode in args.modes.split(","):
+                        declared = _declared(args, case, mode, rates)
+                        shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)],
+                                            floored=mode != "hivemind")
+                        model = round_time_model(size, rates, shares)
+                        (work / "tcp.json").write_text(json.dumps([shares, size]))
+                        before = _uptime()
+                        rounds = run_configuration(args, work, lab, case=case, mode=mode, rates=rates,
+                                                   total_rounds=args.warmup + timed)
+                        timed_rounds = [r for r in rounds[args.warmup:] if r["complete"]]
+                        seconds = [r["seconds"] for r in timed_rounds]
+                        row = dict(preset=preset, case=case, mode=mode, rates=rates, shares=shares,
+                                   model=model, bound=bound, seconds=seconds,
+                                   incomplete=len(rounds[args.warmup:]) - len(timed_rounds),
+                                   skew=max((r["skew"] for r in timed_rounds), default=0.0),
+                                   load_before=before, load_after=_uptime())
+                        rows.append(row)
+                        _print_row(row)
     print(f"\nuptime after: {_uptime()}")
     _print_summary(rows)
 
