@@ -58,7 +58,8 @@ def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_comma
     page.get_by_role("button", name="Create a token for this run").click()
     command = page.locator("#join-command").inner_text()
     screenshot(page, "run-join")
-    match = re.fullmatch(rf"PEER_AGENT_TOKEN=(dlp_\S+) peer-agent join --portal {re.escape(live_server.url)} bengali-demo", command)
+    match = re.fullmatch(rf"PEER_AGENT_TOKEN=(dlp_\S+) peer-agent join --portal {re.escape(live_server.url)} bengali-demo",
+                         command)
     assert match, command
     toml = base64.b64decode(page.locator("#agent-toml").get_attribute("href").split(",", 1)[1]).decode()
     assert f'token = "{match.group(1)}"' in toml and 'run = "bengali-demo"' in toml
