@@ -75,7 +75,8 @@ def asgi_server(transactional_db):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -29,7 +29,8 @@ def test_the_api_refuses_arbitrary_authorization_headers_in_json(db, header):
 @FUZZ
 @given(
     body=st.binary(max_size=2000),
-    content_type=st.sampled_from(["application/json", "text/plain", "multipart/form-data", "application/x-www-form-urlencoded", ""]),
+    content_type=st.sampled_from(
+        ["application/json", "text/plain", "multipart/form-data", "application/x-www-form-urlencoded", ""]),
     method=st.sampled_from(["get", "post", "put", "patch", "delete"]),
 )
 def test_the_api_answers_arbitrary_bodies_with_a_4xx(db, body, content_type, method):

@@ -23,7 +23,8 @@ def test_sign_up_creates_a_volunteer_and_logs_them_in(client, db):
 
 
 def test_sign_up_shows_each_error_beside_its_field(client, volunteer):
-    response = client.post(reverse("signup"), {"username": "vik", "email": "vik@example.org", "password1": "123", "password2": "124"})
+    response = client.post(reverse("signup"),
+                           {"username": "vik", "email": "vik@example.org", "password1": "123", "password2": "124"})
     page = response.content.decode()
     assert response.status_code == 200
     assert 'id="username-errors"' in page and "already exists" in page

@@ -63,7 +63,8 @@ def test_a_secret_can_be_read_from_a_file(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {code}"],
         cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings", "SECRET_KEY_FILE": str(secret_file), "PORTAL_VAR_DIR": str(tmp_path)},
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings", "SECRET_KEY_FILE": str(secret_file),
+             "PORTAL_VAR_DIR": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=60,

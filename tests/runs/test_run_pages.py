@@ -73,7 +73,8 @@ def test_an_active_run_only_lets_mid_run_safe_fields_change(client_for, organize
 def test_lifecycle_draft_active_paused_finished_is_audited(client_for, organizer):
     run = RunFactory(status="draft", organizers=[organizer], config=preset_config("large").model_dump(mode="json"))
     client = client_for(organizer)
-    for action, status in [("activate", "active"), ("pause", "paused"), ("resume", "active"), ("pause", "paused"), ("finish", "finished")]:
+    steps = [("activate", "active"), ("pause", "paused"), ("resume", "active"), ("pause", "paused"), ("finish", "finished")]
+    for action, status in steps:
         client.post(reverse("run-action", args=[run.slug, action]))
         run.refresh_from_db()
         assert run.status == status
@@ -151,7 +152,8 @@ def test_uploaded_data_must_be_utf8_text_within_the_limit(client_for, organizer)
 
     run = RunFactory(status="draft", organizers=[organizer])
     client = client_for(organizer)
-    bad = client.post(reverse("run-data-upload", args=[run.slug]), {"file": SimpleUploadedFile("x.txt", b"\xff\xfe\x00bad")}, follow=True)
+    bad = client.post(reverse("run-data-upload", args=[run.slug]),
+                      {"file": SimpleUploadedFile("x.txt", b"\xff\xfe\x00bad")}, follow=True)
     assert "not UTF-8 text" in bad.content.decode()
     good = SimpleUploadedFile("bn.txt", "আমি বাংলায় গান গাই।\nসে বই পড়ে।\n".encode())
     client.post(reverse("run-data-upload", args=[run.slug]), {"file": good})

@@ -56,7 +56,8 @@ def test_a_tokenizer_cannot_train_without_data(client_for, organizer):
 def test_an_uploaded_tokenizer_is_validated(client_for, organizer):
     run = RunFactory(status="draft", tokenizer_status="missing", organizers=[organizer])
     client = client_for(organizer)
-    page = client.post(reverse("run-tokenizer-upload", args=[run.slug]), {"file": SimpleUploadedFile("t.json", b"{}")}, follow=True)
+    page = client.post(reverse("run-tokenizer-upload", args=[run.slug]),
+                       {"file": SimpleUploadedFile("t.json", b"{}")}, follow=True)
     assert "not a tokenizer" in page.content.decode()
     run.refresh_from_db()
     assert run.tokenizer_status == "missing"
