@@ -311,10 +311,10 @@ class Figure:
         return None
 
     def line(self) -> str:
+        decimals = {"s": 2, "ms": 1, "MB": 1}.get(self.unit, 0)
+
         def shown(value) -> str:
-            if isinstance(value, float):
-                return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
-            return str(value)
+            return f"{value:,.{decimals}f}" if isinstance(value, (int, float)) else str(value)
 
         ratio = f"{self.ratio:.2f}" if self.ratio is not None else ""
         return f"{self.name:<44} {self.unit:<8} {shown(self.before):>18} {shown(self.after):>18} {ratio:>12}"
