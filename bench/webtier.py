@@ -249,8 +249,12 @@ async def load_drive(base: str, paths: list[str], connections: int, *, count: in
     started = time.perf_counter()
     window_from, window_to = started + warmup, started + warmup + seconds
 
-    async def connection(session: aiohttp.ClientSession) -> None:
+    async def connection(session: aiohttp.ClientSession, index: int) -> None:
         nonlocal sent
+        # The connections open one by one over the first half of the warm-up: opened in one burst,
+        # they are all accepted by whichever uvicorn worker wakes first (asyncio accepts a burst of
+        # connections in one go), and the other worker idles.
+        await asyncio.sleep(index * warmup / 2 / connections)
         while True:
             if count and sent >= count or not count and time.perf_counter() >= window_to:
                 return
@@ -271,7 +275,7 @@ async def load_drive(base: str, paths: list[str], connections: int, *, count: in
 
     connector = aiohttp.TCPConnector(limit=connections)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
-        await asyncio.gather(*(connection(session) for _ in range(connections)))
+        await asyncio.gather(*(connection(session, index) for index in range(connections)))
     elapsed = seconds if not count else time.perf_counter() - started
     ordered = sorted(latencies) or [float("nan")]
     return {"requests": len(latencies), "seconds": elapsed, "per_second": len(latencies) / elapsed if elapsed else 0.0,
@@ -400,15 +404,18 @@ def server_measure(checkout: Checkout, workers: int, args) -> dict:
             measured = load(server.base, [path], args.connections, seconds=args.seconds, warmup=args.warmup)
             # How the work spread over the processes: CPU seconds each used, warm-up included.
             measured["cpu_s"] = {pid: seconds - cpu_from.get(pid, 0.0) for pid, seconds in server.cpu().items()}
+            busiest = max(measured["cpu_s"].values()) / (sum(measured["cpu_s"].values()) or 1)
+            measured["uneven"] = workers > 1 and busiest > 0.8
             failed = {status: number for status, number in measured["statuses"].items() if status != "200"}
             if failed:
                 raise RuntimeError(f"{checkout.label}, {workers} worker(s), {path}: answered {failed}")
             result["load"][name] = measured
+            uneven = "   UNEVEN: one worker did most of the work" if measured["uneven"] else ""
             print(f"  {checkout.label:<6} uvicorn {workers}w {name:<9} {measured['per_second']:7.0f} req/s   "
                   f"p50 {measured['p50_ms']:6.1f} ms   p99 {measured['p99_ms']:6.1f} ms   "
                   f"({measured['requests']} in {args.seconds:g} s, {args.connections} connections; CPU s "
                   f"{', '.join(f'{seconds:.1f}' for seconds in measured['cpu_s'].values())})   "
-                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+                  f"load {os.getloadavg()[0]:.2f}{uneven}", flush=True)
         return result
     finally:
         server.stop()
