@@ -24,11 +24,12 @@ models alone. Nothing here imports the portal's code: it is reached over HTTP an
    server's process tree, in all and per process (W > 1: uvicorn's supervisor, the resource tracker
    of its `multiprocessing` and the workers).
 3. On the same server, requests/s of the run list (`/api/v1/runs/`) and a run's board
-   (`/api/v1/runs/<slug>/leaderboard`): `--connections` keep-alive connections in a closed loop
-   (each sends its next request once the previous is answered) for `--seconds` after `--warmup`,
-   p50/p99 of the latencies of the requests answered in the window. The client is an aiohttp loop
-   in a process of its own (not the server's GIL), on the same cores as the server. The CPU seconds
-   each server process used meanwhile are printed too: how the connections spread over workers.
+   (`/api/v1/runs/<slug>/leaderboard`): `--connections` keep-alive connections, opened one by one
+   during the first half of `--warmup`, in a closed loop (each sends its next request once the
+   previous is answered) for `--seconds` after `--warmup`; p50/p99 of the latencies of the requests
+   answered in the window. The client is an aiohttp loop in a process of its own (not the server's
+   GIL), on the same cores as the server. The CPU seconds each server process used meanwhile are
+   printed too, to show how the connections spread over the workers (UNEVEN: one did over 80%).
 
 2 and 3 are done `--rounds` times, each round starting every server afresh, W = 1 then 2, the
 baseline's before the current one's each time; the table has the medians. Printed: a table of both
