@@ -126,9 +126,8 @@ def checkout_baseline_add(ref: str, scratch: Path) -> Checkout:
 
 
 def checkout_baseline_remove(path: Path) -> None:
-    if path.exists():
-        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, capture_output=True)
-    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+    """Remove the baseline's worktree (only this one: other worktrees of the repository are left alone)."""
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, capture_output=True)
 
 
 def checkout_prepare(checkout: Checkout, volunteers: int) -> None:
