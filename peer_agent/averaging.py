@@ -38,6 +38,7 @@ from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
+from peer_agent.aggregation import AggregatingAverager
 from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, expiration_parse, rsa_public_key_parse
 
 logger = logging.getLogger(__name__)
@@ -182,10 +183,11 @@ class MembersOnlyAverager(DecentralizedAverager):
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
 
-class FlooredGradientAverager(GradientAverager, MembersOnlyAverager):
+class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, AggregatingAverager):
     """hivemind's ``GradientAverager`` with :func:`shares_with_floor` applied to each group's
-    partition (the peers' declared bandwidths and modes travel in ``group_info.gathered``) and,
-    given the agent's ``authorizer``, averaging only among peers that prove they hold a token."""
+    partition (the peers' declared bandwidths and modes travel in ``group_info.gathered``),
+    given the agent's ``authorizer``, averaging only among peers that prove they hold a token, and
+    combining each part by the run's ``aggregation`` (``peer_agent.aggregation``)."""
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
         parts = kwargs.get("peer_fractions")

@@ -56,9 +56,10 @@ MAX_FRAME_CHARS = 16_384
 # Agents from 0.3.0 on split a group's vector alike (the share floor of peer_agent.averaging) and
 # send their membership proofs next to their gathered data, for gradients and parameters; an older
 # agent in the same group would compute other parts or be refused, and the round would fail for
-# everyone. From 0.4.0 on they sign their joins with their peer key (JoinRequest.key_proof). The
-# portal refuses joins from older agents.
-SWARM_COMPATIBLE_SINCE = "0.4.0"
+# everyone. From 0.4.0 on they sign their joins with their peer key (JoinRequest.key_proof). From
+# 0.5.0 on they read averaging.aggregation and combine their parts of the all-reduce by it (an older
+# agent refuses a configuration that names it). The portal refuses joins from older agents.
+SWARM_COMPATIBLE_SINCE = "0.5.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).
@@ -210,6 +211,9 @@ class AveragingConfig(_Schema):
     grad_compression: Compression = Field("fp16", description="Compression of averaged gradients.")
     state_compression: Compression = Field("fp16", description="Compression of averaged parameters and state.")
     delay_updates: bool = Field(False, description="Apply updates one step late so averaging overlaps compute.")
+    aggregation: Literal["mean", "centered_clip"] = Field(
+        "mean", description='How each part of the gradient all-reduce is combined: "mean" (exactly large-batch '
+                            'training) or "centered_clip" (a peer sending bad gradients cannot steer the model; docs/trust.md).')
     client_mode: Literal["auto", "always", "never"] = Field(
         "auto", description='"auto": peers that cannot accept connections join as clients.')
     min_bandwidth_mbps: float = Field(10.0, gt=0, le=100_000, description="Bandwidth expected of a peer, in Mbit/s.")

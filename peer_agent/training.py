@@ -370,7 +370,8 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
     partitioning matters most) through ``grad_averager_factory``, whose averager keeps a slow
     peer's share of the vector above 0. Given the setup's authorizer, both averagers average only
     with peers that hold an access token (``peer_agent.averaging``), and the Optimizer keeps the
-    authorizer's token fresh in a thread of its own. ``client_mode`` must equal the DHT's: the
+    authorizer's token fresh in a thread of its own. The gradient averager combines each part of
+    the all-reduce by the run's ``aggregation`` (``peer_agent.aggregation``). ``client_mode`` must equal the DHT's: the
     Optimizer replaces an explicit value with ``dht.client_mode`` anyway.
 
     ``delay_updates`` (delayed parameter updates) delays the optimizer step and gradient
@@ -396,7 +397,8 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
         state_averaging_compression=compression_build(averaging.state_compression),
         matchmaking_time=averaging.matchmaking_time, averaging_timeout=averaging.averaging_timeout,
         client_mode=setup.client_mode,
-        grad_averager_factory=partial(FlooredGradientAverager, authorizer=setup.authorizer, **averager_opts),
+        grad_averager_factory=partial(FlooredGradientAverager, authorizer=setup.authorizer,
+                                      aggregation=averaging.aggregation, **averager_opts),
         averager_opts=averager_opts,
         tracker_opts=dict(private_key=setup.private_key, max_refresh_period=setup.progress_refresh_s),
         verbose=False,

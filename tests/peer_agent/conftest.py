@@ -5,11 +5,13 @@ import random
 
 import pytest
 import torch
+from hivemind.utils.crypto import RSAPrivateKey
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from harness.processes import children_reap
 from peer_agent.protocol import SPECIAL_TOKENS, RunConfig
+from peer_agent.training import Trainer, TrainerSetup
 
 SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "our neighbour", "the farmer"]
 VERBS = ["eats", "sees", "likes", "finds", "paints", "carries"]
@@ -73,3 +75,27 @@ def _tiny_config(**sections) -> RunConfig:
     for section, fields in sections.items():
         data[section] = {**data.get(section, {}), **fields}
     return RunConfig.model_validate(data)
+
+
+@pytest.fixture
+def make_trainer(tiny_config, tokenizer, corpus_file):
+    """``make_trainer(seed, joins=other_trainer, client_mode=..., averaging={...}, training={...})``; every trainer is
+    shut down after the test."""
+    trainers = []
+
+    def make(seed, *, joins=None, client_mode=False, averaging=None, training=None):
+        setup = TrainerSetup(
+            # A wider matchmaking window than the default test config: on 2 busy cores a peer can
+            # miss a 1 s window, and a round averaged alone leaves the peers apart for good.
+            config=tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0, **(averaging or {})),
+                               training=training or {}),
+            run_id="test_run", client_mode=client_mode,
+            initial_peers=[str(addr) for addr in joins.dht.get_visible_maddrs()] if joins else [],
+            private_key=RSAPrivateKey(), host_maddrs=["/ip4/127.0.0.1/tcp/0"], threads=1, seed=seed,
+            data_files=[str(corpus_file)], progress_refresh_s=1.0, bandwidth=100.0)
+        trainers.append(Trainer(setup, tokenizer))
+        return trainers[-1]
+
+    yield make
+    for trainer in trainers:
+        trainer.shutdown()

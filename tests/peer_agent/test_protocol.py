@@ -46,6 +46,7 @@ EVERYTHING_CHANGED = {
                  "weight_decay": 0.0, "clamp_value": 5.5, "max_grad_norm": 2.5, "precision": "bf16"},
     "averaging": {"matchmaking_time": 1.5, "averaging_timeout": 7.25, "target_group_size": None,
                   "grad_compression": "uniform8bit", "state_compression": "none", "delay_updates": True,
+                  "aggregation": "centered_clip",
                   "client_mode": "always", "min_bandwidth_mbps": 2.5, "checkpoint_every_epochs": 5,
                   "checkpoint_every_minutes": None, "keep_last_checkpoints": 2,
                   "keep_every_nth_checkpoint": None},

@@ -4,36 +4,12 @@ import math
 
 import pytest
 import torch
-from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
 from peer_agent.metrics import LocalMetrics, metrics_key, metrics_read
-from peer_agent.training import Trainer, TrainerSetup
 from tests.peer_agent.trainers import train_together
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
-
-
-@pytest.fixture
-def make_trainer(tiny_config, tokenizer, corpus_file):
-    """``make_trainer(seed, joins=other_trainer, client_mode=...)``; every trainer is shut down after the test."""
-    trainers = []
-
-    def make(seed, *, joins=None, client_mode=False):
-        setup = TrainerSetup(
-            # A wider matchmaking window than the default test config: on 2 busy cores a peer can
-            # miss a 1 s window, and a round averaged alone leaves the peers apart for good.
-            config=tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0)),
-            run_id="test_run", client_mode=client_mode,
-            initial_peers=[str(addr) for addr in joins.dht.get_visible_maddrs()] if joins else [],
-            private_key=RSAPrivateKey(), host_maddrs=["/ip4/127.0.0.1/tcp/0"], threads=1, seed=seed,
-            data_files=[str(corpus_file)], progress_refresh_s=1.0, bandwidth=100.0)
-        trainers.append(Trainer(setup, tokenizer))
-        return trainers[-1]
-
-    yield make
-    for trainer in trainers:
-        trainer.shutdown()
 
 
 def assert_same_parameters(trainers, atol=5e-3):

@@ -1,0 +1,89 @@
+"""CenteredClip on the parts of hivemind's all-reduce: agreeing peers keep their average, one peer
+sending a huge or sign-flipped gradient moves the result little."""
+
+import asyncio
+
+import pytest
+import torch
+from hivemind.averaging.partition import TensorPartReducer
+
+from peer_agent.aggregation import CenteredClipReducer, centered_clip
+from peer_agent.protocol import AveragingConfig
+
+
+def honest_slices(count: int, *, size: int = 1000, spread: float = 0.1, seed: int = 0) -> list[torch.Tensor]:
+    """Gradients of different batches: one direction and some noise each."""
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.randn(size, generator=generator)
+    return [direction + spread * torch.randn(size, generator=generator) for _ in range(count)]
+
+
+def test_identical_slices_come_back_unchanged():
+    slice_ = torch.linspace(-1, 1, 50)
+    assert torch.allclose(centered_clip([slice_] * 4, [1.0] * 4), slice_)
+
+
+def test_two_peers_get_their_weighted_mean():
+    a, b = torch.zeros(10), torch.ones(10)
+    assert torch.allclose(centered_clip([a, b], [1.0, 3.0]), torch.full((10,), 0.75))
+
+
+@pytest.mark.parametrize("attack", ["sign_flip_x100", "noise_x10"])
+def test_one_attacker_in_four_barely_moves_the_result(attack):
+    honest = honest_slices(3)
+    mean = torch.stack(honest).mean(0)
+    bad = -100 * honest[0] if attack == "sign_flip_x100" else 10 * mean.norm() * torch.randn(1000) / 1000 ** 0.5
+    slices = [*honest, bad]
+
+    plain = torch.stack(slices).mean(0)
+    robust = centered_clip(slices, [1.0] * 4)
+
+    assert (plain - mean).norm() > 2 * mean.norm(), "the plain mean is derailed"
+    assert (robust - mean).norm() < 0.1 * mean.norm(), "CenteredClip stays with the honest peers"
+
+
+def test_without_an_attacker_it_stays_close_to_the_mean():
+    slices = honest_slices(4)
+    mean = torch.stack(slices).mean(0)
+    assert (centered_clip(slices, [1.0] * 4) - mean).norm() < 0.02 * mean.norm()
+
+
+def reduce_parts(reducer_class, slices_by_sender: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """What hivemind's all-reduce does with a part reducer: each sender hands in its slice of each part
+    in order, concurrently, and receives the combined part."""
+    shapes = tuple(part.shape for part in slices_by_sender[0])
+
+    async def run():
+        reducer = reducer_class(shapes, len(slices_by_sender))
+
+        async def sender(index: int) -> list[torch.Tensor]:
+            return [await reducer.accumulate_part(index, part_index, part.clone(), weight=1.0)
+                    for part_index, part in enumerate(slices_by_sender[index])]
+
+        results = await asyncio.gather(*(sender(index) for index in range(len(slices_by_sender))))
+        reducer.finalize()
+        return results[0]
+
+    return asyncio.run(run())
+
+
+def test_the_reducer_combines_every_part_as_hivemind_hands_them_in():
+    honest = [honest_slices(3, size=600, seed=seed) for seed in (1, 2)]  # two parts, three honest senders each
+    senders = [[honest[0][i], honest[1][i]] for i in range(3)]
+    senders.append([-100 * honest[0][0], -100 * honest[1][0]])
+
+    plain = reduce_parts(TensorPartReducer, senders)
+    robust = reduce_parts(CenteredClipReducer, senders)
+
+    for part, clipped, averaged in zip(honest, robust, plain):
+        mean = torch.stack(part).mean(0)
+        assert (averaged - mean).norm() > 5 * mean.norm()
+        assert torch.allclose(clipped, centered_clip([*part, -100 * part[0]], [1.0] * 4))
+        assert (clipped - mean).norm() < 0.1 * mean.norm()
+
+
+def test_a_run_chooses_its_aggregation_and_mean_is_the_default():
+    assert AveragingConfig().aggregation == "mean"
+    assert AveragingConfig(aggregation="centered_clip").aggregation == "centered_clip"
+    with pytest.raises(ValueError):
+        AveragingConfig(aggregation="median")
