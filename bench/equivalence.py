@@ -56,6 +56,7 @@ import torch
 
 from bench.workload import Workload, dropout_off, loss_evaluate, workload_build
 from harness.processes import children_reap
+from harness.swarm import train_together
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.training import Trainer
 
@@ -196,36 +197,18 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, steps: int, step_
             _watch(trainers[peer], peer, record)
         for peer, trainer in enumerate(trainers):
             record.snapshots[peer][trainer.optimizer.local_epoch] = PeerState.of(trainer)
-        _train_together(trainers, record, steps, step_time_s, started + deadline_s)
+
+        def snapshot(peer: int, trainer: Trainer, result) -> None:
+            if result.local_epoch not in record.snapshots[peer]:
+                record.snapshots[peer][result.local_epoch] = PeerState.of(trainer)
+
+        train_together(trainers, steps, step_time_s=step_time_s, deadline_s=deadline_s, after_step=snapshot)
     finally:
         for trainer in trainers:
             trainer.shutdown()
         children_reap()
     record.wall_s = time.monotonic() - started
     return record
-
-
-def _train_together(trainers: list[Trainer], record: SwarmRecord, steps: int, step_time_s: float, deadline: float) -> None:
-    errors: list[BaseException] = []
-
-    def run(peer: int, trainer: Trainer) -> None:
-        try:
-            while min(t.optimizer.local_epoch for t in trainers) < steps and time.monotonic() < deadline:
-                time.sleep(step_time_s)  # stands in for compute, so the swarm's progress reads keep up
-                before = trainer.optimizer.local_epoch
-                trainer.step()
-                if trainer.optimizer.local_epoch != before:
-                    record.snapshots[peer][trainer.optimizer.local_epoch] = PeerState.of(trainer)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(trainers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
 
 
 def _watch(trainer: Trainer, peer: int, record: SwarmRecord) -> None:

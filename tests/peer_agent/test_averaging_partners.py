@@ -16,6 +16,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.serializer import MSGPackSerializer
 
+from harness.swarm import train_together
 from peer_agent import authorizer as authorizer_module
 from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, access_token_from_json
 from peer_agent.averaging import (
@@ -28,7 +29,6 @@ from peer_agent.averaging import (
 )
 from peer_agent.training import Trainer, TrainerSetup
 from tests.factories import RunAuthority
-from tests.peer_agent.trainers import train_together
 
 pytestmark = pytest.mark.timeout(240)
 

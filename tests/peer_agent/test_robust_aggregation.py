@@ -3,7 +3,7 @@ honest peers' loss stops falling, with CenteredClip it goes on falling (peer_age
 
 import pytest
 
-from tests.peer_agent.trainers import train_together
+from harness.swarm import train_together
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
 

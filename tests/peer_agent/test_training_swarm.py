@@ -6,8 +6,8 @@ import pytest
 import torch
 from hivemind.utils.timed_storage import get_dht_time
 
+from harness.swarm import train_together
 from peer_agent.metrics import LocalMetrics, metrics_key, metrics_read
-from tests.peer_agent.trainers import train_together
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
 
