@@ -19,7 +19,7 @@ models alone. Nothing here imports the portal's code: it is reached over HTTP an
 2. A real server, `python -m uvicorn portal.asgi:application --workers W` (W = 1 and 2), serves
    `--requests` mixed GETs: the pages `/`, `/runs/<slug>/`, `/leaderboard/` and the API's
    `/api/v1/runs/`, `/api/v1/runs/<slug>/`, `/api/v1/runs/<slug>/leaderboard`,
-   `/api/v1/leaderboard` (portal/urls.py, runs/urls.py, runs/api.py), round robin over
+   `/api/v1/leaderboard` (portal/urls.py, runs/urls.py, runs/api/routes.py), round robin over
    `--mixed-connections` connections; every answer must be 200. Then the resident memory of the
    server's process tree, in all and per process (W > 1: uvicorn's supervisor, the resource tracker
    of its `multiprocessing` and the workers).

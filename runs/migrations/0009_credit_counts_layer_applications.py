@@ -3,7 +3,7 @@
 Until now one sample earned 6 × the model's distinct parameters × its tokens / 1e9 credit, which
 counts ALBERT's one shared layer once however many times it is applied, and leaves out the
 attention's sequence² products. It now earns the GFLOP of the matrix products of a forward and
-backward pass (runs/compute.py). This migration multiplies every run's stored credit by that run's
+backward pass (runs/setup/compute.py). This migration multiplies every run's stored credit by that run's
 new / old credit per sample and sums the volunteers' and teams' all-runs totals again.
 """
 
