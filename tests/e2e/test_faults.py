@@ -180,6 +180,15 @@ def answers(url: str) -> bool:
         return False
 
 
+def readiness(portal: str) -> tuple[int, set[str]]:
+    """The status of ``/readyz`` and the names of what it says is down."""
+    try:
+        response = httpx.get(portal + "/readyz", timeout=10)
+    except httpx.HTTPError:
+        return 0, set()
+    return response.status_code, set(response.json().get("problems", {}))
+
+
 def live_viewer(portal: str) -> ClientConnection:
     ws = portal.replace("http://", "ws://")
     # A browser route: the Origin is checked. The test reads the snapshots only now and then: an
@@ -278,13 +287,15 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
             web.assert_alive()
             coordinator.assert_alive()
 
-        def through_fault(what: str, stop, start) -> None:
+        def through_fault(what: str, stop, start, down: str | None = None) -> None:
             """Stop a server, hold it down until both agents have spooled a report made meanwhile (so
             that they report into the outage), start it again and wait until both agents' reports
-            are stored again."""
+            are stored again. ``down`` names what the web server's /readyz must say is down meanwhile."""
             all_alive()
             phase(what)
             stop()
+            if down is not None:
+                wait_for(lambda: readiness(portal) == (503, {down}), 30, f"/readyz to say the {down} is down")
             before = last_seqs()
             wait_for(lambda: all(seq > before[name] for name, seq in last_seqs().items()), 60,
                      f"both agents to report while {what}")
@@ -293,6 +304,7 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
             mark = last_event_id()
             wait_for(lambda: stored_after(mark) == set(VOLUNTEERS), 120, f"reports of both agents stored after {what}")
             phase("  reports of both agents stored again")
+            wait_for(lambda: readiness(portal) == (200, set()), 30, "/readyz to say the portal is ready again")
             all_alive()
 
         wait_for(lambda: stored_after(0) == set(VOLUNTEERS), 240, "both agents to train and report")
@@ -306,8 +318,8 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
         # A viewer of the live page from now on stays connected through the remaining faults.
         viewer = cleanup.enter_context(live_viewer(portal))
         snapshot_until(viewer, lambda snapshot: snapshot["type"] == "snapshot", 30, "the first snapshot")
-        through_fault("PostgreSQL was down", postgres.crash, postgres.start)
-        through_fault("Redis was down", cache.kill, cache.start)
+        through_fault("PostgreSQL was down", postgres.crash, postgres.start, down="database")
+        through_fault("Redis was down", cache.kill, cache.start, down="redis")
         restarted = []
 
         def coordinator_start() -> None:
