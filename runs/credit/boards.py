@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from peer_agent.protocol import LiveSnapshot
+from runs.credit import columns
 from runs.credit.rollup import rac_now
 from runs.models import (
     ContributionEvent,
@@ -22,10 +23,8 @@ from runs.models import (
 )
 
 # window -> (samples column, credit column) of the aggregates: confirmed samples and credit only
-# (docs/trust.md); pending credit never moves a rank.
-WINDOWS = {"24h": ("samples_24h", "credit_24h"), "7d": ("samples_7d", "credit_7d"), "all": ("samples_verified", "credit")}
-# window -> (members column, machines column) of the team totals
-TEAM_COUNTS = {"24h": ("members_24h", "machines_24h"), "7d": ("members_7d", "machines_7d"), "all": ("members", "machines")}
+# (docs/trust.md); pending credit never moves a rank. TEAM_COUNTS: window -> (members, machines column).
+WINDOWS, TEAM_COUNTS = columns.WINDOWS, columns.TEAM_COUNTED
 BY = ("user", "team")
 ALIVE_AFTER = datetime.timedelta(seconds=60)
 PAGE_MAX = 500

@@ -20,6 +20,18 @@ from django.utils import timezone
 
 from accounts.models import TeamEvent, User
 from peer_agent.protocol import RunConfig
+from runs.credit.columns import (
+    BUCKETED,
+    RAC_FIELDS,
+    ROW_FIELDS,
+    RUN_DERIVED,
+    RUN_TOTAL,
+    SPLIT_FIELDS,
+    SUMMED,
+    TEAM_ADDED,
+    TEAM_COUNTED,
+    WINDOWS,
+)
 from runs.models import (
     ContributionEvent,
     CreditHour,
@@ -282,7 +294,7 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
         return
     totals = _run_credits(pairs)
     before = {key: [getattr(total, field) for field in SPLIT_FIELDS] for key, total in totals.items()}
-    before_run = {key: [getattr(total, field) for field in RUN_DERIVED_FIELDS] for key, total in totals.items()}
+    before_run = {key: [getattr(total, field) for field in RUN_DERIVED] for key, total in totals.items()}
     cps = _credit_per_sample_of(run_id for run_id, _ in totals)
     if teams is None:
         teams = _teams_of({user_id for _, user_id in totals})
@@ -311,26 +323,18 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
                 average=total.recent_average_credit, updated_at=total.rac_updated_at,
                 work=(total.samples_verified - verified_before) * cps[key[0]], now=now)
             rac_gained[key] = total.recent_average_credit - decayed
-    starts = window_starts(now)
-    in_24h = Q(hour__gte=starts["24h"])
     for runs, users in _chunks(pairs):
-        buckets = CreditHour.objects.filter(run_id__in=runs, user_id__in=users, hour__gte=starts["7d"])
-        for row in buckets.values("run_id", "user_id").annotate(
-            samples_24h=Sum("samples", filter=in_24h), credit_24h=Sum("credit", filter=in_24h),
-            samples_7d=Sum("samples"), credit_7d=Sum("credit"),
-        ):
-            windows[(row["run_id"], row["user_id"])] = row
+        windows.update(_window_sums(CreditHour.objects.filter(run_id__in=runs, user_id__in=users), "user", now=now))
     for key, total in totals.items():
-        window = windows.get(key, {})
-        total.samples_24h, total.credit_24h = window.get("samples_24h") or 0, window.get("credit_24h") or 0.0
-        total.samples_7d, total.credit_7d = window.get("samples_7d") or 0, window.get("credit_7d") or 0.0
-    _upsert(RunCredit, list(totals.values()), ["run", "user"], [*DERIVED_FIELDS, "recent_average_credit", "rac_updated_at"])
+        _windows_set(total, windows.get(key, {}))
+    _upsert(RunCredit, list(totals.values()), ["run", "user"],
+            [*SPLIT_FIELDS, *(column.name for column in BUCKETED), "machines", *RAC_FIELDS])
     run_changes: dict[int, dict] = defaultdict(dict)
     for run_id, added in (samples_added or {}).items():
         run_changes[run_id]["samples"] = added
     for key, total in totals.items():
         change = run_changes[key[0]]
-        for field, old in zip(RUN_DERIVED_FIELDS, before_run[key], strict=True):
+        for field, old in zip(RUN_DERIVED, before_run[key], strict=True):
             change[field] = change.get(field, 0) + getattr(total, field) - old
     run_credit_total_apply(changes=run_changes)
     volunteer_credit_refresh(user_ids={user_id for _, user_id in pairs}, now=now)
@@ -361,10 +365,10 @@ def run_credit_total_apply(*, changes: dict[int, dict]) -> None:
         for field, amount in change.items():
             setattr(total, field, getattr(total, field) + amount)
         # Added differences leave float rounding behind; a window with no samples has no credit.
-        for samples_field, credit_field in (("samples_24h", "credit_24h"), ("samples_7d", "credit_7d")):
+        for samples_field, credit_field in (WINDOWS[column.window] for column in BUCKETED if column.measure == "credit"):
             if getattr(total, samples_field) == 0:
                 setattr(total, credit_field, 0.0)
-    _upsert(RunCreditTotal, list(totals.values()), ["run"], RUN_TOTAL_FIELDS)
+    _upsert(RunCreditTotal, list(totals.values()), ["run"], list(RUN_TOTAL))
 
 
 def _teams_of(user_ids: set[int]) -> dict[int, int | None]:
@@ -384,21 +388,14 @@ def run_team_credit_apply(*, changes: dict[tuple[int, int], dict], now: datetime
         return
     keys = set(changes)
     totals, windows = {}, {}
-    starts = window_starts(now)
-    in_24h = Q(hour__gte=starts["24h"])
     for runs, teams in _chunks(keys):
         for total in RunTeamCredit.objects.filter(run_id__in=runs, team_id__in=teams):
             if (total.run_id, total.team_id) in keys:
                 totals[(total.run_id, total.team_id)] = total
-        buckets = TeamCreditHour.objects.filter(run_id__in=runs, team_id__in=teams, hour__gte=starts["7d"])
-        for row in buckets.values("run_id", "team_id").annotate(
-            samples_24h=Sum("samples", filter=in_24h), credit_24h=Sum("credit", filter=in_24h),
-            samples_7d=Sum("samples"), credit_7d=Sum("credit"),
-        ):
-            windows[(row["run_id"], row["team_id"])] = row
+        windows.update(_window_sums(TeamCreditHour.objects.filter(run_id__in=runs, team_id__in=teams), "team", now=now))
     for key, change in changes.items():
         total = totals.setdefault(key, RunTeamCredit(run_id=key[0], team_id=key[1]))
-        for field in TEAM_ADDED_FIELDS:
+        for field in TEAM_ADDED:
             setattr(total, field, getattr(total, field) + change.get(field, 0))
         # A verification or rejection decided after a volunteer changed teams is applied to the
         # new team (see the docstring of RunTeamCredit); counts never go below zero there.
@@ -408,18 +405,28 @@ def run_team_credit_apply(*, changes: dict[tuple[int, int], dict], now: datetime
                                                   now=now) + change["rac"]
             total.rac_updated_at = now
         total.last_seen_at = max(filter(None, [total.last_seen_at, change.get("last_seen_at")]), default=None)
-        window = windows.get(key, {})
-        total.samples_24h, total.credit_24h = window.get("samples_24h") or 0, window.get("credit_24h") or 0.0
-        total.samples_7d, total.credit_7d = window.get("samples_7d") or 0, window.get("credit_7d") or 0.0
-    _upsert(RunTeamCredit, list(totals.values()), ["run", "team"],
-            [*SUMMED_FIELDS, "recent_average_credit", "rac_updated_at", "last_seen_at"])
+        _windows_set(total, windows.get(key, {}))
+    _upsert(RunTeamCredit, list(totals.values()), ["run", "team"], [*SUMMED, *ROW_FIELDS])
     team_credit_refresh(team_ids={team_id for _, team_id in keys}, now=now)
 
 
-WINDOW_SAMPLES = {"": "samples_verified", "_24h": "samples_24h", "_7d": "samples_7d"}  # confirmed samples
+def _window_sums(buckets, owner: str, *, now: datetime.datetime) -> dict[tuple[int, int], dict]:
+    """The bucketed columns of each (run, ``owner``) in these hourly buckets: their sums over each window."""
+    starts = window_starts(now)
+    sums = {column.name: Sum(column.measure, filter=Q(hour__gte=starts[column.window])) for column in BUCKETED}
+    rows = buckets.filter(hour__gte=min(starts.values())).values("run_id", f"{owner}_id").annotate(**sums)
+    return {(row["run_id"], row[f"{owner}_id"]): row for row in rows}
+
+
+def _windows_set(total, sums: dict) -> None:
+    for column in BUCKETED:
+        setattr(total, column.name, sums.get(column.name) or column.zero)
+
+
+_CONFIRMED_IN = {window: Q(**{f"{samples}__gt": 0}) for window, (samples, _) in WINDOWS.items()}
 TEAM_COUNTS = {
-    **{f"members{suffix}": Count("pk", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
-    **{f"machines{suffix}": Sum("machines", filter=Q(**{f"{column}__gt": 0})) for suffix, column in WINDOW_SAMPLES.items()},
+    **{members: Count("pk", filter=_CONFIRMED_IN[window]) for window, (members, _) in TEAM_COUNTED.items()},
+    **{machines: Sum("machines", filter=_CONFIRMED_IN[window]) for window, (_, machines) in TEAM_COUNTED.items()},
 }
 
 
@@ -467,24 +474,11 @@ def team_credit_refresh(*, team_ids: set[int], now: datetime.datetime) -> None:
         rows: dict[int, TeamCredit] = {}
         for total in RunTeamCredit.objects.filter(team_id__in=teams[start:start + CHUNK]):
             row = rows.setdefault(total.team_id, TeamCredit(team_id=total.team_id, rac_updated_at=now))
-            for field in SUMMED_FIELDS:
+            for field in SUMMED:
                 setattr(row, field, getattr(row, field) + getattr(total, field))
             row.recent_average_credit += rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
             row.last_seen_at = max(filter(None, [row.last_seen_at, total.last_seen_at]), default=None)
-        _upsert(TeamCredit, list(rows.values()), ["team"],
-                [*SUMMED_FIELDS, "recent_average_credit", "rac_updated_at", "last_seen_at"])
-
-
-DERIVED_FIELDS = ["samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit",
-                  "samples_24h", "credit_24h", "samples_7d", "credit_7d", "machines"]
-# What run_credit_derive recomputes from SessionEpoch rows; teams get the difference it makes.
-SPLIT_FIELDS = ["samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit"]
-TEAM_ADDED_FIELDS = ["samples", "compute_seconds", *SPLIT_FIELDS]
-# What run_credit_derive recomputes that a run's totals sum; the run gets the difference it makes.
-RUN_DERIVED_FIELDS = [*SPLIT_FIELDS, "samples_24h", "credit_24h", "samples_7d", "credit_7d"]
-RUN_TOTAL_FIELDS = ["samples", *RUN_DERIVED_FIELDS]
-SUMMED_FIELDS = ["samples", "samples_verified", "samples_rejected", "credit_provisional", "credit_verified", "credit",
-                 "samples_24h", "credit_24h", "samples_7d", "credit_7d", "compute_seconds"]
+        _upsert(TeamCredit, list(rows.values()), ["team"], [*SUMMED, *ROW_FIELDS])
 
 
 def _epoch_split(*, runs: list[int], users: list[int]):
@@ -514,7 +508,7 @@ def volunteer_credit_refresh(*, user_ids: set[int], now: datetime.datetime) -> N
         rows: dict[int, VolunteerCredit] = {}
         for total in RunCredit.objects.filter(user_id__in=chunk):
             row = rows.setdefault(total.user_id, VolunteerCredit(user_id=total.user_id, rac_updated_at=now))
-            for field in SUMMED_FIELDS:
+            for field in SUMMED:
                 setattr(row, field, getattr(row, field) + getattr(total, field))
             row.recent_average_credit += rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
             row.last_seen_at = max(filter(None, [row.last_seen_at, total.last_seen_at]), default=None)
@@ -524,7 +518,7 @@ def volunteer_credit_refresh(*, user_ids: set[int], now: datetime.datetime) -> N
                 rows[row["user_id"]].machines = row["machines"]
         VolunteerCredit.objects.bulk_create(
             list(rows.values()), update_conflicts=True, unique_fields=["user"],
-            update_fields=[*SUMMED_FIELDS, "recent_average_credit", "rac_updated_at", "last_seen_at", "machines"],
+            update_fields=[*SUMMED, *ROW_FIELDS, "machines"],
             batch_size=CHUNK,
         )
 

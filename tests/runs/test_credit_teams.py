@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from accounts.services import team_create, team_disband, team_join, team_leave
 from runs import tasks
-from runs.credit import exports, rollup
+from runs.credit import columns, exports, rollup
 from runs.credit.boards import WINDOWS, leaderboard_rows
 from runs.credit.rollup import credit_rollup
 from runs.models import RunCredit, RunCreditTotal, RunTeamCredit, SessionEpoch, TeamCredit, TeamCreditHour, VolunteerCredit
@@ -206,7 +206,7 @@ def test_the_migration_backfills_team_totals_from_the_volunteers_totals(teams):
                                  (TeamCredit.objects.all(), kept_teams, lambda row: row.team_id)):
         assert {key(row) for row in rows} == set(kept_rows)
         for row in rows:
-            for field in [*rollup.SUMMED_FIELDS, *rollup.TEAM_COUNTS]:
+            for field in [*columns.SUMMED, *rollup.TEAM_COUNTS]:
                 assert getattr(row, field) == pytest.approx(getattr(kept_rows[key(row)], field)), field
             assert row.last_seen_at == kept_rows[key(row)].last_seen_at
             assert rollup.rac_now(average=row.recent_average_credit, updated_at=row.rac_updated_at) == pytest.approx(
