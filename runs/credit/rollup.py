@@ -601,16 +601,22 @@ def credit_windows_age() -> int:
 
 def credit_rac_decay() -> int:
     """Decay the RAC of volunteers and teams who earned nothing for an hour, so that boards sorted
-    by RAC stay right for idle ones. Returns the rows decayed."""
+    by RAC stay right for idle ones. Returns the rows decayed. Each batch holds the rollup's lock:
+    a pass that grants one of them RAC between the batch's read and its write would be overwritten."""
     now = timezone.now()
     decayed = 0
     unique = {RunCredit: ["run", "user"], VolunteerCredit: ["user"], RunTeamCredit: ["run", "team"], TeamCredit: ["team"]}
     for model, unique_fields in unique.items():
         idle = model.objects.filter(rac_updated_at__lt=now - datetime.timedelta(hours=1), recent_average_credit__gt=0)
-        while batch := list(idle.order_by("pk")[:CHUNK]):
-            for row in batch:
-                row.recent_average_credit, row.rac_updated_at = rac_update(
-                    average=row.recent_average_credit, updated_at=row.rac_updated_at, work=0.0, now=now)
-            _upsert(model, batch, unique_fields, ["recent_average_credit", "rac_updated_at"])
+        while True:
+            with transaction.atomic():
+                _watermark()
+                batch = list(idle.order_by("pk")[:CHUNK])
+                for row in batch:
+                    row.recent_average_credit, row.rac_updated_at = rac_update(
+                        average=row.recent_average_credit, updated_at=row.rac_updated_at, work=0.0, now=now)
+                _upsert(model, batch, unique_fields, ["recent_average_credit", "rac_updated_at"])
+            if not batch:
+                break
             decayed += len(batch)
     return decayed
