@@ -235,6 +235,11 @@ def epoch_confirmed_samples(*, status: str, reported: int, announced: int | None
     return reported if status == SessionEpoch.Status.ACCEPTED else 0
 
 
+def epoch_rejected_samples(*, status: str, reported: int) -> int:
+    """The samples of a session's epoch that earn nothing for good: all it reported, once rejected."""
+    return reported if status == SessionEpoch.Status.REJECTED else 0
+
+
 class RunSample(models.Model):
     """The monitor's reading of a run's swarm at one moment: the series behind the run's charts,
     its health page and the live snapshot."""

@@ -47,6 +47,7 @@ RAC_FIELDS = ("recent_average_credit", "rac_updated_at")
 ROW_FIELDS = (*RAC_FIELDS, "last_seen_at")
 
 SUMMED = tuple(column.name for column in COLUMNS)
+ZEROS = {column.name: column.zero for column in COLUMNS}
 SPLIT_FIELDS = tuple(column.name for column in COLUMNS if column.source == SPLIT)
 BUCKETED = tuple(column for column in COLUMNS if column.source == BUCKETS)
 # What the rollup adds to a team's totals as its members' figures change; the windows come from its buckets.

@@ -102,13 +102,34 @@ def rac_now(*, average: float, updated_at: datetime.datetime | None, now: dateti
     return rac_update(average=average, updated_at=updated_at, work=0.0, now=now or timezone.now())[0]
 
 
-def _hour(moment: datetime.datetime) -> datetime.datetime:
+def rac_grant(*, average: float, updated_at: datetime.datetime | None, work: float,
+              now: datetime.datetime) -> tuple[float, datetime.datetime, float]:
+    """RAC after ``work`` credit is granted ``now`` (RAC, as BOINC's, grows with granted credit,
+    when it is granted), and what it gained over the RAC decayed to ``now``: a team's RAC is the
+    sum of what its members gained while in it."""
+    decayed = rac_now(average=average, updated_at=updated_at, now=now)
+    average, updated_at = rac_update(average=average, updated_at=updated_at, work=work, now=now)
+    return average, updated_at, average - decayed
+
+
+def credit_split(*, samples: int, verified: int, rejected: int, cps: float) -> dict[str, int | float]:
+    """The split columns (columns.SPLIT_FIELDS) of a volunteer who reported ``samples`` of which
+    the epochs' decisions confirm ``verified`` and reject ``rejected``, never more than reported.
+    Credit is the verified part: what every board ranks by."""
+    verified = min(verified, samples)
+    rejected = min(rejected, samples - verified)
+    return {"samples_verified": verified, "samples_rejected": rejected,
+            "credit_provisional": (samples - verified - rejected) * cps, "credit_verified": verified * cps,
+            "credit": verified * cps}
+
+
+def hour_start(moment: datetime.datetime) -> datetime.datetime:
     return moment.replace(minute=0, second=0, microsecond=0)
 
 
 def window_starts(now: datetime.datetime) -> dict[str, datetime.datetime]:
     """First hourly bucket inside each window: the current hour and the 23 (or 167) before it."""
-    return {"24h": _hour(now) - datetime.timedelta(hours=23), "7d": _hour(now) - datetime.timedelta(hours=7 * 24 - 1)}
+    return {"24h": hour_start(now) - datetime.timedelta(hours=23), "7d": hour_start(now) - datetime.timedelta(hours=7 * 24 - 1)}
 
 
 # --- the rollup ---------------------------------------------------------------------------------
@@ -131,7 +152,9 @@ def credit_rollup(*, batch_size: int | None = None, max_batches: int = 100) -> i
     return consumed
 
 
-def _watermark() -> CreditRollup:
+def watermark_lock() -> CreditRollup:
+    """The rollup's progress row, locked until the transaction ends: each pass of the rollup takes
+    it, and so do pending_expire and the rebuild (runs/credit/rebuild.py), so none runs while another does."""
     CreditRollup.objects.get_or_create(pk=1)
     return CreditRollup.objects.select_for_update().get(pk=1)
 
@@ -154,7 +177,7 @@ def credit_rollup_batch(*, batch_size: int) -> int:
     their teams'), and move the watermark, in one transaction: all of it happens, or none."""
     now = timezone.now()
     with transaction.atomic():
-        mark = _watermark()
+        mark = watermark_lock()
         upper = _batch_upper_id(after=mark.event_id, batch_size=batch_size, now=now)
         if upper is None:
             return 0
@@ -165,7 +188,7 @@ def credit_rollup_batch(*, batch_size: int) -> int:
         groups = list(
             events.values(run_id=F("session__run_id"), user_id=F("session__user_id"), team_id=F("session__user__team_id"),
                           hour=TruncHour("received_at"))
-            .annotate(reported=Sum("samples"), last_seen=Max("received_at"), compute=Sum(_report_seconds()))
+            .annotate(reported=Sum("samples"), last_seen=Max("received_at"), compute=Sum(report_seconds()))
         )
         pairs = _totals_add(groups)
         samples_added = defaultdict(int)
@@ -179,12 +202,15 @@ def credit_rollup_batch(*, batch_size: int) -> int:
     return count
 
 
-def _report_seconds():
+def report_seconds():
+    """The training time an event claims, as an expression over its row: samples / samples per
+    second, at most COMPUTE_SECONDS_PER_REPORT_CAP."""
     seconds = Least(F("samples") * 1.0 / F("samples_per_second"), COMPUTE_SECONDS_PER_REPORT_CAP, output_field=FloatField())
     return Case(When(samples_per_second__gt=0, then=seconds), default=0.0, output_field=FloatField())
 
 
-def _credit_per_sample_of(run_ids: Iterable[int]) -> dict[int, float]:
+def credit_per_sample_of(run_ids: Iterable[int]) -> dict[int, float]:
+    """Run id -> the credit of one of its samples."""
     return {run.pk: run_credit_per_sample(run) for run in Run.objects.filter(pk__in=set(run_ids)).only("config")}
 
 
@@ -192,7 +218,7 @@ def _buckets_add(*, confirmed: dict[tuple[int, int, datetime.datetime], int], te
     """Add samples confirmed ((run, user, hour) -> samples; negative when an organizer rejects what
     was confirmed) and their credit to the hourly buckets of the volunteers and of the teams they
     are in now: the 24 h and 7 d windows count credit by when it was confirmed."""
-    cps = _credit_per_sample_of(run_id for run_id, _, _ in confirmed)
+    cps = credit_per_sample_of(run_id for run_id, _, _ in confirmed)
     by_team: dict[tuple[int, int, datetime.datetime], int] = defaultdict(int)
     for (run_id, user_id, hour), samples in confirmed.items():
         if teams.get(user_id) is not None:
@@ -208,7 +234,7 @@ def _buckets_add(*, confirmed: dict[tuple[int, int, datetime.datetime], int], te
             # Never below zero: a rejection takes back at most what the hour holds (the rest left the windows).
             bucket.samples = max(bucket.samples + samples, 0)
             bucket.credit = max(bucket.credit + samples * cps[key[0]], 0.0) if bucket.samples else 0.0
-        _upsert(model, list(existing.values()), ["run", owner, "hour"], ["samples", "credit"])
+        rows_upsert(model, list(existing.values()), ["run", owner, "hour"], ["samples", "credit"])
 
 
 def _team_added(groups: list[dict]) -> dict[tuple[int, int], dict]:
@@ -240,11 +266,11 @@ def _totals_add(groups: list[dict]) -> set[tuple[int, int]]:
         total.samples += sums["samples"]
         total.compute_seconds += sums["compute"]
         total.last_seen_at = max(filter(None, [total.last_seen_at, sums["last_seen"]]))
-    _upsert(RunCredit, list(totals.values()), ["run", "user"], ["samples", "compute_seconds", "last_seen_at"])
+    rows_upsert(RunCredit, list(totals.values()), ["run", "user"], ["samples", "compute_seconds", "last_seen_at"])
     return set(added)
 
 
-def _upsert(model, rows: list, unique_fields: list[str], update_fields: list[str]) -> None:
+def rows_upsert(model, rows: list, unique_fields: list[str], update_fields: list[str]) -> None:
     """Write back rows read earlier: INSERT … ON CONFLICT DO UPDATE is one statement per chunk on
     SQLite and PostgreSQL, where bulk_update's CASE per row grows slow with thousands of rows."""
     for row in rows:
@@ -295,7 +321,7 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
     totals = _run_credits(pairs)
     before = {key: [getattr(total, field) for field in SPLIT_FIELDS] for key, total in totals.items()}
     before_run = {key: [getattr(total, field) for field in RUN_DERIVED] for key, total in totals.items()}
-    cps = _credit_per_sample_of(run_id for run_id, _ in totals)
+    cps = credit_per_sample_of(run_id for run_id, _ in totals)
     if teams is None:
         teams = _teams_of({user_id for _, user_id in totals})
     epochs, windows, machines = {}, {}, {}
@@ -309,25 +335,19 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
     for key, total in totals.items():
         split = epochs.get(key, {})
         verified_before = total.samples_verified
-        total.samples_verified = min(split.get("verified") or 0, total.samples)
-        total.samples_rejected = min(split.get("rejected") or 0, total.samples - total.samples_verified)
-        provisional = total.samples - total.samples_verified - total.samples_rejected
-        total.credit_provisional = provisional * cps[key[0]]
-        total.credit_verified = total.samples_verified * cps[key[0]]
-        total.credit = total.credit_verified  # what every board ranks by: confirmed credit only
+        for field, value in credit_split(samples=total.samples, verified=split.get("verified") or 0,
+                                         rejected=split.get("rejected") or 0, cps=cps[key[0]]).items():
+            setattr(total, field, value)
         total.machines = machines.get(key, 0)
         if total.samples_verified > verified_before:
-            # RAC, as BOINC's, grows with granted credit, when it is granted.
-            decayed = rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
-            total.recent_average_credit, total.rac_updated_at = rac_update(
+            total.recent_average_credit, total.rac_updated_at, rac_gained[key] = rac_grant(
                 average=total.recent_average_credit, updated_at=total.rac_updated_at,
                 work=(total.samples_verified - verified_before) * cps[key[0]], now=now)
-            rac_gained[key] = total.recent_average_credit - decayed
     for runs, users in _chunks(pairs):
         windows.update(_window_sums(CreditHour.objects.filter(run_id__in=runs, user_id__in=users), "user", now=now))
     for key, total in totals.items():
         _windows_set(total, windows.get(key, {}))
-    _upsert(RunCredit, list(totals.values()), ["run", "user"],
+    rows_upsert(RunCredit, list(totals.values()), ["run", "user"],
             [*SPLIT_FIELDS, *(column.name for column in BUCKETED), "machines", *RAC_FIELDS])
     run_changes: dict[int, dict] = defaultdict(dict)
     for run_id, added in (samples_added or {}).items():
@@ -368,7 +388,7 @@ def run_credit_total_apply(*, changes: dict[int, dict]) -> None:
         for samples_field, credit_field in (WINDOWS[column.window] for column in BUCKETED if column.measure == "credit"):
             if getattr(total, samples_field) == 0:
                 setattr(total, credit_field, 0.0)
-    _upsert(RunCreditTotal, list(totals.values()), ["run"], list(RUN_TOTAL))
+    rows_upsert(RunCreditTotal, list(totals.values()), ["run"], list(RUN_TOTAL))
 
 
 def _teams_of(user_ids: set[int]) -> dict[int, int | None]:
@@ -406,7 +426,7 @@ def run_team_credit_apply(*, changes: dict[tuple[int, int], dict], now: datetime
             total.rac_updated_at = now
         total.last_seen_at = max(filter(None, [total.last_seen_at, change.get("last_seen_at")]), default=None)
         _windows_set(total, windows.get(key, {}))
-    _upsert(RunTeamCredit, list(totals.values()), ["run", "team"], [*SUMMED, *ROW_FIELDS])
+    rows_upsert(RunTeamCredit, list(totals.values()), ["run", "team"], [*SUMMED, *ROW_FIELDS])
     team_credit_refresh(team_ids={team_id for _, team_id in keys}, now=now)
 
 
@@ -448,7 +468,7 @@ def team_members_refresh(*, team_ids: set[int]) -> None:
                 found = counts.get(tuple(getattr(row, field) for field in key), {})
                 for field in TEAM_COUNTS:
                     setattr(row, field, found.get(f"counted_{field}") or 0)
-            _upsert(model, rows, [field.removesuffix("_id") for field in key], list(TEAM_COUNTS))
+            rows_upsert(model, rows, [field.removesuffix("_id") for field in key], list(TEAM_COUNTS))
 
 
 def credit_teams_refresh() -> int:
@@ -456,7 +476,7 @@ def credit_teams_refresh() -> int:
     changes happen outside the rollup; credit stays where it was earned). Returns the teams."""
     now = timezone.now()
     with transaction.atomic():
-        mark = _watermark()
+        mark = watermark_lock()
         changed = TeamEvent.objects.filter(kind__in=[TeamEvent.Kind.JOINED, TeamEvent.Kind.LEFT])
         if mark.teams_checked_at is not None:
             changed = changed.filter(at__gte=mark.teams_checked_at - EPOCH_CHANGES_OVERLAP)
@@ -478,7 +498,7 @@ def team_credit_refresh(*, team_ids: set[int], now: datetime.datetime) -> None:
                 setattr(row, field, getattr(row, field) + getattr(total, field))
             row.recent_average_credit += rac_now(average=total.recent_average_credit, updated_at=total.rac_updated_at, now=now)
             row.last_seen_at = max(filter(None, [row.last_seen_at, total.last_seen_at]), default=None)
-        _upsert(TeamCredit, list(rows.values()), ["team"], [*SUMMED, *ROW_FIELDS])
+        rows_upsert(TeamCredit, list(rows.values()), ["team"], [*SUMMED, *ROW_FIELDS])
 
 
 def _epoch_split(*, runs: list[int], users: list[int]):
@@ -529,7 +549,7 @@ def credit_epochs_refresh() -> int:
     recompute the verified/provisional split. Returns the (run, user) pairs refreshed."""
     now = timezone.now()
     with transaction.atomic():
-        mark = _watermark()
+        mark = watermark_lock()
         changed = SessionEpoch.objects.all()
         if mark.epochs_checked_at is not None:
             since = mark.epochs_checked_at - EPOCH_CHANGES_OVERLAP
@@ -568,7 +588,7 @@ def _confirmations_date(rows: list[tuple], *, now: datetime.datetime) -> set[tup
         pairs.add((run_id, user_id))
         samples = epoch_confirmed_samples(status=status, reported=reported, announced=announced)
         if samples != credited:
-            confirmed[(run_id, user_id, _hour(decided_at or checked_at or now))] += samples - credited
+            confirmed[(run_id, user_id, hour_start(decided_at or checked_at or now))] += samples - credited
             counted.append(SessionEpoch(pk=pk, credited_samples=samples))
     if confirmed:
         _buckets_add(confirmed=confirmed, teams=_teams_of({user_id for _, user_id, _ in confirmed}))
@@ -581,8 +601,8 @@ def credit_windows_age() -> int:
     who sent nothing since. Returns the (run, user) pairs refreshed."""
     now = timezone.now()
     with transaction.atomic():
-        mark = _watermark()
-        if mark.windows_hour == _hour(now):
+        mark = watermark_lock()
+        if mark.windows_hour == hour_start(now):
             return 0
         new, old = window_starts(now), window_starts(mark.windows_hour or now - datetime.timedelta(days=8))
         aged = CreditHour.objects.filter(
@@ -594,7 +614,7 @@ def credit_windows_age() -> int:
             Q(hour__gte=old["24h"], hour__lt=new["24h"]) | Q(hour__gte=old["7d"], hour__lt=new["7d"])
         )
         run_team_credit_apply(changes={pair: {} for pair in team_aged.values_list("run_id", "team_id").distinct()}, now=now)
-        mark.windows_hour = _hour(now)
+        mark.windows_hour = hour_start(now)
         mark.save(update_fields=["windows_hour"])
     return len(pairs)
 
@@ -610,12 +630,12 @@ def credit_rac_decay() -> int:
         idle = model.objects.filter(rac_updated_at__lt=now - datetime.timedelta(hours=1), recent_average_credit__gt=0)
         while True:
             with transaction.atomic():
-                _watermark()
+                watermark_lock()
                 batch = list(idle.order_by("pk")[:CHUNK])
                 for row in batch:
                     row.recent_average_credit, row.rac_updated_at = rac_update(
                         average=row.recent_average_credit, updated_at=row.rac_updated_at, work=0.0, now=now)
-                _upsert(model, batch, unique_fields, ["recent_average_credit", "rac_updated_at"])
+                rows_upsert(model, batch, unique_fields, ["recent_average_credit", "rac_updated_at"])
             if not batch:
                 break
             decayed += len(batch)

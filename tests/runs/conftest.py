@@ -25,6 +25,17 @@ def clock(monkeypatch):
     return Clock
 
 
+@pytest.fixture
+def team_changes_on_the_clock(clock, monkeypatch):
+    """Joins and leaves (TeamEvent.at) are dated by the clock too: the field's default was bound to
+    the real timezone.now before the clock replaced it. The credit recount reads who was in which
+    team when (runs/credit/recount.py)."""
+    from accounts.models import TeamEvent
+
+    monkeypatch.setattr(TeamEvent._meta.get_field("at"), "_get_default", lambda: timezone.now())
+    return clock
+
+
 @pytest.fixture(autouse=True)
 def _rollup_takes_every_event(settings):
     """The rollup takes events as soon as they are stored (tests of the settle delay set their own)."""
