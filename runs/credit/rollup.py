@@ -215,9 +215,10 @@ def credit_per_sample_of(run_ids: Iterable[int]) -> dict[int, float]:
 
 
 def _buckets_add(*, confirmed: dict[tuple[int, int, datetime.datetime], int], teams: dict[int, int | None]) -> None:
-    """Add samples confirmed ((run, user, hour) -> samples; negative when an organizer rejects what
-    was confirmed) and their credit to the hourly buckets of the volunteers and of the teams they
-    are in now: the 24 h and 7 d windows count credit by when it was confirmed."""
+    """Add samples confirmed ((run, user, hour) -> samples; negative when what was confirmed is
+    taken back: flagged on new figures, rejected by an organizer) and their credit to the hourly
+    buckets of the volunteers and of the teams they are in now: the 24 h and 7 d windows count
+    credit by when it was confirmed."""
     cps = credit_per_sample_of(run_id for run_id, _, _ in confirmed)
     by_team: dict[tuple[int, int, datetime.datetime], int] = defaultdict(int)
     for (run_id, user_id, hour), samples in confirmed.items():
@@ -229,12 +230,36 @@ def _buckets_add(*, confirmed: dict[tuple[int, int, datetime.datetime], int], te
         for runs, owners in _chunks({(run_id, owner_id) for run_id, owner_id, _ in added}):
             for bucket in model.objects.filter(run_id__in=runs, **{f"{owner}_id__in": owners}, hour__in=hours):
                 existing[(bucket.run_id, getattr(bucket, f"{owner}_id"), bucket.hour)] = bucket
+        owed = {}
         for key, samples in added.items():
             bucket = existing.setdefault(key, model(run_id=key[0], **{f"{owner}_id": key[1]}, hour=key[2]))
-            # Never below zero: a rejection takes back at most what the hour holds (the rest left the windows).
-            bucket.samples = max(bucket.samples + samples, 0)
-            bucket.credit = max(bucket.credit + samples * cps[key[0]], 0.0) if bucket.samples else 0.0
+            if bucket.samples + samples < 0:
+                owed[key] = -(bucket.samples + samples)
+            _bucket_add(bucket, max(samples, -bucket.samples), cps[key[0]])
         rows_upsert(model, list(existing.values()), ["run", owner, "hour"], ["samples", "credit"])
+        for (run_id, owner_id, hour), samples in owed.items():
+            _buckets_take_back(model.objects.filter(run_id=run_id, **{f"{owner}_id": owner_id}, hour__lt=hour),
+                               samples=samples, cps=cps[run_id])
+
+
+def _bucket_add(bucket, samples: int, cps: float) -> None:
+    bucket.samples += samples
+    bucket.credit = max(bucket.credit + samples * cps, 0.0) if bucket.samples else 0.0
+
+
+def _buckets_take_back(earlier, *, samples: int, cps: float) -> None:
+    """Take back what a take-back's own hour did not hold from the owner's earlier buckets, the
+    latest first: the windows never keep credit that was taken back (runs/credit/rebuild.py checks
+    it). What no bucket holds any more is gone with them."""
+    taken = []
+    for bucket in earlier.filter(samples__gt=0).order_by("-hour"):
+        take = min(bucket.samples, samples)
+        _bucket_add(bucket, -take, cps)
+        taken.append(bucket)
+        samples -= take
+        if not samples:
+            break
+    earlier.model.objects.bulk_update(taken, ["samples", "credit"])
 
 
 def _team_added(groups: list[dict]) -> dict[tuple[int, int], dict]:

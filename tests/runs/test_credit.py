@@ -21,6 +21,7 @@ from runs.models import (
     TrainingSession,
     VolunteerCredit,
 )
+from runs.swarm.verification import epoch_flag
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 
@@ -160,6 +161,24 @@ def test_verified_and_provisional_credit_follow_the_monitor_and_organizers(db, c
     total.refresh_from_db()
     assert (total.credit, total.credit_24h) == pytest.approx((100 * cps, 100 * cps))
     assert CreditHour.objects.get(run=run, user=vik).samples == 100
+
+
+def test_credit_taken_back_in_a_later_hour_leaves_the_windows(db, clock):
+    run, vik = RunFactory(), UserFactory()
+    team = team_create(founder=vik, name="Taken back")
+    session = session_for(run, vik)
+    report(session, 100, at=NOW - datetime.timedelta(hours=3))  # verified 3 h ago
+    report(session, 40, at=NOW - datetime.timedelta(hours=2), epoch=2)  # verified 2 h ago
+    credit_rollup()
+    clock.now = NOW  # the late reports of epoch 1 disagree with the peer's records: flagged
+    epoch_flag(row=SessionEpoch.objects.get(session=session, epoch=1), reported=100, announced=10, detail="too many")
+    credit_rollup()
+    total, team_total = RunCredit.objects.get(run=run, user=vik), RunTeamCredit.objects.get(run=run, team=team)
+    assert (total.samples_verified, total.samples_24h, total.samples_7d) == (40, 40, 40)
+    assert total.credit_24h == pytest.approx(total.credit)
+    assert (team_total.samples_24h, team_total.samples_7d) == (40, 40)
+    assert sorted(CreditHour.objects.values_list("samples", flat=True)) == [0, 0, 40], "the latest credit went first"
+    assert RunCreditTotal.objects.get(run=run).samples_24h == 40
 
 
 def test_credit_adds_up_across_runs_of_different_sizes(db, clock):
