@@ -5,10 +5,11 @@ import threading
 
 import pytest
 import torch
-from hivemind.averaging import averager as hivemind_averager
+from hivemind.averaging.allreduce import AllReduceRunner
 from hivemind.averaging.load_balancing import load_balance_peers
 from hivemind.dht import DHT
 
+from peer_agent import aggregation
 from peer_agent.averaging import MIN_SHARE, FlooredGradientAverager, shares_with_floor
 
 pytestmark = pytest.mark.timeout(180)
@@ -38,7 +39,7 @@ def test_peers_average_correctly_with_a_slow_peer_given_a_share(monkeypatch, tmp
     """Three peers on loopback, one declaring 20 Mbit/s against 100 (hivemind's LP: share 0)."""
     record = tmp_path / "partitions.jsonl"
 
-    class RecordingRunner(hivemind_averager.AllReduceRunner):
+    class RecordingRunner(AllReduceRunner):
         """Writes down the partition each averager (a child process) runs its round with."""
 
         def __init__(self, *args, peer_fractions, **kwargs):
@@ -46,7 +47,7 @@ def test_peers_average_correctly_with_a_slow_peer_given_a_share(monkeypatch, tmp
                 file.write(json.dumps(list(peer_fractions)) + "\n")
             super().__init__(*args, peer_fractions=peer_fractions, **kwargs)
 
-    monkeypatch.setattr(hivemind_averager, "AllReduceRunner", RecordingRunner)
+    monkeypatch.setitem(aggregation.RUNNERS, "mean", RecordingRunner)  # read as each averager is made
     bandwidths = [100.0, 100.0, 20.0]
     first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
