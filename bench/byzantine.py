@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,8 +249,11 @@ def losses_evaluate(workload: Workload, record: RunRecord, held_out: list[dict[s
 
 def leftover_processes() -> int:
     """Child processes of this one still alive, torch's shared-memory manager excepted (children_reap keeps it)."""
-    return sum(1 for child in psutil.Process().children(recursive=True)
-               if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and child.name() != "torch_shm_manager")
+    alive = 0
+    for child in psutil.Process().children(recursive=True):
+        with suppress(psutil.NoSuchProcess):  # one that ends while we look is not left over
+            alive += child.status() != psutil.STATUS_ZOMBIE and child.name() != "torch_shm_manager"
+    return alive
 
 
 def run_print(record: RunRecord) -> None:
