@@ -32,6 +32,9 @@ How the comparison is made fair:
 * Compression: ``--compression none`` (the default) averages gradients and parameters in fp32.
   ``fp16`` runs the swarm as a real run would; the "fp16 gradients" replay rounds the averaged
   gradient to fp16, a partial stand-in (hivemind also rounds the parameters it averages).
+* Aggregation: ``--aggregation centered_clip`` runs the swarm with the robust all-reduce of
+  peer_agent/aggregation.py; with two peers each part has two senders, which it averages, so the
+  swarm should still match the replay.
 * Contrasts: "fixed B" takes exactly B consecutive micro-batches of the same sequence per step
   (literal large-batch training, ignoring how the swarm split its steps); "no averaging" steps on
   peer 0's micro-batches only, which is what a swarm whose peers never average would do.
@@ -427,6 +430,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compression", choices=["none", "fp16"], default="none",
                         help="gradient and state compression in the swarm's averaging")
     parser.add_argument("--dropout", action="store_true", help="keep the SOP head's dropout (p=0.1) on")
+    parser.add_argument("--aggregation", choices=["mean", "centered_clip"], default="mean",
+                        help="how the swarm combines each part of the gradient all-reduce (peer_agent/aggregation.py); "
+                             "the replay always takes the mean")
     parser.add_argument("--step-time", type=float, default=0.25,
                         help="seconds each peer waits before a local step, standing in for compute")
     parser.add_argument("--held-out-size", type=int, default=64)
@@ -436,7 +442,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as folder:
         workload = workload_build(Path(folder), target_batch_size=args.target_batch_size,
                                   per_device_batch_size=args.per_device_batch_size, learning_rate=args.learning_rate,
-                                  warmup_steps=args.warmup_steps, compression=args.compression)
+                                  warmup_steps=args.warmup_steps, compression=args.compression,
+                                  aggregation=args.aggregation)
         comparison = equivalence_measure(workload, steps=args.steps, settle=args.settle, seed=args.seed,
                                          step_time_s=args.step_time, held_out_size=args.held_out_size,
                                          dropout=args.dropout, deadline_s=args.deadline)
