@@ -15,7 +15,7 @@ report: snapshots delivered per second and how far apart viewers get the same sn
 The per-connection rate limit (5 reports/s) is lifted in the server: this measures capacity.
 `--writers` compares ways of storing: `batch` (runs.ingest.reports.ReportWriter, what the portal uses),
 `per_report` (a transaction per report on a pool thread), `one_thread` (a transaction per report
-on Channels' single sync thread, the PITFALLS baseline).
+on Channels' single sync thread, the baseline of docs/design.md).
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.ingest --agents 100 1000 --viewers 500
 """
