@@ -8,7 +8,6 @@ and a probe must stay cheap. They say nothing about runs or volunteers.
 
 from collections.abc import Callable
 
-import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -27,6 +26,8 @@ def readiness_problems() -> dict[str, str]:
         problems["database"] = f"the database does not answer: {_first_line(exc)}"
         connection.close_if_unusable_or_obsolete()
     if settings.REDIS_URL:
+        import redis  # only where Redis is configured: the embedded defaults need no client for it
+
         try:
             client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=REDIS_TIMEOUT_SECONDS,
                                           socket_connect_timeout=REDIS_TIMEOUT_SECONDS)
