@@ -53,6 +53,7 @@ import torch
 
 from bench.workload import SMALL_MODEL, Workload, loss_evaluate, workload_build
 from harness.processes import children_reap
+from harness.swarm import optimizer_watch
 from peer_agent.training import Trainer
 
 PEERS = 4
@@ -143,31 +144,16 @@ def _snapshot(trainer: Trainer) -> list[torch.Tensor]:
 
 def _watch(trainer: Trainer, record: RunRecord, attacker: object) -> None:
     """Count how peer 0's global steps went: the size of each gradient round's group, whether the
-    attacker's peer id (``attacker``) was in it, and the steps it took otherwise. These wrap private
-    hivemind 1.1.12 methods on one optimizer instance; they only observe."""
-    optimizer = trainer.optimizer
+    attacker's peer id (``attacker``) was in it, and the steps it took otherwise."""
 
-    def noting(name: str, what: str) -> None:
-        original = getattr(optimizer, name)
+    def anomaly(what: str, epoch: int) -> None:
+        record.anomalies[what] += 1
 
-        def wrapper(*args, **kwargs):
-            record.anomalies[what] += 1
-            return original(*args, **kwargs)
+    def group(peer_ids: list, epoch: int) -> None:
+        record.group_sizes[len(peer_ids)] += 1
+        record.rounds_with_attacker += attacker in peer_ids
 
-        setattr(optimizer, name, wrapper)
-
-    noting("load_state_from_peers", "downloaded the swarm's state")
-    noting("_load_local_gradients_into_optimizer", "stepped with its own gradients only")
-    noting("_tag_along_with_zero_weight", "joined a round with zero weight")
-    average = optimizer._average_gradients_and_load_into_optimizer
-
-    def averaged(control):
-        average(control)
-        if control is not None and control.done() and not control.cancelled() and control.exception() is None:
-            record.group_sizes[len(control.result())] += 1
-            record.rounds_with_attacker += attacker in control.result()
-
-    optimizer._average_gradients_and_load_into_optimizer = averaged
+    optimizer_watch(trainer, on_anomaly=anomaly, on_group=group)
 
 
 def swarm_run(workload: Workload, *, aggregation: str, attack: Attack, epochs: int, seed: int, step_time_s: float,

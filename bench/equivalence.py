@@ -59,7 +59,7 @@ import torch
 
 from bench.workload import Workload, dropout_off, loss_evaluate, workload_build
 from harness.processes import children_reap
-from harness.swarm import train_together
+from harness.swarm import optimizer_watch, train_together
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.training import Trainer
 
@@ -215,33 +215,15 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, steps: int, step_
 
 
 def _watch(trainer: Trainer, peer: int, record: SwarmRecord) -> None:
-    """Note every global step that did not average this peer's gradients with the other's.
+    """Note every global step that did not average this peer's gradients with the other's."""
 
-    These wrap private hivemind 1.1.12 methods on one optimizer instance; they only observe.
-    """
-    optimizer = trainer.optimizer
+    def anomaly(what: str, epoch: int) -> None:
+        record.anomalies.append(Anomaly(peer, epoch, what))
 
-    def noting(name: str, what: str) -> None:
-        original = getattr(optimizer, name)
+    def group(peer_ids: list, epoch: int) -> None:
+        record.group_sizes[peer, epoch] = len(peer_ids)
 
-        def wrapper(*args, **kwargs):
-            record.anomalies.append(Anomaly(peer, optimizer.local_epoch, what))
-            return original(*args, **kwargs)
-
-        setattr(optimizer, name, wrapper)
-
-    noting("load_state_from_peers", "downloaded the swarm's state, dropping its gradients")
-    noting("_load_local_gradients_into_optimizer", "stepped with its own gradients only")
-    noting("_tag_along_with_zero_weight", "joined an averaging round with zero weight")
-    average = optimizer._average_gradients_and_load_into_optimizer
-
-    def averaged(control):
-        epoch = optimizer.local_epoch
-        average(control)
-        if control is not None and control.done() and not control.cancelled() and control.exception() is None:
-            record.group_sizes[peer, epoch] = len(control.result())
-
-    optimizer._average_gradients_and_load_into_optimizer = averaged
+    optimizer_watch(trainer, on_anomaly=anomaly, on_group=group)
 
 
 def reference_train(workload: Workload, *, run_id: str, start: PeerState, start_step: int, batches: list[Batch],

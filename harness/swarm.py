@@ -38,3 +38,41 @@ def train_together(trainers, epochs: int, *, step_time_s: float = STEP_TIME_S, d
     if errors:
         raise errors[0]
     return results
+
+
+# What a global step does when it does not average this peer's gradients with the others'.
+STEP_ANOMALIES = {
+    "load_state_from_peers": "downloaded the swarm's state, dropping its gradients",
+    "_load_local_gradients_into_optimizer": "stepped with its own gradients only",
+    "_tag_along_with_zero_weight": "joined an averaging round with zero weight",
+}
+
+
+def optimizer_watch(trainer, *, on_anomaly: Callable[[str, int], None],
+                    on_group: Callable[[list, int], None]) -> None:
+    """Observe how ``trainer``'s global steps go: ``on_anomaly(what, epoch)`` for each step that did not
+    average its gradients with others (:data:`STEP_ANOMALIES`), ``on_group(peer_ids, epoch)`` with the
+    group of each gradient round that succeeded. These wrap private hivemind 1.1.12 methods of the
+    Optimizer (hivemind/optim/optimizer.py) on this one instance; they only observe."""
+    optimizer = trainer.optimizer
+
+    def noting(name: str, what: str) -> None:
+        original = getattr(optimizer, name)
+
+        def wrapper(*args, **kwargs):
+            on_anomaly(what, optimizer.local_epoch)
+            return original(*args, **kwargs)
+
+        setattr(optimizer, name, wrapper)
+
+    for name, what in STEP_ANOMALIES.items():
+        noting(name, what)
+    average = optimizer._average_gradients_and_load_into_optimizer
+
+    def averaged(control):
+        epoch = optimizer.local_epoch
+        average(control)
+        if control is not None and control.done() and not control.cancelled() and control.exception() is None:
+            on_group(list(control.result()), epoch)
+
+    optimizer._average_gradients_and_load_into_optimizer = averaged
