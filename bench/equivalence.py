@@ -183,9 +183,17 @@ class SwarmRecord:
         return chosen
 
 
-def swarm_train(workload: Workload, *, run_id: str, seed: int, steps: int, step_time_s: float,
+def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, steps: int, step_time_s: float,
                 dropout: bool = False, deadline_s: float = 600.0) -> SwarmRecord:
-    """Train two loopback peers until both completed ``steps`` global steps (or the deadline passed)."""
+    """Train two loopback peers for ``settle`` global steps, then until both completed ``settle + steps``
+    (or the deadline passed).
+
+    When the start-up rounds leave the peers apart (on a busy machine both can step alone in the
+    first round, before either has found the other), averaging never brings them together again:
+    state averaging averages the parameters but not LAMB's statistics, so each keeps stepping its own
+    way. After ``settle`` steps the second peer then loads the first's state, as a latecomer does, so
+    that the comparison can start from one state both share.
+    """
     pool = BatchPool(workload.batch_stream(seed))
     trainers: list[Trainer] = []
     record = SwarmRecord(pool=pool, snapshots=[{}, {}])
@@ -205,13 +213,23 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, steps: int, step_
             if result.local_epoch not in record.snapshots[peer]:
                 record.snapshots[peer][result.local_epoch] = PeerState.of(trainer)
 
-        train_together(trainers, steps, step_time_s=step_time_s, deadline_s=deadline_s, after_step=snapshot)
+        deadline = time.monotonic() + deadline_s
+        train_together(trainers, settle, step_time_s=step_time_s, deadline_s=deadline_s, after_step=snapshot)
+        if _parameters_gap(trainers) > PEERS_AGREE[workload.config.averaging.state_compression]:
+            trainers[1].optimizer.load_state_from_peers()
+        train_together(trainers, settle + steps, step_time_s=step_time_s, deadline_s=deadline - time.monotonic(),
+                       after_step=snapshot)
     finally:
         for trainer in trainers:
             trainer.shutdown()
         children_reap()
     record.wall_s = time.monotonic() - started
     return record
+
+
+def _parameters_gap(trainers: list[Trainer]) -> float:
+    pairs = zip(trainers[0].model.parameters(), trainers[1].model.parameters(), strict=True)
+    return max((a.detach() - b.detach()).abs().max().item() for a, b in pairs)
 
 
 def _watch(trainer: Trainer, peer: int, record: SwarmRecord) -> None:
@@ -324,7 +342,7 @@ def equivalence_measure(workload: Workload, *, steps: int, settle: int = 2, seed
     swarm's state after ``settle`` steps on the same micro-batches, and compare the next ``steps``."""
     run_id = f"bench_equivalence_{seed}"
     torch.set_num_threads(1)  # what the Trainers use: the same kernels, so the same rounding
-    record = swarm_train(workload, run_id=run_id, seed=seed, steps=settle + steps, step_time_s=step_time_s,
+    record = swarm_train(workload, run_id=run_id, seed=seed, settle=settle, steps=steps, step_time_s=step_time_s,
                          dropout=dropout, deadline_s=deadline_s)
     start = record.comparable_start(settle, PEERS_AGREE[workload.config.averaging.state_compression])
     end = record.epochs_reached()
