@@ -13,7 +13,6 @@ import logging
 import math
 import multiprocessing
 import os
-import secrets
 import signal
 import threading
 import time
@@ -43,7 +42,7 @@ from peer_agent.portal import (
     RunWatcher,
     StopReason,
 )
-from peer_agent.protocol import DeviceInfo, JoinRequest, JoinResponse, RunConfig, join_proof_message
+from peer_agent.protocol import DeviceInfo, EpochCommitment, JoinRequest, JoinResponse, RunConfig, join_proof_message
 from peer_agent.reporter import Reporter
 from peer_agent.settings import AgentSettings, SettingsError, settings_from_args
 from peer_agent.tokenizer import tokenizer_load
@@ -111,15 +110,16 @@ class _Tally:
         if not result.skipped and math.isfinite(result.loss) and result.loss >= 0:
             self.loss_sum, self.losses = self.loss_sum + result.loss, self.losses + 1
 
-    def send(self, reporter: Reporter, until: float | None = None) -> _Tally:
-        """Spool a report of the work up to ``until`` (now by default) and return a fresh tally
-        whose time starts there."""
+    def send(self, reporter: Reporter, until: float | None = None, commitments: list[EpochCommitment] | None = None) -> _Tally:
+        """Spool a report of the work up to ``until`` (now by default), with the oldest of ``commitments``
+        (taken from the list), and return a fresh tally whose time starts there."""
         until = time.monotonic() if until is None else until
         if self.steps:
             elapsed = max(until - self.since, 1e-6)
             reporter.report(samples=self.samples, steps=self.steps, local_epoch=self.local_epoch,
                             loss=self.loss_sum / self.losses if self.losses else None,
-                            samples_per_second=self.samples / elapsed)
+                            samples_per_second=self.samples / elapsed,
+                            commitment=commitments.pop(0) if commitments else None)
         return _Tally(since=until)
 
 
@@ -191,6 +191,7 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
     from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe, reachable
     from peer_agent.model import precision_choose, precision_describe
+    from peer_agent.spotcheck import data_seed
     from peer_agent.training import SwarmUnreachable, Trainer, TrainerSetup
 
     device = device_resolve(settings.device)
@@ -237,7 +238,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
         extra["checkpoint_fetch"] = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, files / "checkpoints")
     setup = TrainerSetup(config=config, run_id=joined.run_id, initial_peers=joined.initial_peers, client_mode=client_mode,
                          bandwidth=bandwidth, authorizer=authorizer, private_key=key, host_maddrs=[settings.host],
-                         device=device, threads=settings.threads, seed=secrets.randbits(31), data_files=data_files, **extra)
+                         device=device, threads=settings.threads, seed=data_seed(joined.run_id, joined.session_id),
+                         session_id=joined.session_id, data_files=data_files, **extra)
     logger.info("Entering the swarm and loading the collaboration's state (this can take a few minutes)")
     try:
         trainer = Trainer(setup, tokenizer_load(files / "tokenizer.json"))
@@ -269,25 +271,27 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
 def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher], refusals: object,
                 stop: StopRequest, deadline: float, settings: AgentSettings, console: Console) -> StopReason:
     tally, session_samples, shown_at, epoch_now = _Tally(), 0, 0.0, trainer.progress().local_epoch
+    commitments: list[EpochCommitment] = []  # signed by the trainer as epochs close, sent with the next reports
     with ProgressDisplay(console) as display:
         while (reason := _stop_reason(stop, deadline, reporter, watchers, refusals)) is None:
             started = time.monotonic()
             result = trainer.step()
+            commitments += trainer.commitments_take()
             # hivemind counts a step's samples toward the epoch the step began in, and the coordinator
             # verifies reports per epoch against those counts: so a report never spans two epochs.
             # The split falls where this step began, so that its time goes with its samples (else
             # one step over a few microseconds reads as a burst the portal refuses).
             epoch, epoch_now = epoch_now, result.local_epoch
             if tally.steps and epoch != tally.local_epoch:
-                tally = tally.send(reporter, until=started)
+                tally = tally.send(reporter, until=started, commitments=commitments)
             tally.add(result, epoch)
             session_samples += result.samples
             if time.monotonic() - tally.since >= settings.report_interval:
-                tally = tally.send(reporter)
+                tally = tally.send(reporter, commitments=commitments)
             if time.monotonic() - shown_at >= 0.5:
                 shown_at = time.monotonic()
                 display.update(_snapshot(trainer.progress(), result, session_samples, reporter))
-    tally.send(reporter)
+    tally.send(reporter, commitments=commitments)
     logger.info("Stopping: %s", reason.detail)
     return reason
 

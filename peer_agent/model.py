@@ -35,6 +35,10 @@ def model_build(config: RunConfig, vocab_size: int, *, pad_token_id: int = 0, in
         max_position_embeddings=dims["max_position_embeddings"],
         type_vocab_size=2,
         pad_token_id=pad_token_id,
+        # ALBERT's only dropout (p=0.1, in the sentence-order head) off: a step's gradient is then a
+        # function of the parameters and the batch alone, which a spot check can recompute on any
+        # device (peer_agent/spotcheck.py).
+        classifier_dropout_prob=0.0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)

@@ -47,19 +47,26 @@ MID_RUN_EDITABLE: frozenset[str] = frozenset({
     "averaging.checkpoint_every_epochs", "averaging.checkpoint_every_minutes", "averaging.keep_last_checkpoints",
     "averaging.keep_every_nth_checkpoint", "data.shuffle_buffer", "training.per_device_batch_size",
     "training.gradient_accumulation_steps", "training.precision",
+    "verification.spot_checks", "verification.checks_per_epoch", "verification.tolerance",
+    "verification.failures_to_suspend",
 })
 """Dotted config paths that peers may pick up while a run is active: they change how a peer
 computes or meets others, not what the collaboration optimizes."""
 
-MAX_FRAME_CHARS = 16_384
+# A report carries at most one epoch's commitment of MAX_COMMITTED_STEPS steps (~130 characters each).
+MAX_FRAME_CHARS = 262_144
+FINGERPRINT_WIDTH = 16  # float32 values in a gradient fingerprint (peer_agent.spotcheck)
+MAX_COMMITTED_STEPS = 1024
 
 # Agents from 0.3.0 on split a group's vector alike (the share floor of peer_agent.averaging) and
 # send their membership proofs next to their gathered data, for gradients and parameters; an older
 # agent in the same group would compute other parts or be refused, and the round would fail for
 # everyone. From 0.4.0 on they sign their joins with their peer key (JoinRequest.key_proof). From
 # 0.5.0 on they read averaging.aggregation and combine their parts of the all-reduce by it (an older
-# agent refuses a configuration that names it). The portal refuses joins from older agents.
-SWARM_COMPATIBLE_SINCE = "0.5.0"
+# agent refuses a configuration that names it). From 0.6.0 on they draw their data from the session's
+# public seed and commit to their steps (EpochCommitment), without which no work of theirs could be
+# spot-checked and confirmed. The portal refuses joins from older agents.
+SWARM_COMPATIBLE_SINCE = "0.6.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).
@@ -233,6 +240,17 @@ class AveragingConfig(_Schema):
         return self
 
 
+class VerificationConfig(_Schema):
+    """How the portal confirms credit: spot checks recompute steps each session committed to (docs/trust.md)."""
+
+    spot_checks: bool = Field(True, description="Recompute committed steps before confirming a session's epochs.")
+    checks_per_epoch: int = Field(1, ge=1, le=16, description="Steps recomputed per session and epoch.")
+    tolerance: float = Field(0.1, gt=0, le=1, description=(
+        "Largest fingerprint distance a checked step may have (honest steps measure about 0.001-0.005, "
+        "a step on other data about 0.7-1; docs/benchmarks.md)."))
+    failures_to_suspend: int = Field(2, ge=1, le=100, description="Failed checks after which a session is suspended.")
+
+
 class RunConfig(_Schema):
     """A run's whole configuration, versioned; defaults mirror sahajBERT."""
 
@@ -242,6 +260,7 @@ class RunConfig(_Schema):
     data: DataConfig = Field(default_factory=DataConfig, description="Training data.")
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="Optimization.")
     averaging: AveragingConfig = Field(default_factory=AveragingConfig, description="Collaboration.")
+    verification: VerificationConfig = Field(default_factory=VerificationConfig, description="Credit verification.")
 
     @model_validator(mode="after")
     def _check_sequence_length(self) -> "RunConfig":
@@ -413,6 +432,43 @@ class RefreshResponse(_Schema):
     hivemind_access: HivemindAccess = Field(description="A fresh access token.")
 
 
+class StepCommitment(_Schema):
+    """One local step as the agent commits to it: where its micro-batches start in the session's
+    stream, its samples, and the fingerprint of the gradient it computed (peer_agent.spotcheck)."""
+
+    cursor: StrictInt = Field(ge=0, le=2**48, description="Micro-batches the session drew before this step.")
+    samples: StrictInt = Field(ge=1, le=1_000_000, description="Samples of the step.")
+    fingerprint: str = Field(pattern=r"^[A-Za-z0-9+/]{86}==$",
+                             description=f"Base64 of the {FINGERPRINT_WIDTH} float32 values of the gradient's sketch.")
+
+
+class EpochCommitment(_Schema):
+    """Every step a session trained in one closed epoch, signed with its peer key before the portal
+    chooses which steps to recompute. Steps are in stream order, cursors strictly increasing."""
+
+    epoch: StrictInt = Field(ge=0, le=2**31 - 1, description="The collaboration epoch of the steps.")
+    micro_batch_size: StrictInt = Field(ge=1, le=4096, description="Rows per micro-batch of the session's stream.")
+    shuffle_buffer: StrictInt = Field(ge=1, le=1_000_000, description="The stream's shuffle buffer, as the agent used it.")
+    steps: list[StepCommitment] = Field(min_length=1, max_length=MAX_COMMITTED_STEPS, description="The epoch's steps.")
+    signature: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$",
+                           description="Base64 RSA-PSS/SHA-256 signature, with the peer key, of commitment_message.")
+
+    @model_validator(mode="after")
+    def _check_order(self) -> "EpochCommitment":
+        cursors = [step.cursor for step in self.steps]
+        if any(later <= earlier for earlier, later in zip(cursors, cursors[1:], strict=False)):
+            _raise_field_errors(self, {"steps": "cursors must strictly increase"})
+        return self
+
+
+def commitment_message(*, run_id: str, session_id: int, commitment: EpochCommitment) -> bytes:
+    """What an agent signs with its peer key for a commitment: the run, the session and every field
+    but the signature, so that a signature is worth nothing for another session or epoch."""
+    body = commitment.model_dump(mode="json", exclude={"signature"})
+    return f"dedloc-portal commitment\n{run_id}\n{session_id}\n".encode() + json.dumps(
+        body, sort_keys=True, separators=(",", ":")).encode()
+
+
 class Report(_Schema):
     """A progress report an agent sends over ``/ws/agent/``; ``samples`` is the delta since the last."""
 
@@ -425,6 +481,8 @@ class Report(_Schema):
     loss: StrictFiniteFloat | None = Field(None, ge=0, description="Recent training loss, if any.")
     samples_per_second: StrictFiniteFloat = Field(ge=0, le=1_000_000, description="Recent throughput.")
     sent_at: Annotated[AwareDatetime, Field(strict=True)] = Field(description="When the agent sent it.")
+    commitment: EpochCommitment | None = Field(None, description=(
+        "The steps of an epoch the session closed, for spot checks (agents from 0.6.0 on)."))
 
 
 class Ack(_Schema):

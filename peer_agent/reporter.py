@@ -29,7 +29,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from peer_agent.portal import PAUSE_CODES, SESSION_OVER_CODES, StopReason, backoff_delay
-from peer_agent.protocol import Ack, ErrorFrame, Report
+from peer_agent.protocol import Ack, EpochCommitment, ErrorFrame, Report
 from peer_agent.spool import Spool, SpoolBusy, spool_files, spool_read
 
 logger = logging.getLogger(__name__)
@@ -83,11 +83,12 @@ class Reporter:
         return self
 
     def report(self, *, samples: int, steps: int, local_epoch: int, loss: float | None,
-               samples_per_second: float) -> Report:
-        """Spool a report of the work since the previous one, and send it when connected."""
+               samples_per_second: float, commitment: EpochCommitment | None = None) -> Report:
+        """Spool a report of the work since the previous one (with an epoch's commitment, if given),
+        and send it when connected."""
         report = Report(session_id=self.spool.session_id, seq=self.spool.next_seq, samples=samples, steps=steps,
                         local_epoch=local_epoch, loss=loss, samples_per_second=min(samples_per_second, 1e6),
-                        sent_at=datetime.now(UTC))
+                        sent_at=datetime.now(UTC), commitment=commitment)
         self.spool.add(report)
         if self._loop is not None and self._thread.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the report stays spooled

@@ -42,7 +42,8 @@ from peer_agent.data import batches, dataset_stream
 from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from peer_agent.model import model_build, precision_choose
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
-from peer_agent.protocol import Compression, RunConfig, TrainingConfig
+from peer_agent.protocol import MAX_COMMITTED_STEPS, Compression, EpochCommitment, RunConfig, StepCommitment, TrainingConfig
+from peer_agent.spotcheck import Sketcher, commitment_sign
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class TrainerSetup:
     announce_maddrs: list[str] | None = None  # addresses to advertise, e.g. behind port forwarding
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     threads: int | None = None  # torch CPU threads; None leaves torch's default
-    seed: int = 0  # this peer's data order; give every peer a different one
+    seed: int = 0  # this peer's data order: peer_agent.spotcheck.data_seed of its session, so it can be replayed
+    session_id: int = 0  # the portal's session, named in the commitments this peer signs
     data_files: list[str] | None = None  # the run's text files (data source "files")
     http_headers: dict[str, str] | None = None  # sent when fetching data files over http(s)
     progress_refresh_s: float = 10.0  # longest wait between reads of the swarm's progress
@@ -183,6 +185,11 @@ class Trainer:
         self._closed_epochs: deque[tuple[int, int]] = deque(maxlen=CLOSED_EPOCHS_KEPT)
         self._swarm_read, self._swarm_read_at = None, -math.inf
         self._collaboration_sps: float | None = None
+        # Spot checks (peer_agent.spotcheck): micro-batches drawn so far, and each epoch's committed steps.
+        self._cursor = 0
+        self._sketcher = Sketcher(setup.run_id)
+        self._steps: dict[int, list[StepCommitment]] = {}
+        self._commitments: deque[EpochCommitment] = deque()
 
     def step(self) -> StepResult:
         """Run one local step: ``gradient_accumulation_steps`` forward/backward passes, clipping and
@@ -190,9 +197,11 @@ class Trainer:
         training = self.setup.config.training
         started = time.perf_counter()
         self.model.train()
+        epoch, cursor = self.optimizer.local_epoch, self._cursor
         loss_sum = torch.zeros((), device=self.setup.device)
         for _ in range(training.gradient_accumulation_steps):
             batch = {key: value.to(self.setup.device, non_blocking=True) for key, value in next(self._batches).items()}
+            self._cursor += 1
             with self._autocast():
                 loss = self.model(**batch).loss / training.gradient_accumulation_steps
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -203,6 +212,7 @@ class Trainer:
         if contributed:
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
+            fingerprint = self._sketcher.fingerprint(self.model, epoch)  # of the step's own gradient, before clipping
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), training.max_grad_norm)
             if self.scaler:
                 scale = self.scaler.get_scale()
@@ -218,6 +228,7 @@ class Trainer:
             self._recover_from_bad_step(loss_value)
         else:
             self._bad_in_a_row = 0
+            self._step_commit(epoch, cursor, fingerprint)
             self._after_good_step(loss_value)
 
         samples = training.per_device_batch_size * training.gradient_accumulation_steps if contributed else 0
@@ -238,6 +249,12 @@ class Trainer:
             samples_accumulated=swarm.samples_accumulated, target_batch_size=swarm.target_batch_size,
             num_peers=swarm.num_peers, num_clients=swarm.num_clients,
             eta_next_epoch_s=max(0.0, swarm.eta_next_epoch - get_dht_time()))
+
+    def commitments_take(self) -> list[EpochCommitment]:
+        """The signed commitments of the epochs this peer closed since the last call, oldest first."""
+        taken = list(self._commitments)
+        self._commitments.clear()
+        return taken
 
     @property
     def public_key_subkey(self) -> bytes:
@@ -288,6 +305,23 @@ class Trainer:
         self._steps_since_backup += 1
         if epoch != self._backup_epoch or self._steps_since_backup >= self.setup.backup_every:
             self._backup_take()
+
+    def _step_commit(self, epoch: int, cursor: int, fingerprint: str) -> None:
+        """Keep a good step for its epoch's commitment; sign the commitments of the epochs now behind."""
+        training = self.setup.config.training
+        steps = self._steps.setdefault(epoch, [])
+        if len(steps) < MAX_COMMITTED_STEPS:
+            samples = training.per_device_batch_size * training.gradient_accumulation_steps
+            steps.append(StepCommitment(cursor=cursor, samples=samples, fingerprint=fingerprint))
+        elif len(steps) == MAX_COMMITTED_STEPS:
+            logger.warning("More than %d steps in epoch %d: the rest cannot be committed to, so the portal cannot "
+                           "confirm them; a larger --per-device-batch-size helps", MAX_COMMITTED_STEPS, epoch)
+        for closed in sorted(e for e in self._steps if e < self.optimizer.local_epoch):
+            data = self.setup.config.data
+            commitment = EpochCommitment(epoch=closed, micro_batch_size=training.per_device_batch_size,
+                                         shuffle_buffer=data.shuffle_buffer, steps=self._steps.pop(closed), signature="A")
+            self._commitments.append(commitment_sign(commitment, run_id=self.setup.run_id,
+                                                     session_id=self.setup.session_id, key=self.setup.private_key))
 
     def _metrics_publish(self, epoch: int) -> None:
         done = self._unpublished

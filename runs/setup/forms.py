@@ -17,6 +17,7 @@ SECTIONS = {
     "data": "Data",
     "training": "Training",
     "averaging": "Averaging and checkpoints",
+    "verification": "Credit verification",
 }
 PRESETS = {
     "tiny": "tiny: a ~2M-parameter ALBERT that trains on laptop CPUs (demo)",

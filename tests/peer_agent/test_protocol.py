@@ -50,6 +50,7 @@ EVERYTHING_CHANGED = {
                   "client_mode": "always", "min_bandwidth_mbps": 2.5, "checkpoint_every_epochs": 5,
                   "checkpoint_every_minutes": None, "keep_last_checkpoints": 2,
                   "keep_every_nth_checkpoint": None},
+    "verification": {"spot_checks": False, "checks_per_epoch": 3, "tolerance": 0.2, "failures_to_suspend": 5},
 }
 
 
@@ -354,8 +355,8 @@ def test_an_invalid_report_is_refused_as_invalid_report(change):
 @pytest.mark.parametrize("text, code", [
     ("", "bad_json"),
     ("{not json", "bad_json"),
-    ("[" * 100_000, "too_large"),
-    ("[" * 10_000 + "]" * 10_000, "too_large"),
+    ("[" * (protocol.MAX_FRAME_CHARS + 1), "too_large"),
+    ("[" * protocol.MAX_FRAME_CHARS + "]" * protocol.MAX_FRAME_CHARS, "too_large"),
     ("[" * 5_000 + "]" * 5_000, "bad_json"),
     ('"report"', "bad_json"),
     ("[]", "bad_json"),
