@@ -33,7 +33,7 @@ RETRY_LATER_CODES = frozenset({"coordinator_unavailable"})
 
 SESSION_OVER_CODES = frozenset({
     "session_ended", "run_finished", "banned", "token_revoked", "token_expired", "unauthorized", "forbidden",
-    "invalid_token", "not_allowed", "invite_only",
+    "invalid_token", "not_allowed", "invite_only", "session_suspended",
 })
 """This agent may not go on training in this session (or at all) until a person acts."""
 

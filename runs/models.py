@@ -96,6 +96,8 @@ class RunEvent(models.Model):
         DATA = "data", "data changed"
         CREDIT_ACCEPTED = "credit_accepted", "flagged credit accepted"
         CREDIT_REJECTED = "credit_rejected", "flagged credit rejected"
+        SUSPENDED = "suspended", "session suspended by spot checks"
+        UNSUSPENDED = "unsuspended", "session suspension lifted"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -157,6 +159,9 @@ class TrainingSession(models.Model):
     last_seen_at = models.DateTimeField(default=timezone.now)
     access_expires_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
+    suspended_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When spot checks suspended the session (its reports are refused); an organizer can lift it."))
+    suspension_reason = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["-started_at", "-id"]
@@ -180,6 +185,34 @@ class ContributionEvent(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="one_event_per_report")]
         indexes = [models.Index(fields=["received_at"])]
+
+
+class StepCommitment(models.Model):
+    """The steps one session committed to for one epoch (peer_agent.protocol.EpochCommitment, signed
+    with its peer key), and the spot check of them. The first commitment for an epoch stands."""
+
+    class Outcome(models.TextChoices):
+        PENDING = "pending"  # not checked yet
+        PASSED = "passed"  # every recomputed step matched its fingerprint
+        FAILED = "failed"  # a recomputed step did not
+        UNCHECKED = "unchecked"  # the validator held no state of the epoch: it can never be checked
+
+    session = models.ForeignKey(TrainingSession, on_delete=models.CASCADE, related_name="commitments")
+    epoch = models.PositiveIntegerField()
+    micro_batch_size = models.PositiveIntegerField()
+    shuffle_buffer = models.PositiveIntegerField()
+    steps = models.JSONField(help_text="[[cursor, samples, fingerprint], ...] in stream order.")
+    samples = models.PositiveBigIntegerField(help_text="The committed steps' samples.")
+    received_at = models.DateTimeField(default=timezone.now)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.PENDING)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    check_detail = models.CharField(max_length=500, blank=True)
+    checked_steps = models.JSONField(default=list, blank=True, help_text="[[cursor, distance], ...] recomputed.")
+
+    class Meta:
+        ordering = ["session", "epoch"]
+        constraints = [models.UniqueConstraint(fields=["session", "epoch"], name="one_commitment_per_session_epoch")]
+        indexes = [models.Index(fields=["outcome"])]
 
 
 class ReportRejection(models.Model):

@@ -107,7 +107,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         pace = self.paces[session.pk]
         if report.seq not in pace.acked:  # acknowledged on this connection before: ack again, nothing to store
-            refusal = reports.report_check(report=report, pace=pace)
+            refusal = reports.report_check(report=report, pace=pace) or reports.commitment_refusal(
+                report=report, session=session)
             if refusal is not None:
                 await self._refuse(report, refusal)
                 return

@@ -20,15 +20,25 @@ from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from accounts.models import AgentToken
-from peer_agent.protocol import Report, RunConfig
-from runs.models import ContributionEvent, ReportRejection, Run, RunBan, RunMembership, RunSample, TrainingSession
+from peer_agent.protocol import Report, RunConfig, commitment_message
+from runs.access.authority import peer_key_proof_verify
+from runs.models import (
+    ContributionEvent,
+    ReportRejection,
+    Run,
+    RunBan,
+    RunMembership,
+    RunSample,
+    StepCommitment,
+    TrainingSession,
+)
 from runs.setup.compute import samples_per_second_ceiling
 
 logger = logging.getLogger(__name__)
 
 # Codes after which the agent must stop sending for this session (it tells the volunteer why).
 FATAL_CODES = {"banned", "run_finished", "session_not_found", "token_revoked", "token_expired", "not_allowed",
-               "session_ended"}
+               "session_ended", "session_suspended"}
 # An ended session (closed after 15 minutes of silence) still takes the reports its agent spooled
 # through an outage for this long; after it, its socket is refused like a banned one.
 ENDED_SESSION_GRACE = timedelta(hours=1)
@@ -75,6 +85,7 @@ class RunAdmission:
     refused_tokens: dict[int, str]  # token id -> "token_revoked" or "token_expired"
     not_allowed: frozenset[int] = frozenset()  # owners of the tokens who may no longer train in the run
     swarm_epoch: int | None = None
+    suspended: frozenset[int] = frozenset()  # sessions that spot checks suspended (runs.swarm.verification)
 
 
 def run_admission(*, run_id: int, token_ids: frozenset[int]) -> RunAdmission:
@@ -90,7 +101,9 @@ def run_admission(*, run_id: int, token_ids: frozenset[int]) -> RunAdmission:
         refused[pk] = "token_revoked" if revoked_at else "token_expired"
     return RunAdmission(status=run["status"], slug=run["slug"], banned=banned, refused_tokens=refused,
                         not_allowed=_not_allowed(run_id=run_id, visibility=run["visibility"], token_ids=token_ids),
-                        swarm_epoch=_swarm_epoch(run_id=run_id, now=now))
+                        swarm_epoch=_swarm_epoch(run_id=run_id, now=now),
+                        suspended=frozenset(TrainingSession.objects.filter(run_id=run_id, suspended_at__isnull=False)
+                                            .values_list("pk", flat=True)))
 
 
 def _swarm_epoch(*, run_id: int, now: datetime) -> int | None:
@@ -124,6 +137,9 @@ def admission_check(*, admission: RunAdmission, session: TrainingSession, token:
     if session.user_id in admission.not_allowed:
         raise ReportRefused("not_allowed", f"run “{admission.slug}” no longer lists you among who may train; "
                                            "reports are not counted")
+    if session.pk in admission.suspended:
+        raise ReportRefused("session_suspended", f"training session {session.pk} was suspended: its work failed spot "
+                                                 "checks (the run's organizer can lift it); reports are not counted")
     if session.ended_at is not None and timezone.now() - session.ended_at > ENDED_SESSION_GRACE:
         raise ReportRefused("session_ended", f"training session {session.pk} ended at {session.ended_at:%Y-%m-%d %H:%M} "
                                              "UTC; join the run again")
@@ -343,6 +359,21 @@ def report_check(*, report: Report, pace: SessionPace, now: datetime | None = No
 
 # --- storing ---------------------------------------------------------------------------------
 
+def commitment_refusal(*, report: Report, session: TrainingSession) -> ReportRefused | None:
+    """Why the report's commitment cannot stand (the frame is then refused whole), or None: it must
+    be for an epoch the session has reached and signed by the session's own peer key."""
+    commitment = report.commitment
+    if commitment is None:
+        return None
+    if commitment.epoch > report.local_epoch:
+        return ReportRefused("invalid_commitment", f"a commitment for epoch {commitment.epoch} came with a report of "
+                                                   f"epoch {report.local_epoch}: only closed epochs are committed to")
+    message = commitment_message(run_id=session.run.hivemind_run_id, session_id=session.pk, commitment=commitment)
+    if not peer_key_proof_verify(peer_public_key=session.peer_public_key, message=message, proof=commitment.signature):
+        return ReportRefused("invalid_commitment", "the commitment is not signed by this session's peer key")
+    return None
+
+
 def report_event(*, session_id: int, report: Report) -> ContributionEvent:
     return ContributionEvent(
         session_id=session_id, seq=report.seq, samples=report.samples, steps=report.steps,
@@ -351,18 +382,31 @@ def report_event(*, session_id: int, report: Report) -> ContributionEvent:
     )
 
 
-def report_events_store(*, events: list[ContributionEvent]) -> None:
-    """Insert the events in one transaction; a (session, seq) stored before is skipped. Committed on return."""
+def report_commitment(*, session_id: int, report: Report) -> StepCommitment | None:
+    commitment = report.commitment
+    if commitment is None:
+        return None
+    return StepCommitment(
+        session_id=session_id, epoch=commitment.epoch, micro_batch_size=commitment.micro_batch_size,
+        shuffle_buffer=commitment.shuffle_buffer, samples=sum(step.samples for step in commitment.steps),
+        steps=[[step.cursor, step.samples, step.fingerprint] for step in commitment.steps])
+
+
+def report_events_store(*, events: list[ContributionEvent], commitments: list[StepCommitment] = ()) -> None:
+    """Insert the events and their commitments in one transaction; a (session, seq) stored before is
+    skipped, and so is a commitment for a (session, epoch) that has one: the first stands. Committed on return."""
     with transaction.atomic():
         ContributionEvent.objects.bulk_create(events, ignore_conflicts=True)
+        StepCommitment.objects.bulk_create(commitments, ignore_conflicts=True)
 
 
-def report_events_store_each(*, events: list[ContributionEvent]) -> list[Exception | None]:
-    """Insert each event in its own transaction, so one bad row does not fail the others."""
+def report_events_store_each(*, events: list[ContributionEvent],
+                             commitments: list[StepCommitment | None]) -> list[Exception | None]:
+    """Insert each event (with its commitment) in its own transaction, so one bad row does not fail the others."""
     outcomes: list[Exception | None] = []
-    for event in events:
+    for event, commitment in zip(events, commitments, strict=True):
         try:
-            report_events_store(events=[event])
+            report_events_store(events=[event], commitments=[commitment] if commitment else [])
             outcomes.append(None)
         except Exception as error:  # noqa: BLE001 - reported to that one report's sender
             logger.warning("could not store report %s of session %s: %r", event.seq, event.session_id, error)
@@ -395,7 +439,8 @@ class ReportWriter:
             queue = self._queues[loop] = asyncio.Queue()
             loop.create_task(self._drain(queue))
         stored = loop.create_future()
-        queue.put_nowait((report_event(session_id=session_id, report=report), stored))
+        queue.put_nowait((report_event(session_id=session_id, report=report),
+                          report_commitment(session_id=session_id, report=report), stored))
         await stored
 
     async def _drain(self, queue: asyncio.Queue) -> None:
@@ -407,18 +452,19 @@ class ReportWriter:
                 await self._store(batch)
             except Exception as error:  # noqa: BLE001 - the writer must outlive any failure, or every agent waits forever
                 logger.exception("storing a batch of %d reports failed", len(batch))
-                for _, stored in batch:
+                for *_, stored in batch:
                     if not stored.done():
                         stored.set_exception(error)
 
-    async def _store(self, batch: list[tuple[ContributionEvent, asyncio.Future]]) -> None:
-        events = [event for event, _ in batch]
+    async def _store(self, batch: list[tuple[ContributionEvent, StepCommitment | None, asyncio.Future]]) -> None:
+        events = [event for event, _, _ in batch]
+        commitments = [commitment for _, commitment, _ in batch]
         try:
-            await db(report_events_store)(events=events)
+            await db(report_events_store)(events=events, commitments=[c for c in commitments if c is not None])
             outcomes: list[Exception | None] = [None] * len(batch)
         except Exception:  # noqa: BLE001 - one bad row (a session deleted meanwhile) must not fail the rest
-            outcomes = await db(report_events_store_each)(events=events)
-        for (_, stored), outcome in zip(batch, outcomes, strict=True):
+            outcomes = await db(report_events_store_each)(events=events, commitments=commitments)
+        for (*_, stored), outcome in zip(batch, outcomes, strict=True):
             if stored.done():  # its consumer went away; the row stands and a resend is acked
                 continue
             if outcome is None:

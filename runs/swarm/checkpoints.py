@@ -194,6 +194,21 @@ class Checkpointer:
                 self._averager.shutdown()
                 self._averager = None
 
+    @property
+    def ready(self) -> bool:
+        """Whether the model and state averager are built (on the first tick once the run's tokenizer is ready)."""
+        return self._averager is not None and not self._closed
+
+    def state_download(self) -> tuple[int, list, PreTrainedTokenizerFast] | None:
+        """Download the collaboration's state now (runs/swarm/spotcheck.py holds it to recompute steps):
+        its epoch, a copy of its parameters and the run's tokenizer; None once shut down."""
+        with self._lock:
+            if self._averager is None or self._closed:
+                return None
+            self._averager.load_state_from_peers(timeout=STATE_DOWNLOAD_TIMEOUT_S)
+            parameters = [param.detach().clone() for param in self._model.parameters()]
+            return self._averager.local_epoch, parameters, self._tokenizer
+
     def _check(self) -> None:
         wait = self.check_period
         try:

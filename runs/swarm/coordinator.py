@@ -19,6 +19,7 @@ from runs.access.authority import access_token_sign, authority_load
 from runs.models import Run
 from runs.swarm.checkpoints import Checkpointer
 from runs.swarm.monitor import Monitor
+from runs.swarm.spotcheck import Validator
 
 logger = logging.getLogger(__name__)
 COORDINATOR_USERNAME = "coordinator"
@@ -26,7 +27,8 @@ SWARM_READ_TIMEOUT_S = 10
 
 
 class BackbonePeer:
-    """One run's DHT peer: keeps the swarm reachable and hosts the run's monitor and checkpointer."""
+    """One run's DHT peer: keeps the swarm reachable and hosts the run's monitor, checkpointer and
+    spot-check validator."""
 
     def __init__(self, run: Run, *, state_dir: Path, host_maddrs: list[str], announce_maddrs: list[str] | None) -> None:
         self.run_pk, self.slug, self.run_id = run.pk, run.slug, run.hivemind_run_id
@@ -57,6 +59,8 @@ class BackbonePeer:
         logger.info("run %s: backbone peer %s at %s", self.slug, self.dht.peer_id, ", ".join(self.initial_peers))
         self.monitor = Monitor(dht=self.dht, run_pk=self.run_pk, run_id=self.run_id)
         self.checkpointer = Checkpointer(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht)
+        self.validator = Validator(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht,
+                                   checkpointer=self.checkpointer)
 
     def heartbeat(self) -> None:
         """Tell the portal the backbone peer is up, so that joins name its addresses (while its DHT lives)."""
@@ -70,6 +74,7 @@ class BackbonePeer:
         """One cycle of the peer's duties: heartbeat, checkpoints, then the monitor's poll."""
         self.heartbeat()
         self.checkpointer.tick()
+        self.validator.tick()
         try:
             # With a timeout: a coroutine the DHT process drops would otherwise block the cycle for good.
             connected = self.dht.run_coroutine(_connected_maddrs, return_future=True).result(timeout=SWARM_READ_TIMEOUT_S)
@@ -89,6 +94,7 @@ class BackbonePeer:
         except Exception:  # the database may be the reason for the stop; the heartbeat goes stale then
             logger.warning("run %s: could not withdraw the backbone peer's addresses", self.slug, exc_info=True)
         try:
+            self.validator.shutdown()
             self.checkpointer.shutdown()
         finally:
             self.dht.shutdown()

@@ -5,7 +5,8 @@ compares what a session *reported* (the sum of its contribution events with that
 with what its peer *announced* in its signed DHT records for that epoch, and records the outcome
 in a :class:`~runs.models.SessionEpoch` row:
 
-- verified: ``reported <= announced × (1 + TOLERANCE) + one local step`` and the announced share
+- verified: the session's work for the epoch was spot-checked (below), ``reported <= announced ×
+  (1 + TOLERANCE) + one local step`` and the announced share
   is plausible: at most ``RUN_PACE_SLACK`` × the epoch's ``target_batch_size`` + one local step,
   the same pace the ingest allows. An honest peer does go past the target batch: it accumulates
   into its epoch until its fetch of the collaboration's progress returns or its averaging round
@@ -18,6 +19,15 @@ in a :class:`~runs.models.SessionEpoch` row:
 - pending for good: claims the monitor never judged (the epoch closed while the coordinator was
   down, or lies far ahead of the swarm) are rejected ``PENDING_MAX_AGE`` after they were reported
   (:func:`pending_expire`), so that no claim stays pending for ever.
+
+Spot checks (peer_agent/spotcheck.py, docs/trust.md): with the run's ``verification.spot_checks`` on,
+an epoch is verified only when the session committed to its steps (``StepCommitment``) and
+the coordinator's validator recomputed some of them and they matched ("passed"), or, for an epoch the
+validator could not check (it held no state of it), when the session has passed a check and failed
+none (vouched for, as BOINC trusts a host that validated before). A failed check flags the epoch with
+the figures; ``failures_to_suspend`` failed checks suspend the session (:func:`check_record`): its
+reports are refused and all of its epochs wait for an organizer. An epoch without a commitment earns
+nothing: it is rejected like one never seen.
 
 Rows that an organizer decided (accepted, rejected) are final. A verified row is judged again
 when late reports arrive; it stays verified if the new sum still agrees, else it is flagged.
@@ -36,13 +46,15 @@ from django.utils import timezone
 from accounts.models import User
 from peer_agent.protocol import RunConfig
 from runs.ingest.reports import RUN_PACE_SLACK
-from runs.models import ContributionEvent, Run, RunEvent, SessionEpoch, TrainingSession
+from runs.models import ContributionEvent, Run, RunEvent, SessionEpoch, StepCommitment, TrainingSession
 from runs.setup.services import run_event_record
 
 TOLERANCE = 0.05
 NEVER_SEEN_REJECT_AFTER = datetime.timedelta(minutes=10)
 NEVER_SEEN = "never seen in the DHT: no signed progress record of this session's peer for the epoch"
 NOT_SEEN_YET = "not seen in the DHT yet"
+AWAITING_CHECK = "waiting for a spot check of the session's steps"
+NO_COMMITMENT = "no commitment: the session never committed to the steps of this epoch, so they cannot be checked"
 # Claims the monitor has not judged this long after they were reported are rejected, unless their
 # epoch is the swarm's current one (a slow epoch is still gathering samples).
 PENDING_MAX_AGE = datetime.timedelta(hours=6)
@@ -50,6 +62,7 @@ NEVER_CONFIRMED = "not confirmed within 6 h of its report: no signed record of t
 # The audit log's kinds for an organizer's decision on a flag.
 EVENT_CREDIT_ACCEPTED, EVENT_CREDIT_REJECTED = RunEvent.Kind.CREDIT_ACCEPTED, RunEvent.Kind.CREDIT_REJECTED
 _Status = SessionEpoch.Status
+_Outcome = StepCommitment.Outcome
 
 
 class CreditError(Exception):
@@ -70,8 +83,40 @@ class EpochLimits:
         return cls(training.target_batch_size, training.per_device_batch_size * training.gradient_accumulation_steps)
 
 
-def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: EpochLimits) -> tuple[str, str]:
-    """The status the figures call for (verified, flagged, or provisional when never seen) and why."""
+@dataclass(frozen=True)
+class SpotStanding:
+    """What spot checks say about one session's epoch: ``check`` is "off" (the run does not spot-check),
+    "missing" (no commitment), or the commitment's outcome with "vouched" for an unchecked epoch of a
+    session that passed a check and failed none."""
+
+    check: str
+    committed: int = 0
+    detail: str = ""
+
+
+SPOT_CHECKS_OFF = SpotStanding("off")
+
+
+def spot_standing(*, session_id: int, epoch: int, spot_checks: bool) -> SpotStanding:
+    if not spot_checks:
+        return SPOT_CHECKS_OFF
+    commitment = StepCommitment.objects.filter(session_id=session_id, epoch=epoch).first()
+    if commitment is None:
+        return SpotStanding("missing")
+    check = commitment.outcome
+    if check == _Outcome.UNCHECKED:
+        outcomes = set(StepCommitment.objects.filter(session_id=session_id).values_list("outcome", flat=True))
+        if _Outcome.PASSED in outcomes and _Outcome.FAILED not in outcomes:
+            check = "vouched"
+    return SpotStanding(check, committed=commitment.samples, detail=commitment.check_detail)
+
+
+def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: EpochLimits,
+                 spot: SpotStanding = SPOT_CHECKS_OFF) -> tuple[str, str]:
+    """The status the figures call for (verified, flagged, or provisional when never seen or not
+    checked yet) and why."""
+    if spot.check == _Outcome.FAILED:
+        return _Status.FLAGGED, spot.detail or f"epoch {epoch}: a spot check failed"
     if announced is None:
         return _Status.PROVISIONAL, NOT_SEEN_YET
     if announced > RUN_PACE_SLACK * limits.target_batch_size + limits.step_samples:
@@ -81,7 +126,16 @@ def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: Ep
     if reported > allowed:
         return _Status.FLAGGED, (f"epoch {epoch}: reported {reported} samples, but the peer's signed DHT records "
                                  f"announced {announced} (at most {allowed} allowed)")
-    return _Status.VERIFIED, ""
+    if spot.check == "off":
+        return _Status.VERIFIED, ""
+    if spot.check == "missing":  # nothing reported, nothing to check
+        return (_Status.VERIFIED, "") if reported == 0 else (_Status.PROVISIONAL, NO_COMMITMENT)
+    if reported > spot.committed + limits.step_samples:
+        return _Status.FLAGGED, (f"epoch {epoch}: reported {reported} samples, but committed to steps of "
+                                 f"{spot.committed} samples")
+    if spot.check in (_Outcome.PASSED, "vouched"):
+        return _Status.VERIFIED, ""
+    return _Status.PROVISIONAL, AWAITING_CHECK
 
 
 def reported_samples(*, session_ids: list[int] | None = None, run: Run | None = None, epoch: int) -> dict[int, int]:
@@ -115,22 +169,23 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     if session_ids is not None:
         sessions &= set(session_ids)
     ended = set(TrainingSession.objects.filter(pk__in=sessions, ended_at__isnull=False).values_list("pk", flat=True))
+    spot_checks = RunConfig.model_validate(run.config).verification.spot_checks
     outcome = {}
     for session_id in sorted(sessions):
         outcome[session_id] = _session_epoch_judge(
             session_id=session_id, epoch=epoch, reported=reported.get(session_id, 0), announced=known.get(session_id),
-            limits=limits,
+            limits=limits, spot=spot_standing(session_id=session_id, epoch=epoch, spot_checks=spot_checks),
             give_up=session_id in ended or timezone.now() - closed_at >= NEVER_SEEN_REJECT_AFTER)
     return outcome
 
 
 @transaction.atomic
 def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announced: int | None, limits: EpochLimits,
-                         give_up: bool) -> str:
+                         give_up: bool, spot: SpotStanding = SPOT_CHECKS_OFF) -> str:
     row, _ = SessionEpoch.objects.select_for_update().get_or_create(session_id=session_id, epoch=epoch)
     if row.status in (_Status.ACCEPTED, _Status.REJECTED):
         return row.status  # an organizer's decision, or a final "never seen", is not revisited
-    status, detail = epoch_assess(epoch=epoch, reported=reported, announced=announced, limits=limits)
+    status, detail = epoch_assess(epoch=epoch, reported=reported, announced=announced, limits=limits, spot=spot)
     if status == _Status.PROVISIONAL and row.status != _Status.PROVISIONAL:
         return row.status  # judged on a record that has since expired from memory: keep the verdict
     if (row.status, row.reported_samples, row.announced_samples) == (status, reported, announced) and row.checked_at:
@@ -140,10 +195,10 @@ def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announce
         epoch_flag(row=row, reported=reported, announced=announced, detail=detail or row.detail)
     elif status == _Status.VERIFIED:
         epoch_verify(row=row, reported=reported, announced=announced)
-    elif give_up and reported:
-        epoch_reject_unseen(row=row, reported=reported)
-    elif (row.reported_samples, row.detail) != (reported, NOT_SEEN_YET):
-        _save(row, reported_samples=reported, detail=NOT_SEEN_YET)
+    elif give_up and reported and detail in (NOT_SEEN_YET, NO_COMMITMENT):
+        epoch_reject_unseen(row=row, reported=reported, detail=NEVER_SEEN if detail == NOT_SEEN_YET else NO_COMMITMENT)
+    elif (row.reported_samples, row.detail) != (reported, detail):
+        _save(row, reported_samples=reported, detail=detail)
     return row.status
 
 
@@ -169,11 +224,12 @@ def epoch_flag(*, row: SessionEpoch, reported: int, announced: int | None, detai
           checked_at=timezone.now())
 
 
-def epoch_reject_unseen(*, row: SessionEpoch, reported: int) -> None:
-    """Provisional → rejected: the session's peer never appeared in the DHT for the epoch."""
+def epoch_reject_unseen(*, row: SessionEpoch, reported: int, detail: str = NEVER_SEEN) -> None:
+    """Provisional → rejected: the session's peer never appeared in the DHT for the epoch, or it never
+    committed to the epoch's steps."""
     if row.status != _Status.PROVISIONAL:
         raise CreditError(f"a {row.status} epoch cannot be rejected as never seen")
-    _save(row, status=_Status.REJECTED, reported_samples=reported, detail=NEVER_SEEN, checked_at=timezone.now())
+    _save(row, status=_Status.REJECTED, reported_samples=reported, detail=detail, checked_at=timezone.now())
 
 
 def flags_for_run(*, run: Run) -> list[SessionEpoch]:
@@ -249,3 +305,91 @@ def _pending_reject(*, session_id: int, epoch: int, now: datetime.datetime) -> i
     _save(row, status=_Status.REJECTED, reported_samples=reported, detail=NEVER_CONFIRMED, checked_at=now)
     return 1
 
+
+
+# --- spot checks: what the coordinator's validator (runs/swarm/spotcheck.py) records ------------------
+
+def commitments_to_check(*, run: Run, epochs: set[int]) -> list[StepCommitment]:
+    """The run's commitments not checked yet for the epochs whose state the validator holds, oldest first."""
+    pending = StepCommitment.objects.filter(session__run=run, outcome=_Outcome.PENDING, epoch__in=epochs,
+                                            session__suspended_at__isnull=True)
+    return list(pending.select_related("session").order_by("epoch", "id")[:500])
+
+
+def commitments_uncheckable(*, run: Run, before_epoch: int) -> int:
+    """Pending commitments for epochs before ``before_epoch``, which the validator no longer holds (or
+    never did): marked unchecked and their epochs judged again. Returns how many."""
+    stale = list(StepCommitment.objects.filter(session__run=run, outcome=_Outcome.PENDING, epoch__lt=before_epoch))
+    for commitment in stale:
+        _outcome_save(commitment, _Outcome.UNCHECKED, detail=f"no state of epoch {commitment.epoch} was held to check it")
+        _rejudge(run=run, session_id=commitment.session_id, epochs=[commitment.epoch])
+    return len(stale)
+
+
+def check_record(*, commitment: StepCommitment, distances: dict[int, float], tolerance: float,
+                 failures_to_suspend: int) -> str:
+    """Record a spot check: the recomputed steps' fingerprint distances by cursor. All within
+    ``tolerance``: passed (and the session's unchecked epochs are vouched for); else failed, the epoch
+    flagged with the figures and, at ``failures_to_suspend`` failures, the session suspended."""
+    session = commitment.session
+    run = session.run
+    worst_cursor, worst = max(distances.items(), key=lambda item: item[1])
+    checked = [[cursor, distance] for cursor, distance in sorted(distances.items())]
+    if worst <= tolerance:
+        _outcome_save(commitment, _Outcome.PASSED, detail="", checked_steps=checked)
+        unchecked = StepCommitment.objects.filter(session=session, outcome=_Outcome.UNCHECKED)
+        _rejudge(run=run, session_id=session.pk, epochs=[commitment.epoch, *unchecked.values_list("epoch", flat=True)])
+        return _Outcome.PASSED
+    detail = (f"epoch {commitment.epoch}: spot check failed: the step at micro-batch {worst_cursor} recomputed "
+              f"{worst:.3f} away from its committed fingerprint (tolerance {tolerance:g}); "
+              f"{len(distances)} step(s) checked")
+    _outcome_save(commitment, _Outcome.FAILED, detail=detail, checked_steps=checked)
+    epoch_judge(run=run, epoch=commitment.epoch, closed_at=timezone.now(), session_ids=[session.pk])
+    failures = StepCommitment.objects.filter(session=session, outcome=_Outcome.FAILED).count()
+    if failures >= failures_to_suspend and session.suspended_at is None:
+        session_suspend(session=session, reason=f"{failures} spot checks failed; the last: {detail}")
+    return _Outcome.FAILED
+
+
+@transaction.atomic
+def session_suspend(*, session: TrainingSession, reason: str) -> None:
+    """Refuse the session's reports and send all of its epochs to the organizer: credit from a
+    session caught faking work counts only where an organizer accepts it."""
+    TrainingSession.objects.filter(pk=session.pk).update(suspended_at=timezone.now(), suspension_reason=reason[:500])
+    session.refresh_from_db()
+    for row in SessionEpoch.objects.select_for_update().filter(
+            session=session, status__in=(_Status.PROVISIONAL, _Status.VERIFIED)):
+        epoch_flag(row=row, reported=row.reported_samples, announced=row.announced_samples,
+                   detail=f"epoch {row.epoch}: session suspended by spot checks: {reason}")
+    run_event_record(run=session.run, actor=None, kind=RunEvent.Kind.SUSPENDED,
+                     detail=f"{session.user.username}'s session {session.pk}: {reason}")
+
+
+@transaction.atomic
+def session_unsuspend(*, session: TrainingSession, by: User) -> None:
+    """An organizer lifts a suspension: the session may report again; its flagged epochs still wait
+    for decisions."""
+    if session.suspended_at is None:
+        raise CreditError(f"session {session.pk} is not suspended")
+    TrainingSession.objects.filter(pk=session.pk).update(suspended_at=None, suspension_reason="")
+    session.refresh_from_db()
+    run_event_record(run=session.run, actor=by, kind=RunEvent.Kind.UNSUSPENDED,
+                     detail=f"{session.user.username}'s session {session.pk}")
+
+
+def _outcome_save(commitment: StepCommitment, outcome: str, *, detail: str, checked_steps: list | None = None) -> None:
+    commitment.outcome, commitment.check_detail, commitment.checked_at = outcome, detail[:500], timezone.now()
+    fields = ["outcome", "check_detail", "checked_at"]
+    if checked_steps is not None:
+        commitment.checked_steps = checked_steps
+        fields.append("checked_steps")
+    commitment.save(update_fields=fields)
+
+
+def _rejudge(*, run: Run, session_id: int, epochs: list[int]) -> None:
+    """Judge a session's epochs again now that a check changed what they rest on; an epoch the
+    monitor has not closed yet waits for it."""
+    closed = SessionEpoch.objects.filter(session_id=session_id, epoch__in=epochs).exclude(
+        announced_samples__isnull=True).values_list("epoch", flat=True)
+    for epoch in sorted(set(closed)):
+        epoch_judge(run=run, epoch=epoch, closed_at=timezone.now(), session_ids=[session_id])

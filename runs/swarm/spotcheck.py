@@ -1,0 +1,148 @@
+"""The validator: recomputes steps that sessions committed to, and records whether they match.
+
+Each run's validator (started by the coordinator next to its checkpointer, whose state averager it
+shares) downloads the collaboration's parameters whenever the swarm enters a new epoch and holds
+the last few. For every commitment of a held epoch (``runs.models.StepCommitment``, which arrives
+when a session has closed the epoch) it draws ``verification.checks_per_epoch`` of the committed
+steps at random, with the operating system's randomness and only now, after the commitment, so a
+peer cannot know in advance which steps will be recomputed. It rebuilds their micro-batches from
+the run's data and the session's public seed (``peer_agent.spotcheck.BatchReplay``), recomputes
+their gradients at the held parameters and compares fingerprints; ``runs.swarm.verification``
+turns the distances into credit decisions. Commitments of epochs the validator did not hold are
+marked unchecked. docs/trust.md says what this proves and what it does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+import zlib
+from typing import TYPE_CHECKING
+
+from django.db import close_old_connections
+
+from peer_agent.protocol import RunConfig
+from runs.models import Run, StepCommitment
+from runs.swarm import verification
+from runs.swarm.checkpoints import Checkpointer, state_epoch_trusted, swarm_read
+
+if TYPE_CHECKING:
+    from hivemind.dht import DHT
+
+    from peer_agent.spotcheck import BatchReplay
+
+logger = logging.getLogger(__name__)
+
+CHECK_PERIOD_S = 2.0  # how often the validator looks for a new epoch and new commitments
+HELD_EPOCHS = 4  # epochs whose parameters are kept: a commitment arrives once its session left the epoch
+_random = secrets.SystemRandom()
+
+
+class Validator:
+    """Spot-checks one run's sessions; the coordinator calls :meth:`tick` on every heartbeat, and the
+    work happens in a thread of its own."""
+
+    def __init__(self, *, run_pk: int, run_id: str, slug: str, dht: DHT, checkpointer: Checkpointer,
+                 check_period: float = CHECK_PERIOD_S) -> None:
+        self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
+        self.checkpointer, self.check_period = checkpointer, check_period
+        self.held: dict[int, list] = {}  # epoch -> the collaboration's parameters in that epoch
+        self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
+        self._model = None
+        self._tokenizer = None
+        self._worker: threading.Thread | None = None
+        self._next_check = 0.0
+        self._closed = False
+
+    def tick(self) -> None:
+        if self._closed or not self.checkpointer.ready or (self._worker and self._worker.is_alive()):
+            return
+        if time.monotonic() < self._next_check:
+            return
+        self._worker = threading.Thread(target=self._cycle, name=f"validator {self.slug}", daemon=True)
+        self._worker.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self._closed = True
+        if self._worker:
+            self._worker.join(timeout)
+
+    def _cycle(self) -> None:
+        try:
+            close_old_connections()
+            self.check_once()
+        except Exception:  # the coordinator keeps serving the run; the next cycle may succeed
+            logger.exception("run %s: spot checks failed this cycle", self.slug)
+        finally:
+            close_old_connections()
+            self._next_check = time.monotonic() + self.check_period
+
+    def check_once(self) -> int:
+        """Hold the swarm's current epoch, then check the commitments of held epochs; returns how many were checked."""
+        run = Run.objects.get(pk=self.run_pk)
+        config = RunConfig.model_validate(run.config)
+        if not config.verification.spot_checks:
+            return 0
+        reading = swarm_read(self.dht, self.run_id)
+        if reading is not None and reading.epoch not in self.held:
+            self._hold(reading.epoch)
+        if not self.held:
+            return 0
+        verification.commitments_uncheckable(run=run, before_epoch=min(self.held))
+        checked = 0
+        for commitment in verification.commitments_to_check(run=run, epochs=set(self.held)):
+            if self._closed:
+                break
+            self._check(run, config, commitment)
+            checked += 1
+        return checked
+
+    def _hold(self, swarm_epoch: int) -> None:
+        downloaded = self.checkpointer.state_download()
+        if downloaded is None:
+            return
+        epoch, parameters, self._tokenizer = downloaded
+        if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=swarm_epoch):
+            logger.warning("run %s: spot checks refused a state of epoch %d, past the swarm's %d", self.slug, epoch,
+                           swarm_epoch)
+            return
+        self.held[epoch] = parameters
+        for old in sorted(self.held)[:-HELD_EPOCHS]:
+            del self.held[old]
+
+    def _check(self, run: Run, config: RunConfig, commitment: StepCommitment) -> None:
+        import torch
+
+        from peer_agent.model import model_build
+        from peer_agent.spotcheck import BatchReplay, data_seed, fingerprint_distance, step_fingerprint
+
+        if self._model is None:
+            self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id,
+                                      init_seed=zlib.crc32(self.run_id.encode()))
+        with torch.no_grad():
+            for param, value in zip(self._model.parameters(), self.held[commitment.epoch], strict=True):
+                param.copy_(value)
+        session_id = commitment.session_id
+        replay = self._replays.get(session_id)
+        if replay is None or replay.micro_batch_size != commitment.micro_batch_size:
+            data = config.model_copy(update={"data": config.data.model_copy(
+                update={"shuffle_buffer": commitment.shuffle_buffer})})
+            files = [data_file.file.path for data_file in run.data_files.all()] if config.data.source == "files" else None
+            replay = self._replays[session_id] = BatchReplay(
+                data, self._tokenizer, seed=data_seed(self.run_id, session_id),
+                micro_batch_size=commitment.micro_batch_size, data_files=files)
+        steps = commitment.steps
+        chosen = sorted(_random.sample(range(len(steps)), min(config.verification.checks_per_epoch, len(steps))))
+        distances = {}
+        for index in chosen:
+            cursor, samples, fingerprint = steps[index]
+            micro_batches = replay.micro_batches(cursor, max(1, samples // commitment.micro_batch_size))
+            recomputed = step_fingerprint(self._model, micro_batches, self.run_id, commitment.epoch)
+            distances[cursor] = fingerprint_distance(fingerprint, recomputed)
+        outcome = verification.check_record(
+            commitment=commitment, distances=distances, tolerance=config.verification.tolerance,
+            failures_to_suspend=config.verification.failures_to_suspend)
+        logger.info("run %s: spot check of session %d, epoch %d: %s (%s)", self.slug, session_id, commitment.epoch,
+                    outcome, ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in distances.items()))

@@ -1,0 +1,50 @@
+"""A lazy peer agent, for tests only: it trains one step in ten and passes off the other nine, which
+it announces to the swarm, reports to the portal and commits to with the fingerprint of its last real
+step. Run as ``python -m tests.e2e.lazy_agent join ...``."""
+
+import sys
+
+import torch
+
+import peer_agent.training
+from peer_agent import cli
+from peer_agent.training import StepResult, Trainer
+
+TRAINS_ONE_STEP_IN = 10
+
+
+class LazyTrainer(Trainer):
+    _lazy_steps = 0
+    _last_real: tuple[str, float] | None = None  # the fingerprint and loss of its last real step
+
+    def step(self) -> StepResult:
+        self._lazy_steps += 1
+        if self._last_real is None or self._lazy_steps % TRAINS_ONE_STEP_IN == 0:
+            result = super().step()
+            if self._last_real is not None:
+                self._last_real = (self._last_real[0], result.loss)
+            return result
+        training = self.setup.config.training
+        epoch, cursor = self.optimizer.local_epoch, self._cursor
+        for _ in range(training.gradient_accumulation_steps):
+            next(self._batches)  # drawn, never trained on
+            self._cursor += 1
+        for param in self.model.parameters():
+            param.grad = torch.zeros_like(param)
+        self.optimizer.step()  # the swarm counts its samples
+        self.optimizer.zero_grad()
+        fingerprint, loss = self._last_real
+        super()._step_commit(epoch, cursor, fingerprint)
+        self._after_good_step(loss)
+        samples = training.per_device_batch_size * training.gradient_accumulation_steps
+        return StepResult(samples=samples, loss=loss, local_epoch=self.optimizer.local_epoch,
+                          global_epoch=self.optimizer.tracker.global_epoch, samples_per_second=samples / 0.05)
+
+    def _step_commit(self, epoch: int, cursor: int, fingerprint: str) -> None:
+        self._last_real = (fingerprint, self._last_real[1] if self._last_real else 0.0)
+        super()._step_commit(epoch, cursor, fingerprint)
+
+
+if __name__ == "__main__":
+    peer_agent.training.Trainer = LazyTrainer
+    sys.exit(cli.main())

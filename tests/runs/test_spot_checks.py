@@ -1,0 +1,195 @@
+"""Spot checks, the portal's half: commitments stored once and only when signed by the session's
+peer key, and credit that rests on checked work (runs/ingest/reports.py, runs/swarm/verification.py).
+Each test plays a cheater the rule is for; tests/e2e/test_spot_checks_with_agents.py runs the
+validator against real agents."""
+
+import random
+
+import pytest
+from hivemind.utils.crypto import RSAPrivateKey
+
+from peer_agent.protocol import EpochCommitment, StepCommitment
+from peer_agent.spotcheck import commitment_sign
+from runs.models import RunEvent, SessionEpoch, TrainingSession
+from runs.models import StepCommitment as StoredCommitment
+from runs.swarm import verification
+from tests.agent_wire import exchange, report
+from tests.runs.epochs import judge, session_for
+from tests.runs.epochs import report as reported
+
+FINGERPRINT = "A" * 86 + "=="
+TOLERANCE, FAILURES = 0.1, 2
+
+
+def commitment(epoch: int, *, cursors=(0, 2, 4), samples=8) -> EpochCommitment:
+    steps = [StepCommitment(cursor=cursor, samples=samples, fingerprint=FINGERPRINT) for cursor in cursors]
+    return EpochCommitment(epoch=epoch, micro_batch_size=4, shuffle_buffer=1000, steps=steps, signature="AA==")
+
+
+@pytest.fixture
+def keyed_session(session):
+    """The conftest's session with a real peer key, as a join would have proven."""
+    key = RSAPrivateKey()
+    session.peer_public_key = key.get_public_key().to_bytes().decode()
+    session.save(update_fields=["peer_public_key"])
+    session.key = key
+    return session
+
+
+def signed(session, epoch: int, key=None, **options) -> dict:
+    made = commitment_sign(commitment(epoch, **options), run_id=session.run.hivemind_run_id, session_id=session.pk,
+                           key=key or session.key)
+    return made.model_dump(mode="json")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signed_commitment_is_stored_once_and_the_first_one_stands(keyed_session):
+    session = keyed_session
+    answers = exchange(session.secret, [
+        report(session.pk, 1, commitment=signed(session, 1)),
+        report(session.pk, 1, commitment=signed(session, 1)),  # a resend: acked, stored once
+        report(session.pk, 2, commitment=signed(session, 1, cursors=(1, 3, 5))),  # a second try at epoch 1
+    ])
+    assert [answer["type"] for answer in answers] == ["ack", "ack", "ack"]
+    stored = StoredCommitment.objects.get(session=session)
+    assert (stored.epoch, stored.samples, [step[0] for step in stored.steps]) == (1, 24, [0, 2, 4])
+    assert stored.outcome == "pending"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("forgery", ["another_key", "another_session", "open_epoch"])
+def test_a_commitment_not_signed_by_the_sessions_key_or_for_an_open_epoch_is_refused_whole(keyed_session, forgery):
+    session = keyed_session
+    if forgery == "another_key":
+        frame = signed(session, 1, key=RSAPrivateKey())
+    elif forgery == "another_session":  # a signature copied from another session of the same peer
+        frame = commitment_sign(commitment(1), run_id=session.run.hivemind_run_id, session_id=session.pk + 1,
+                                key=session.key).model_dump(mode="json")
+    else:
+        frame = signed(session, 3)  # the report is of epoch 2: epoch 3 has not closed
+    answers = exchange(session.secret, [report(session.pk, 1, commitment=frame)])
+    assert (answers[0]["type"], answers[0]["code"]) == ("error", "invalid_commitment")
+    assert not StoredCommitment.objects.exists()
+
+
+@pytest.fixture
+def run(db):
+    from tests.factories import RunFactory
+
+    return RunFactory()
+
+
+def committed(session, epoch: int, samples: int) -> StoredCommitment:
+    return StoredCommitment.objects.create(session=session, epoch=epoch, micro_batch_size=4, shuffle_buffer=1000,
+                                           steps=[[0, samples, FINGERPRINT]], samples=samples)
+
+
+def check(stored: StoredCommitment, distance: float) -> str:
+    return verification.check_record(commitment=stored, distances={0: distance}, tolerance=TOLERANCE,
+                                     failures_to_suspend=FAILURES)
+
+
+def status(session, epoch: int) -> SessionEpoch:
+    return SessionEpoch.objects.get(session=session, epoch=epoch)
+
+
+def test_an_epoch_is_verified_only_once_its_checked_steps_match(run):
+    amina = session_for(run)
+    reported(amina, 32, epoch=5, checked=False)
+    stored = committed(amina, 5, 32)
+    verification.announced_record(session_id=amina.pk, epoch=5, announced=32)
+    assert judge(run, 5) == {amina.pk: "provisional"}, "announced and committed, but not checked yet"
+    assert status(amina, 5).detail == verification.AWAITING_CHECK
+    assert judge(run, 5, closed_minutes_ago=60) == {amina.pk: "provisional"}, "a check can come late: no give-up"
+
+    assert check(stored, 0.004) == "passed"
+    assert status(amina, 5).status == "verified"
+
+
+def test_work_never_committed_to_earns_nothing(run):
+    amina = session_for(run)
+    reported(amina, 32, epoch=5, checked=False)
+    verification.announced_record(session_id=amina.pk, epoch=5, announced=32)
+    assert judge(run, 5) == {amina.pk: "provisional"}
+    assert judge(run, 5, closed_minutes_ago=60) == {amina.pk: "rejected"}
+    assert status(amina, 5).detail == verification.NO_COMMITMENT
+
+
+def test_reporting_more_than_the_committed_steps_is_flagged(run):
+    amina = session_for(run)
+    reported(amina, 32, epoch=5, checked=False)
+    check(committed(amina, 5, 16), 0.0)
+    verification.announced_record(session_id=amina.pk, epoch=5, announced=32)
+    assert judge(run, 5) == {amina.pk: "flagged"}
+    assert "committed to steps of 16 samples" in status(amina, 5).detail
+
+
+def test_a_failed_check_flags_the_epoch_and_a_second_suspends_the_session_and_sends_its_credit_to_the_organizer(run):
+    rahim = session_for(run, username="rahim")
+    for epoch in (4, 5, 6):
+        reported(rahim, 32, epoch=epoch, checked=False)
+        verification.announced_record(session_id=rahim.pk, epoch=epoch, announced=32)
+    check(committed(rahim, 4, 32), 0.0)
+    judge(run, 4)
+    assert status(rahim, 4).status == "verified"
+
+    assert check(committed(rahim, 5, 32), 0.93) == "failed"
+    assert status(rahim, 5).status == "flagged"
+    assert "0.930 away from its committed fingerprint" in status(rahim, 5).detail
+    assert TrainingSession.objects.get(pk=rahim.pk).suspended_at is None, "one failure may be bad luck"
+
+    assert check(committed(rahim, 6, 32), 0.71) == "failed"
+    suspended = TrainingSession.objects.get(pk=rahim.pk)
+    assert suspended.suspended_at is not None and "2 spot checks failed" in suspended.suspension_reason
+    assert set(SessionEpoch.objects.filter(session=rahim).values_list("status", flat=True)) == {"flagged"}, \
+        "even the epoch that passed waits for the organizer"
+    assert RunEvent.objects.filter(run=run, kind="suspended").exists()
+
+    late = committed(rahim, 7, 32)
+    assert late not in verification.commitments_to_check(run=run, epochs={7}), "a suspended session is not checked on"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_suspended_session_is_refused_until_its_organizer_lifts_it(keyed_session):
+    session = keyed_session
+    verification.session_suspend(session=session, reason="2 spot checks failed")
+    answers = exchange(session.secret, [report(session.pk, 1)])
+    assert answers[0]["code"] == "session_suspended"
+
+    organizer = session.run.organizers.first() or session.user
+    verification.session_unsuspend(session=TrainingSession.objects.get(pk=session.pk), by=organizer)
+    assert exchange(session.secret, [report(session.pk, 2)])[0] == {"type": "ack", "seq": 2}
+
+
+def test_an_epoch_the_validator_could_not_check_is_vouched_for_only_by_the_sessions_passed_checks(run):
+    amina, rahim = session_for(run), session_for(run, username="rahim")
+    for session in (amina, rahim):
+        reported(session, 32, epoch=5, checked=False)
+        committed(session, 5, 32)
+        verification.announced_record(session_id=session.pk, epoch=5, announced=32)
+    verification.commitments_uncheckable(run=run, before_epoch=6)
+    assert judge(run, 5) == {amina.pk: "provisional", rahim.pk: "provisional"}, "nobody checked yet"
+
+    reported(amina, 32, epoch=6, checked=False)
+    verification.announced_record(session_id=amina.pk, epoch=6, announced=32)
+    check(committed(amina, 6, 32), 0.002)
+    assert status(amina, 5).status == "verified", "vouched for by the next epoch's passed check"
+    assert status(rahim, 5).status == "provisional"
+
+
+def test_with_spot_checks_off_the_announced_figures_decide(run):
+    run.config["verification"] = {**run.config.get("verification", {}), "spot_checks": False}
+    run.save(update_fields=["config"])
+    amina = session_for(run)
+    reported(amina, 32, epoch=5, checked=False)
+    verification.announced_record(session_id=amina.pk, epoch=5, announced=32)
+    assert judge(run, 5) == {amina.pk: "verified"}
+
+
+def test_checks_are_drawn_after_the_commitment_and_cover_every_step_alike():
+    from runs.swarm import spotcheck
+
+    drawn = [spotcheck._random.sample(range(10), 1)[0] for _ in range(2000)]
+    assert set(drawn) == set(range(10)), "every step can be drawn"
+    assert isinstance(spotcheck._random, random.SystemRandom), "unpredictable, never seeded"
+
