@@ -23,5 +23,6 @@ urlpatterns = [
     path("stats/<str:day>/<str:name>", pages.stats_file, name="stats-file"),
     path("runs/<slug:slug>/flags/", organizer.run_flags, name="run-flags"),
     path("runs/<slug:slug>/flags/<int:pk>/<str:decision>/", organizer.run_flag_decide, name="run-flag-decide"),
+    path("runs/<slug:slug>/suspended/<int:pk>/lift/", organizer.run_session_unsuspend, name="run-session-unsuspend"),
     path("agent/<str:filename>", pages.agent_wheel, name="agent-wheel"),
 ]

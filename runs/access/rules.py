@@ -70,6 +70,10 @@ def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
         return JoinRefused(409, "run_finished", f"run “{run.slug}” has finished; thank you for contributing")
     if RunBan.objects.filter(run=run, user=user).exists():
         return JoinRefused(403, "banned", f"you were banned from run “{run.slug}” by its organizers")
+    if run.sessions.filter(user=user, suspended_at__isnull=False).exists():
+        # A new session would start with a clean record: the suspension holds for the volunteer.
+        return JoinRefused(403, "session_suspended", f"a training session of yours in run “{run.slug}” failed spot "
+                                                     "checks and is suspended until its organizers review it")
     if run_is_organizer(run=run, user=user):
         return None
     if run.visibility == Run.Visibility.INVITE and not run.memberships.filter(user=user).exists():

@@ -232,6 +232,11 @@ def epoch_reject_unseen(*, row: SessionEpoch, reported: int, detail: str = NEVER
     _save(row, status=_Status.REJECTED, reported_samples=reported, detail=detail, checked_at=timezone.now())
 
 
+def suspended_sessions(*, run: Run) -> list[TrainingSession]:
+    """The run's sessions that spot checks suspended, waiting for an organizer."""
+    return list(run.sessions.filter(suspended_at__isnull=False).select_related("user").order_by("suspended_at")[:500])
+
+
 def flags_for_run(*, run: Run) -> list[SessionEpoch]:
     """The run's flagged epochs waiting for an organizer, oldest first, with their volunteers."""
     flagged = SessionEpoch.objects.filter(session__run=run, status=_Status.FLAGGED)

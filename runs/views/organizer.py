@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
 from runs.access.rules import run_is_organizer
-from runs.models import DataFile, Run, SessionEpoch
+from runs.models import DataFile, Run, SessionEpoch, TrainingSession
 from runs.setup import services
 from runs.setup.forms import PRESETS, RunForm, preset_config
 from runs.swarm import verification
@@ -205,7 +205,23 @@ def _credit_reviewer_run(request: HttpRequest, slug: str) -> Run:
 @login_required
 def run_flags(request: HttpRequest, slug: str) -> HttpResponse:
     run = _credit_reviewer_run(request, slug)
-    return render(request, "runs/flags.html", {"run": run, "flags": verification.flags_for_run(run=run)})
+    return render(request, "runs/flags.html", {"run": run, "flags": verification.flags_for_run(run=run),
+                                               "suspended": verification.suspended_sessions(run=run)})
+
+
+@require_POST
+@login_required
+def run_session_unsuspend(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    run = _credit_reviewer_run(request, slug)
+    session = get_object_or_404(TrainingSession, pk=pk, run=run)
+    try:
+        verification.session_unsuspend(session=session, by=request.user)
+    except verification.CreditError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Session {session.pk} of {session.user.username} may train again; its flagged "
+                                  "epochs still wait for your decisions.")
+    return redirect("run-flags", slug=run.slug)
 
 
 @require_POST

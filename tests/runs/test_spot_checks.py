@@ -193,3 +193,30 @@ def test_checks_are_drawn_after_the_commitment_and_cover_every_step_alike():
     assert set(drawn) == set(range(10)), "every step can be drawn"
     assert isinstance(spotcheck._random, random.SystemRandom), "unpredictable, never seeded"
 
+
+
+def test_a_suspended_volunteer_cannot_start_a_clean_session_and_only_an_organizer_lifts_it(run, client):
+    from django.urls import reverse
+
+    from runs.access.rules import run_join_refusal
+    from tests.factories import UserFactory
+
+    rahim = session_for(run, username="rahim")
+    verification.session_suspend(session=rahim, reason="2 spot checks failed")
+    assert run_join_refusal(run=run, user=rahim.user).code == "session_suspended"
+
+    outsider, organizer = UserFactory(username="mallory"), UserFactory(username="org")
+    run.organizers.add(organizer)
+    lift = reverse("run-session-unsuspend", args=[run.slug, rahim.pk])
+    for user in (outsider, rahim.user):  # neither a stranger nor the suspended volunteer
+        client.force_login(user)
+        assert client.post(lift).status_code == 403
+    assert TrainingSession.objects.get(pk=rahim.pk).suspended_at is not None
+
+    client.force_login(organizer)
+    page = client.get(reverse("run-flags", args=[run.slug])).content.decode()
+    assert f'id="suspended-{rahim.pk}"' in page and "2 spot checks failed" in page
+    assert client.post(lift).status_code == 302
+    assert TrainingSession.objects.get(pk=rahim.pk).suspended_at is None
+    assert run_join_refusal(run=run, user=rahim.user) is None
+    assert RunEvent.objects.filter(run=run, kind="unsuspended", actor=organizer).exists()
