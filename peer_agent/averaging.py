@@ -199,9 +199,11 @@ class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, Aggregating
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
 
-class MembersOnlyStateAverager(TrainingStateAverager, MembersOnlyAverager):
+class MembersOnlyStateAverager(TrainingStateAverager, MembersOnlyAverager, AggregatingAverager):
     """hivemind's ``TrainingStateAverager`` (parameter averaging every epoch, and state downloads)
-    averaging, given the agent's ``authorizer``, only among peers that prove they hold a token."""
+    averaging, given the agent's ``authorizer``, only among peers that prove they hold a token, and
+    combining each part by the run's ``aggregation``: a member that sends false parameters is
+    bounded by CenteredClip there as it is in the gradients' all-reduce."""
 
     @classmethod
     def _get_handle_name(cls, namespace, method_name):
@@ -213,11 +215,12 @@ class MembersOnlyStateAverager(TrainingStateAverager, MembersOnlyAverager):
 
 class MembersOnlyOptimizer(Optimizer):
     """``hivemind.Optimizer`` whose state averager, given the agent's ``authorizer``, averages
-    parameters only among token holders (pass a ``FlooredGradientAverager`` factory with the same
-    authorizer for gradients). It keeps the authorizer's token fresh while it runs."""
+    parameters only among token holders and by the run's ``aggregation`` (pass a
+    ``FlooredGradientAverager`` factory with the same authorizer and aggregation for gradients). It
+    keeps the authorizer's token fresh while it runs."""
 
-    def __init__(self, *args, authorizer: PortalAuthorizer | None = None, **kwargs):
-        self._authorizer = authorizer
+    def __init__(self, *args, authorizer: PortalAuthorizer | None = None, aggregation: str = "mean", **kwargs):
+        self._authorizer, self._aggregation = authorizer, aggregation
         super().__init__(*args, **kwargs)
         if authorizer is not None:
             # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
@@ -240,6 +243,7 @@ class MembersOnlyOptimizer(Optimizer):
             auxiliary=self.auxiliary,
             start=True,
             authorizer=self._authorizer,
+            aggregation=self._aggregation,
             **kwargs,
         )
 

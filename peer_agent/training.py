@@ -420,7 +420,7 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
     averager_opts = dict(bandwidth=setup.bandwidth, target_group_size=averaging.target_group_size,
                          request_timeout=min(3.0, averaging.matchmaking_time / 2))
     return MembersOnlyOptimizer(
-        dht=dht, run_id=setup.run_id, authorizer=setup.authorizer,
+        dht=dht, run_id=setup.run_id, authorizer=setup.authorizer, aggregation=averaging.aggregation,
         params=parameter_groups(model, training.weight_decay),
         optimizer=lamb_factory(training), scheduler=schedule_factory(training),
         target_batch_size=training.target_batch_size,

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 2.0  # how often the validator looks for a new epoch and new commitments
 HELD_EPOCHS = 4  # epochs whose parameters are kept: a commitment arrives once its session left the epoch
+REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
 _random = secrets.SystemRandom()
 
 
@@ -125,7 +126,9 @@ class Validator:
             for param, value in zip(self._model.parameters(), self.held[commitment.epoch], strict=True):
                 param.copy_(value)
         session_id = commitment.session_id
-        replay = self._replays.get(session_id)
+        replay = self._replays.pop(session_id, None)  # put back last: the dict runs from least to most recently used
+        if replay is not None:
+            self._replays[session_id] = replay
         if replay is None or replay.micro_batch_size != commitment.micro_batch_size:
             data = config.model_copy(update={"data": config.data.model_copy(
                 update={"shuffle_buffer": commitment.shuffle_buffer})})
@@ -133,6 +136,8 @@ class Validator:
             replay = self._replays[session_id] = BatchReplay(
                 data, self._tokenizer, seed=data_seed(self.run_id, session_id),
                 micro_batch_size=commitment.micro_batch_size, data_files=files)
+            while len(self._replays) > REPLAYS_KEPT:
+                del self._replays[next(iter(self._replays))]
         steps = commitment.steps
         chosen = sorted(_random.sample(range(len(steps)), min(config.verification.checks_per_epoch, len(steps))))
         distances = {}

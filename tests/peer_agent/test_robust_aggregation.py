@@ -4,6 +4,7 @@ honest peers' loss stops falling, with CenteredClip it goes on falling (peer_age
 import pytest
 
 from harness.swarm import train_together
+from peer_agent.aggregation import RUNNERS
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
 
@@ -38,6 +39,8 @@ def test_an_attacker_derails_the_mean_but_not_centered_clip(make_trainer, aggreg
     first = make_trainer(seed=1, **options)
     second = make_trainer(seed=2, joins=first, **options)
     attacker = make_trainer(seed=3, joins=first, **options)
+    for averager in (first.optimizer.grad_averager, first.optimizer.state_averager):
+        assert averager._runner_class is RUNNERS[aggregation], "gradients and parameters are combined alike"
     poison(attacker)
 
     results = train_together([first, second, attacker], epochs=EPOCHS)
