@@ -21,6 +21,7 @@ from django.db.models import Sum
 from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write, checkpoint_zip
 from peer_agent.metrics import metrics_read
 from peer_agent.protocol import AveragingConfig, RunConfig
+from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
 from runs.models import Checkpoint, ContributionEvent, Run
 
 if TYPE_CHECKING:
@@ -179,6 +180,7 @@ class Checkpointer:
                     return
                 self._averager_build(run)
             except Exception:
+                CHECKPOINT_FAILURES.labels(run=self.slug).inc()
                 logger.exception("run %s: cannot prepare checkpoints; trying again in %.0f s", self.slug, self.retry_period)
                 self._next_check = time.monotonic() + self.retry_period
                 return
@@ -200,6 +202,7 @@ class Checkpointer:
             close_old_connections()
             wait = self._checkpoint_if_due()
         except Exception:  # the coordinator keeps serving the run; the next attempt may succeed
+            CHECKPOINT_FAILURES.labels(run=self.slug).inc()
             logger.exception("run %s: checkpoint failed; trying again in %.0f s", self.slug, self.retry_period)
             wait = self.retry_period
         finally:
@@ -241,6 +244,7 @@ class Checkpointer:
                 checkpoint_write(directory, model=self._model, tokenizer=self._tokenizer,
                                  optimizer_state=self._averager.optimizer.state_dict(), metadata=metadata)
                 checkpoint = checkpoint_save(run=run, directory=directory, metadata=metadata, policy=policy)
+        CHECKPOINTS_SAVED.labels(run=self.slug).inc()
         logger.info("run %s: saved checkpoint of epoch %d (%.1f MB%s)", self.slug, checkpoint.epoch,
                     checkpoint.size / 1e6, ", kept for good" if checkpoint.kept else "")
         return self.check_period
