@@ -21,6 +21,10 @@ class Scrape:
         """How much the series grew since ``earlier`` (counters only grow)."""
         return self.value(name, **labels) - earlier.value(name, **labels)
 
+    def total(self, name: str) -> float:
+        """The series of ``name`` added up, whatever their labels."""
+        return sum(value for (series, _), value in self.samples.items() if series == name)
+
     def has(self, name: str, **labels: str) -> bool:
         return (name, frozenset(labels.items())) in self.samples
 
