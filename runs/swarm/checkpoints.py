@@ -109,6 +109,7 @@ def checkpoint_save(*, run: Run, directory: Path, metadata: CheckpointMetadata, 
         with archive.open("rb") as content, transaction.atomic():
             checkpoint.file.save(f"{run.hivemind_run_id}/{number:06d}-epoch{metadata.epoch}.zip", File(content), save=False)
             checkpoint.save()
+    CHECKPOINTS_SAVED.labels(run=run.slug).inc()
     checkpoint_retention_apply(run=run, policy=policy)
     return checkpoint
 
@@ -244,7 +245,6 @@ class Checkpointer:
                 checkpoint_write(directory, model=self._model, tokenizer=self._tokenizer,
                                  optimizer_state=self._averager.optimizer.state_dict(), metadata=metadata)
                 checkpoint = checkpoint_save(run=run, directory=directory, metadata=metadata, policy=policy)
-        CHECKPOINTS_SAVED.labels(run=self.slug).inc()
         logger.info("run %s: saved checkpoint of epoch %d (%.1f MB%s)", self.slug, checkpoint.epoch,
                     checkpoint.size / 1e6, ", kept for good" if checkpoint.kept else "")
         return self.check_period
