@@ -45,7 +45,7 @@ def scrape_refusal(request: HttpRequest) -> HttpResponse | None:
     if token and hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
         return None
     address = request_ip(request)
-    if address and any(ipaddress.ip_address(address) in network for network in settings.METRICS_ALLOWED_NETWORKS):
+    if _allowed_address(address):
         return None
     if token:
         response = error_response(401, "not_authenticated", "send 'Authorization: Bearer <METRICS_TOKEN>'")
@@ -54,6 +54,14 @@ def scrape_refusal(request: HttpRequest) -> HttpResponse | None:
     if settings.METRICS_ALLOWED_NETWORKS:
         return error_response(403, "forbidden", f"{address} is not in METRICS_ALLOWED_NETWORKS")
     return error_response(403, "metrics_off", "the portal serves no metrics: set METRICS_TOKEN or METRICS_ALLOWED_NETWORKS")
+
+
+def _allowed_address(address: str | None) -> bool:
+    try:
+        client = ipaddress.ip_address(address or "")
+    except ValueError:  # no address (a Unix socket) or not an IP: never allowed by network
+        return False
+    return any(client in network for network in settings.METRICS_ALLOWED_NETWORKS)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

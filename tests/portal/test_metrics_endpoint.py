@@ -36,8 +36,9 @@ def test_metrics_are_refused_without_the_token_and_with_a_wrong_one(settings):
 def test_metrics_are_served_to_the_allowed_networks_only(settings):
     settings.METRICS_ALLOWED_NETWORKS = [ipaddress.ip_network("10.0.0.0/8")]
     assert Client(REMOTE_ADDR="10.1.2.3").get("/metrics").status_code == 200
-    refused = Client(REMOTE_ADDR="192.168.1.5").get("/metrics")
-    assert refused.status_code == 403 and error_code(refused) == "forbidden"
+    for address in ("192.168.1.5", "", "unix:/run/portal.sock"):
+        refused = Client(REMOTE_ADDR=address).get("/metrics")
+        assert refused.status_code == 403 and error_code(refused) == "forbidden"
 
 
 def test_with_neither_a_token_nor_networks_nobody_reads_the_metrics(settings):
