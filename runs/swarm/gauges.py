@@ -5,6 +5,7 @@ time they are right whichever process wrote them, and a run that ends simply sto
 A few queries per active run, once per scrape.
 """
 
+import datetime
 import math
 from collections.abc import Iterator
 
@@ -45,7 +46,7 @@ class RunGauges:
         yield GaugeMetricFamily(*ROLLUP_LAG, value=rollup_lag_seconds(now=now))
 
 
-def run_figures(*, run: Run, now, pending_credit: float) -> dict[str, float]:
+def run_figures(*, run: Run, now: datetime.datetime, pending_credit: float) -> dict[str, float]:
     """The run's gauges by name; a figure the monitor has not read yet is left out, not made up."""
     heartbeat = run.coordinator_heartbeat_at
     figures = {
