@@ -5,6 +5,7 @@ silently falling back to a default. Every variable `X` may also be given as `X_F
 whose contents are the value (for secrets mounted as files).
 """
 
+import ipaddress
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -58,6 +59,17 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_networks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated addresses or networks (`10.0.0.0/8, ::1`) as ipaddress networks."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an address or a network such as 10.0.0.0/8") from None
+    return networks
 
 
 def env_choice(name: str, default: str, choices: set[str]) -> str:

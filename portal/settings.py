@@ -12,7 +12,7 @@ import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_int, env_list, env_rate, env_str
+from portal.env import env_bool, env_int, env_list, env_networks, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
@@ -48,6 +48,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "portal.health.HealthProbeMiddleware",  # /healthz and /readyz, ahead of the host check and HTTPS redirect
+    "portal.scrape.MetricsMiddleware",  # /metrics for Prometheus, likewise; times every other request
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -178,6 +179,15 @@ COORDINATOR_STATE_DIR = env_str("COORDINATOR_STATE_DIR", str(VAR_DIR / "coordina
 # of at most 10 s).
 COORDINATOR_HEARTBEAT_STALE_SECONDS = env_int("COORDINATOR_HEARTBEAT_STALE_SECONDS", 30, minimum=2)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+
+# --- Prometheus metrics (portal/scrape.py, docs/deploy.md "Metrics") ------------------------------
+# Who may read /metrics: a scraper with this bearer token, or one from these networks; nobody when neither is set.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS")
+# prometheus_client's own variable: the folder where every process keeps its counters (multiprocess mode).
+_multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if _multiproc_dir and not os.path.isdir(_multiproc_dir):
+    raise ImproperlyConfigured(f"PROMETHEUS_MULTIPROC_DIR={_multiproc_dir!r} is not a folder; create it (empty) first")
 
 # --- rate limits (COUNT/WINDOW, counted in the cache; portal/ratelimit.py) -----------------------
 

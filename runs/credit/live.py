@@ -9,6 +9,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 
+from portal.metrics import VIEWER_SOCKETS_OPEN
 from runs.access.rules import visible_run
 from runs.credit.boards import run_snapshot
 from runs.models import Run
@@ -45,6 +46,7 @@ class RunLiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=4404)
             return
         await self.accept()
+        VIEWER_SOCKETS_OPEN.inc()
         self.pusher = asyncio.create_task(self._push())
 
     async def _push(self) -> None:
@@ -63,8 +65,9 @@ class RunLiveConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(PUSH_INTERVAL)
 
     async def disconnect(self, code: int) -> None:
-        if getattr(self, "pusher", None):
+        if getattr(self, "pusher", None):  # accepted, and counted
             self.pusher.cancel()
+            VIEWER_SOCKETS_OPEN.dec()
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
         """Viewers only listen."""

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from accounts.models import TeamEvent, User
 from peer_agent.protocol import RunConfig
+from portal.metrics import ROLLUP_BATCH_SECONDS
 from runs.credit.columns import (
     BUCKETED,
     RAC_FIELDS,
@@ -142,7 +143,8 @@ def credit_rollup(*, batch_size: int | None = None, max_batches: int = 100) -> i
     batch_size = batch_size or settings.CREDIT_ROLLUP_BATCH
     consumed = 0
     for _ in range(max_batches):
-        count = credit_rollup_batch(batch_size=batch_size)
+        with ROLLUP_BATCH_SECONDS.time():
+            count = credit_rollup_batch(batch_size=batch_size)
         consumed += count
         if count < batch_size:
             break
@@ -150,6 +152,13 @@ def credit_rollup(*, batch_size: int | None = None, max_batches: int = 100) -> i
     credit_windows_age()
     credit_teams_refresh()
     return consumed
+
+
+def rollup_lag_seconds(*, now: datetime.datetime) -> float:
+    """How long the oldest event the rollup has not taken yet has waited; 0 when it has taken them all."""
+    mark = CreditRollup.objects.filter(pk=1).values_list("event_id", flat=True).first() or 0
+    oldest = ContributionEvent.objects.filter(id__gt=mark).order_by("id").values_list("received_at", flat=True).first()
+    return max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
 
 
 def watermark_lock() -> CreditRollup:

@@ -12,6 +12,7 @@ from django.db import DatabaseError
 from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
 from peer_agent.protocol import Ack, ErrorFrame, ProtocolError, Report, parse_client_frame
+from portal.metrics import AGENT_SOCKETS_OPEN, INGEST_ACK_SECONDS, REPORTS_ACCEPTED, REPORTS_REFUSED
 from portal.ratelimit import RateLimited
 from runs.ingest import reports
 from runs.models import Run, TrainingSession
@@ -69,6 +70,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=4429)
             return
         SOCKETS_OPEN[self.token.pk] += 1
+        AGENT_SOCKETS_OPEN.inc()
         self.counted_token = self.token.pk
         self.sessions: dict[int, TrainingSession] = {}
         self.paces: dict[int, reports.SessionPace] = {}
@@ -77,6 +79,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         token = getattr(self, "counted_token", None)
         if token is not None:
+            AGENT_SOCKETS_OPEN.dec()
             SOCKETS_OPEN[token] -= 1
             if not SOCKETS_OPEN[token]:
                 del SOCKETS_OPEN[token]
@@ -84,19 +87,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if not hasattr(self, "sessions"):
             return
+        received = time.perf_counter()
         try:
             report = parse_client_frame(text_data if text_data is not None else "")
         except ProtocolError as error:
-            await self._send_error(error.seq, error.code, error.detail)
+            await self._report_error(error.seq, error.code, error.detail)
             return
         try:
-            await self._report_receive(report)
+            await self._report_receive(report, received=received)
         except DatabaseError:
             # The database is away (restarting): the agent keeps the report and sends it again.
             logger.warning("agent socket: report %s of session %s not handled now", report.seq, report.session_id, exc_info=True)
-            await self._send_error(report.seq, "server_error", "the report could not be handled now; it will be sent again")
+            await self._report_error(report.seq, "server_error", "the report could not be handled now; it will be sent again")
 
-    async def _report_receive(self, report: Report) -> None:
+    async def _report_receive(self, report: Report, *, received: float) -> None:
         if not self._within_rate():
             await self._rate_limited(report)
             return
@@ -115,10 +119,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             try:
                 await reports.report_writer.store(session_id=session.pk, report=report)
             except Exception:  # noqa: BLE001 - logged by the writer; the agent keeps the report and resends it
-                await self._send_error(report.seq, "server_error", "the report could not be stored now; it will be sent again")
+                await self._report_error(report.seq, "server_error", "the report could not be stored now; it will be sent again")
                 return
             pace.accept(report)
+            REPORTS_ACCEPTED.inc()
         await self.send(Ack(seq=report.seq).model_dump_json())
+        INGEST_ACK_SECONDS.observe(time.perf_counter() - received)
         if status == Run.Status.PAUSED:
             # Work done before the pause counts; the notice tells the agent to stop and wait.
             detail = f"run “{session.run.slug}” is paused by its organizer; the agent will retry every 60 s"
@@ -142,7 +148,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await db(reports.report_rejection_record)(
                 user_id=self.token.user_id, session_id=report.session_id, seq=report.seq, code="rate_limited",
                 detail=detail)
-        await self._send_error(report.seq, "rate_limited", detail)
+        await self._report_error(report.seq, "rate_limited", detail)
 
     async def _session(self, session_id: int) -> tuple[TrainingSession, str]:
         """The session and its run's status: checked fully when this connection first names the
@@ -165,9 +171,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await db(reports.report_rejection_record)(
             user_id=self.token.user_id, session_id=report.session_id, seq=report.seq, code=refusal.code,
             detail=refusal.detail)
-        await self._send_error(report.seq, refusal.code, refusal.detail)
+        await self._report_error(report.seq, refusal.code, refusal.detail)
         if refusal.code in reports.FATAL_CODES:
             logger.info("session %s refused for good: %s", report.session_id, refusal.code)
+
+    async def _report_error(self, seq: int | None, code: str, detail: str) -> None:
+        """Answer a report frame with an error, counted by its code (a bounded set: the protocol's and the rules')."""
+        REPORTS_REFUSED.labels(code=code).inc()
+        await self._send_error(seq, code, detail)
 
     async def _send_error(self, seq: int | None, code: str, detail: str) -> None:
         await self.send(ErrorFrame(seq=seq, code=code, detail=detail[:1000]).model_dump_json())

@@ -21,6 +21,7 @@ from django.db.models import Sum
 from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write, checkpoint_zip
 from peer_agent.metrics import metrics_read
 from peer_agent.protocol import AveragingConfig, RunConfig
+from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
 from runs.models import Checkpoint, ContributionEvent, Run
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ def checkpoint_save(*, run: Run, directory: Path, metadata: CheckpointMetadata, 
         with archive.open("rb") as content, transaction.atomic():
             checkpoint.file.save(f"{run.hivemind_run_id}/{number:06d}-epoch{metadata.epoch}.zip", File(content), save=False)
             checkpoint.save()
+    CHECKPOINTS_SAVED.labels(run=run.slug).inc()
     checkpoint_retention_apply(run=run, policy=policy)
     return checkpoint
 
@@ -179,6 +181,7 @@ class Checkpointer:
                     return
                 self._averager_build(run)
             except Exception:
+                CHECKPOINT_FAILURES.labels(run=self.slug).inc()
                 logger.exception("run %s: cannot prepare checkpoints; trying again in %.0f s", self.slug, self.retry_period)
                 self._next_check = time.monotonic() + self.retry_period
                 return
@@ -215,6 +218,7 @@ class Checkpointer:
             close_old_connections()
             wait = self._checkpoint_if_due()
         except Exception:  # the coordinator keeps serving the run; the next attempt may succeed
+            CHECKPOINT_FAILURES.labels(run=self.slug).inc()
             logger.exception("run %s: checkpoint failed; trying again in %.0f s", self.slug, self.retry_period)
             wait = self.retry_period
         finally:

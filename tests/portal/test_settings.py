@@ -47,6 +47,7 @@ def test_production_refuses_to_start_without_a_secret_key(tmp_path):
         ("EMAIL_PORT", "twenty-five", "EMAIL_PORT='twenty-five' is not an integer"),
         ("DATABASE_URL", "mysql://db/portal", "DATABASE_URL='mysql://db/portal'"),
         ("REDIS_URL", "http://localhost:6379", "REDIS_URL='http://localhost:6379' must start with redis://"),
+        ("METRICS_ALLOWED_NETWORKS", "10.0.0.0/33", "METRICS_ALLOWED_NETWORKS: '10.0.0.0/33' is not an address"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(tmp_path, name, value, message):

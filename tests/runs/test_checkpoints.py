@@ -19,6 +19,7 @@ from peer_agent.protocol import DeviceInfo, JoinResponse
 from runs.models import Checkpoint, Run, RunMembership
 from runs.setup.services import run_ban
 from runs.swarm.checkpoints import (
+    Checkpointer,
     CheckpointPolicy,
     checkpoint_number,
     checkpoint_save,
@@ -28,6 +29,7 @@ from runs.swarm.checkpoints import (
 )
 from tests.agent_wire import post
 from tests.factories import RunFactory, join_body
+from tests.scrape import scrape
 
 POLICY = CheckpointPolicy(every_epochs=5, every_minutes=30.0, keep_last=3, keep_every_nth=10)
 
@@ -89,6 +91,18 @@ def test_a_saved_checkpoint_is_a_zip_of_the_directory(db, tmp_path):
     with checkpoint.file.open("rb") as file, zipfile.ZipFile(io.BytesIO(file.read())) as zipped:
         assert zipped.read("model.safetensors") == b"weights of epoch 5"
     assert checkpoint.size == checkpoint.file.size
+
+
+def test_checkpoints_saved_and_failed_attempts_are_counted_by_run(db, tmp_path, settings):
+    run = RunFactory(slug="counted-run")
+    before = scrape(settings)
+    save(run, tmp_path, 5)
+    save(run, tmp_path, 10)
+    # The run is gone when its checkpointer prepares: the attempt fails, and is counted, and the coordinator goes on.
+    Checkpointer(run_pk=run.pk + 1000, run_id=run.hivemind_run_id, slug=run.slug, dht=None).tick()
+    after = scrape(settings)
+    assert after.increase(before, "dedloc_checkpoints_saved_total", run="counted-run") == 2
+    assert after.increase(before, "dedloc_checkpoint_failures_total", run="counted-run") == 1
 
 
 # Who may download: public and unlisted runs' checkpoints are for whoever sees the run; invite-only
