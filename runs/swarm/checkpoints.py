@@ -202,13 +202,14 @@ class Checkpointer:
         """Whether the model and state averager are built (on the first tick once the run's tokenizer is ready)."""
         return self._averager is not None and not self._closed
 
-    def state_download(self) -> tuple[int, list, PreTrainedTokenizerFast] | None:
-        """Download the collaboration's state now (runs/swarm/spotcheck.py holds it to recompute steps):
-        its epoch, a copy of its parameters and the run's tokenizer; None once shut down."""
+    def state_download(self, *, swarm_epoch: int) -> tuple[int, list, PreTrainedTokenizerFast] | None:
+        """Download the collaboration's state now from a peer at most one epoch past ``swarm_epoch``
+        (runs/swarm/spotcheck.py holds it to recompute steps): its epoch, a copy of its parameters and
+        the run's tokenizer; None once shut down."""
         with self._lock:
             if self._averager is None or self._closed:
                 return None
-            self._averager.load_state_from_peers(timeout=STATE_DOWNLOAD_TIMEOUT_S)
+            self._averager.load_state_from_peers(max_epoch=swarm_epoch + 1, timeout=STATE_DOWNLOAD_TIMEOUT_S)
             parameters = [param.detach().clone() for param in self._model.parameters()]
             return self._averager.local_epoch, parameters, self._tokenizer
 
@@ -243,7 +244,7 @@ class Checkpointer:
         with self._lock:
             if self._closed:
                 return self.check_period
-            self._averager.load_state_from_peers(timeout=STATE_DOWNLOAD_TIMEOUT_S)
+            self._averager.load_state_from_peers(max_epoch=reading.epoch + 1, timeout=STATE_DOWNLOAD_TIMEOUT_S)
             epoch = self._averager.local_epoch
             if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=reading.epoch):
                 logger.warning("run %s: refused a state of epoch %d, past the swarm's epoch %d; trying again in %.0f s",
@@ -266,18 +267,17 @@ class Checkpointer:
 
     def _averager_build(self, run: Run) -> None:
         """The model, tokenizer and state averager that downloads into them, built once per run."""
-        from hivemind.optim.state_averager import TrainingStateAverager
-
         from peer_agent.model import model_build
         from peer_agent.optim import parameter_groups
         from peer_agent.tokenizer import tokenizer_load
         from peer_agent.training import lamb_factory, schedule_factory
+        from runs.swarm.state import BoundedSourceStateAverager
 
         config = RunConfig.model_validate(run.config)
         self._tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
         self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id)
         training = config.training
-        self._averager = TrainingStateAverager(
+        self._averager = BoundedSourceStateAverager(
             dht=self.dht, prefix=f"{self.run_id}_state_averager",  # the prefix hivemind.Optimizer gives it
             params=parameter_groups(self._model, training.weight_decay),
             optimizer=lamb_factory(training), scheduler=schedule_factory(training),

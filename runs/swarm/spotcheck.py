@@ -101,7 +101,7 @@ class Validator:
         return checked
 
     def _hold(self, swarm_epoch: int) -> None:
-        downloaded = self.checkpointer.state_download()
+        downloaded = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
         if downloaded is None:
             return
         epoch, parameters, self._tokenizer = downloaded

@@ -168,3 +168,15 @@ def test_the_checkpointer_retries_while_no_peer_shares_its_state(run, coordinato
                 "two attempts to download the state")
     assert client.optimizer.local_epoch >= 2
     assert not Checkpoint.objects.filter(run=run).exists()
+
+
+def test_a_member_declaring_a_far_epoch_is_not_asked_for_the_state(run, coordinator, make_trainer):
+    """hivemind downloads from the peer that declares the highest epoch. A member that declares a far
+    one (and holds only the untrained state) would be asked first on every attempt, and no checkpoint
+    would ever be saved while it stays online; the checkpointer leaves it out of the choice."""
+    honest = make_trainer()
+    far = make_trainer()  # joins at epoch 0 and never trains
+    far.optimizer.state_averager.state_sharing_priority = 10**6
+    train_until(honest, coordinator, lambda: run.checkpoints.exists(), "a checkpoint despite the far member")
+    assert run.checkpoints.get().epoch >= 2
+    assert far.optimizer.local_epoch == 0 and far.optimizer.state_averager.state_sharing_priority == 10**6

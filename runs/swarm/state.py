@@ -1,0 +1,52 @@
+"""The state averager through which the coordinator downloads a run's collaboration state (for
+checkpoints, runs/swarm/checkpoints.py, and spot checks, runs/swarm/spotcheck.py)."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+
+from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.utils.timed_storage import ValueWithExpiration
+
+
+class BoundedSourceStateAverager(TrainingStateAverager):
+    """A client-mode ``TrainingStateAverager`` that downloads only from peers whose declared epoch is
+    within a bound.
+
+    hivemind downloads from the peer that declares the highest "state sharing priority", which
+    peers set to their epoch, under ``{prefix}.all_averagers`` in the DHT. One member declaring a
+    far epoch would be asked first every time, and its state refused every time
+    (``checkpoints.state_epoch_trusted``): while it stayed online no checkpoint could be saved. Peers
+    declaring more than the bound are left out of the choice instead.
+    """
+
+    def __init__(self, *args, **kwargs):
+        # Shared memory, made before hivemind forks the averager's process, which reads it.
+        self._epoch_bound = multiprocessing.Value("d", math.inf)
+        super().__init__(*args, **kwargs)
+
+    def load_state_from_peers(self, *, max_epoch: float = math.inf, **kwargs):
+        """hivemind's download from the highest-priority peer that declares at most ``max_epoch``."""
+        self._epoch_bound.value = max_epoch
+        return super().load_state_from_peers(**kwargs)
+
+    async def _load_state_from_peers(self, future, timeout=None):
+        # hivemind 1.1.12's DecentralizedAverager._load_state_from_peers (hivemind/averaging/averager.py)
+        # reads the candidates with one dht.get of "{prefix}.all_averagers": filter that answer.
+        bound, dht_get = self._epoch_bound.value, self.dht.get
+
+        def get(key, *args, **kwargs):
+            found = dht_get(key, *args, **kwargs)
+            if key.endswith(".all_averagers") and found is not None and isinstance(found.value, dict):
+                kept = {peer: entry for peer, entry in found.value.items()
+                        if not (isinstance(entry, ValueWithExpiration) and isinstance(entry.value, (int, float))
+                                and entry.value > bound)}
+                found = ValueWithExpiration(kept, found.expiration_time)
+            return found
+
+        self.dht.get = get
+        try:
+            return await super()._load_state_from_peers(future, timeout)
+        finally:
+            del self.dht.get
