@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -275,7 +276,10 @@ class Checkpointer:
 
         config = RunConfig.model_validate(run.config)
         self._tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
-        self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id)
+        # The agents' initial weights (peer_agent.training.Trainer): until a peer serves a state, the
+        # validator (runs/swarm/spotcheck.py) checks epoch 0 against them.
+        self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id,
+                                  init_seed=zlib.crc32(self.run_id.encode()))
         training = config.training
         self._averager = BoundedSourceStateAverager(
             dht=self.dht, prefix=f"{self.run_id}_state_averager",  # the prefix hivemind.Optimizer gives it

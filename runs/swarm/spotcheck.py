@@ -50,6 +50,7 @@ class Validator:
         self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
         self.checkpointer, self.check_period = checkpointer, check_period
         self.held: dict[int, list] = {}  # epoch -> the collaboration's parameters in that epoch
+        self._read_epoch = -1  # the swarm's epoch when the validator last downloaded its state
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
         self._model = None
         self._tokenizer = None
@@ -87,7 +88,10 @@ class Validator:
         if not config.verification.spot_checks:
             return 0
         reading = swarm_read(self.dht, self.run_id)
-        if reading is not None and reading.epoch not in self.held:
+        # Once per epoch of the swarm: the state a peer serves may be an epoch ahead of the reading,
+        # and is held by its own epoch.
+        if reading is not None and reading.epoch > self._read_epoch:
+            self._read_epoch = reading.epoch
             self._hold(reading.epoch)
         if not self.held:
             return 0

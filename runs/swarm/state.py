@@ -26,6 +26,12 @@ class BoundedSourceStateAverager(TrainingStateAverager):
         self._epoch_bound = multiprocessing.Value("d", math.inf)
         super().__init__(*args, **kwargs)
 
+    @classmethod
+    def _get_handle_name(cls, namespace, method_name):
+        # hivemind names an averager's RPC streams after its class: ask for the state by the name the
+        # peers' averagers serve it under (peer_agent.averaging.MembersOnlyStateAverager keeps it too).
+        return TrainingStateAverager._get_handle_name(namespace, method_name)
+
     def load_state_from_peers(self, *, max_epoch: float = math.inf, **kwargs):
         """hivemind's download from the highest-priority peer that declares at most ``max_epoch``."""
         self._epoch_bound.value = max_epoch
