@@ -1,8 +1,10 @@
 """The Celery application: tasks live in each app's `tasks.py`, settings under `CELERY_`."""
 
+import logging
+import logging.config
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -18,3 +20,14 @@ def _create_broker_folders(sender: Celery, **kwargs) -> None:
     for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         if options.get(key):
             os.makedirs(options[key], exist_ok=True)
+
+
+@signals.setup_logging.connect
+def _log_as_the_portal_does(loglevel: int | str | None = None, **kwargs) -> None:
+    # Worker and beat write through settings.LOGGING (LOG_FORMAT=json included) instead of Celery's own
+    # handlers; `--loglevel` still sets the level.
+    from django.conf import settings
+
+    logging.config.dictConfig(settings.LOGGING)
+    if loglevel:
+        logging.getLogger().setLevel(loglevel)
