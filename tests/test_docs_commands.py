@@ -52,6 +52,8 @@ EXERCISED = [
      "tests/browser/test_full_story.py::test_a_run_from_setup_to_pause_and_resume_with_real_agents"),
     (r"peer-agent join --config agent\.toml",
      CLI_TESTS + "test_a_flag_beats_the_environment_which_beats_the_config_file_which_beats_the_login"),
+    (r"peer-agent join --log-format json",
+     CLI_TESTS + "test_log_format_json_writes_each_log_record_as_a_json_line_naming_the_run_and_session"),
     (r"peer-agent join --help", CLI_TESTS + "test_python_m_peer_agent_shows_help_for_every_command"),
     (r"peer-agent login --portal \S+", CLI_TESTS + "test_login_checks_the_token_and_stores_it_readable_only_by_you"),
     (r"peer-agent check( --portal \S+ \S+)?",
