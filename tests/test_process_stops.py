@@ -59,9 +59,10 @@ class Started:
             time.sleep(0.2)
 
     def stop(self) -> float:
-        """SIGTERM, then the seconds until the process (and its group) is gone."""
+        """SIGTERM to the process alone, as Docker sends it to a container's first process, then the
+        seconds until it is gone."""
         asked = time.monotonic()
-        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.terminate()
         try:
             self.process.wait(timeout=60)
         finally:
