@@ -3,6 +3,7 @@ from ninja import Router, Schema
 
 from accounts.auth import AgentBearer
 from accounts.selectors import volunteer_public_profile
+from portal.errors import answers
 
 router = Router(tags=["volunteers"])
 
@@ -22,7 +23,7 @@ class MeOut(Schema):
     token_expires_at: str
 
 
-@router.get("/me", response=MeOut, auth=AgentBearer(), summary="The agent token's owner")
+@router.get("/me", response=answers(MeOut, 401, 403, 429), auth=AgentBearer(), summary="The agent token's owner")
 def me(request: HttpRequest):
     """Lets an agent check its token: who owns it, which run it is limited to, when it expires."""
     return volunteer_public_profile(token=request.auth)

@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings, e.g. the join page's agent.toml.")
     common.add_argument("-v", "--verbose", action="store_true", help="Show debug messages, hivemind's included.")
+    common.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("PEER_AGENT_LOG_FORMAT", "text"),
+                        help="json: one JSON object a line on stderr, with the run and session, and no live progress line.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     login = commands.add_parser("login", parents=[common], help="Store your agent token for a portal.",
@@ -64,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``peer-agent`` console script."""
     args = build_parser().parse_args(argv)
-    console = Console(stderr=True)
-    logging_setup(console, verbose=args.verbose)
+    # No live progress line in JSON mode: every line on stderr is a log record then.
+    console = Console(stderr=True, force_terminal=False if args.log_format == "json" else None)
+    logging_setup(console, verbose=args.verbose, log_format=args.log_format)
     command = {"login": login_command, "join": join_command, "check": check_command, "status": status_command}
     try:
         return command[args.command](args, console)

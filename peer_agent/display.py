@@ -48,13 +48,34 @@ def progress_line(snap: ProgressSnapshot) -> str:
             f"({snap.acked_samples} acknowledged) │ next averaging in {_duration(snap.eta_next_epoch_s)}{batch}{loss}")
 
 
-def logging_setup(console: Console, verbose: bool = False) -> None:
-    """Log through rich so messages print above the live progress line; hivemind's chatter stays at WARNING."""
-    handler = RichHandler(console=console, show_path=False, rich_tracebacks=verbose, markup=False)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+# What every JSON log line names once known: the run and the training session (set when joined).
+LOG_FIELDS: dict[str, object] = {"run": None, "session_id": None}
+
+
+class _LogFields(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in LOG_FIELDS.items():
+            setattr(record, name, value)
+        return True
+
+
+def logging_setup(console: Console, verbose: bool = False, log_format: str = "text") -> None:
+    """Log through rich so messages print above the live progress line, or (``log_format="json"``, for
+    a service's log collector) one JSON object a line on stderr; hivemind's chatter stays at WARNING."""
+    if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler = logging.StreamHandler(console.file)
+        handler.setFormatter(JsonFormatter(["levelname", "name", "message", *LOG_FIELDS], timestamp=True,
+                                           rename_fields={"levelname": "level", "name": "logger"}))
+        handler.addFilter(_LogFields())
+    else:
+        handler = RichHandler(console=console, show_path=False, rich_tracebacks=verbose, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
     root = logging.getLogger()
-    for previous in [h for h in root.handlers if isinstance(h, RichHandler)]:
+    for previous in [h for h in root.handlers if getattr(h, "peer_agent", False)]:
         root.removeHandler(previous)
+    handler.peer_agent = True  # ours, replaced when logging is set up again
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     for noisy in ("hivemind", "httpx", "httpcore", "websockets", "datasets", "fsspec", "urllib3", "filelock"):

@@ -28,7 +28,7 @@ from rich.console import Console
 
 from peer_agent import __version__
 from peer_agent.device import device_info, device_resolve
-from peer_agent.display import ProgressDisplay, ProgressSnapshot
+from peer_agent.display import LOG_FIELDS, ProgressDisplay, ProgressSnapshot
 from peer_agent.exit_status import EXIT_OK, EXIT_STOPPED
 from peer_agent.portal import (
     PAUSE_CODES,
@@ -206,6 +206,7 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     joined = _join_when_active(settings, portal, request, stop, deadline, patient)
     if joined is None:
         return None
+    LOG_FIELDS.update(run=settings.run, session_id=joined.session_id)
     logger.info("Joined run “%s” as session %d", settings.run, joined.session_id)
     config = _config_for_machine(joined.config, settings)
     files = settings.resolved_cache_dir() / joined.run_id

@@ -10,6 +10,7 @@ never returns the signed values.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from hivemind.dht import DHT
@@ -79,10 +80,28 @@ def metrics_read(dht: DHT, run_id: str) -> dict[bytes, LocalMetrics]:
     return signed_records_read(dht, metrics_key(run_id), LocalMetrics)
 
 
+SWARM_READ_TIMEOUT_S = 10.0
+
+
+def dht_result(dht: DHT, future, timeout: float = SWARM_READ_TIMEOUT_S) -> Any:
+    """What a call to ``dht`` made with ``return_future=True`` returns, waiting at most ``timeout`` s.
+
+    A DHT process that died (a SIGTERM to the whole process group ends it first) never resolves the
+    futures it was handed: then this raises TimeoutError within half a second instead of waiting.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return future.result(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        except TimeoutError:
+            if not dht.is_alive() or time.monotonic() >= deadline:
+                raise
+
+
 def signed_records_read(dht: DHT, key: str, schema: type) -> dict[bytes, Any]:
     """Every peer's latest record under ``key`` parsed with the pydantic ``schema``, by owner
     subkey; cleared records and records that do not parse are skipped."""
-    found = dht.get(key, latest=True)
+    found = dht_result(dht, dht.get(key, latest=True, return_future=True))
     if found is None or not isinstance(found.value, dict):
         return {}
     records = {}

@@ -319,6 +319,11 @@ class DeviceInfo(_Schema):
     precision: Literal["fp32", "fp16", "bf16"] | None = Field(None, description="Precision the agent trains in.")
 
 
+# PEP 440 versions in their usual spelling (release, pre, post, dev, local; no epoch): every match is
+# a version `packaging` reads, so the portal can compare it with SWARM_COMPATIBLE_SINCE.
+AGENT_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$"
+
+
 class JoinRequest(_Schema):
     """Body of ``POST /api/v1/runs/{slug}/join``.
 
@@ -328,10 +333,11 @@ class JoinRequest(_Schema):
     """
 
     peer_public_key: OpenSSHPublicKey = Field(description="The agent's hivemind RSAPublicKey.to_bytes() as text.")
-    agent_version: str = Field(min_length=1, max_length=64, description="Version of the peer agent.")
+    agent_version: str = Field(max_length=64, pattern=AGENT_VERSION_PATTERN,
+                               description="Version of the peer agent, e.g. 0.5.0 (PEP 440, without an epoch).")
     device: DeviceInfo = Field(description="The device the agent trains on.")
-    signed_at: AwareDatetime | None = Field(default=None, description="When the agent signed the join (its clock).")
-    key_proof: str | None = Field(default=None, max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$",
+    signed_at: AwareDatetime = Field(description="When the agent signed the join (its clock).")
+    key_proof: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$",
                                   description="Base64 RSA-PSS/SHA-256 signature, with the peer key, of join_proof_message.")
 
 

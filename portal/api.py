@@ -19,7 +19,8 @@ api = NinjaAPI(
     title="DeDLOC Portal API",
     version="1",
     description="Runs, agent credentials, contribution reports and leaderboards. "
-    "Errors are `{\"error\": {\"code\", \"detail\"}}` with a 4xx status.",
+    "Errors are `{\"error\": {\"code\", \"detail\", \"request_id\"}}` with a 4xx status (503 when the database "
+    "is away); `request_id` is also the `X-Request-ID` header, the request's id in the portal's logs.",
     urls_namespace="api",
 )
 

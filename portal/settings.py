@@ -12,7 +12,7 @@ import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_int, env_list, env_networks, env_rate, env_str
+from portal.env import env_bool, env_choice, env_int, env_list, env_networks, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
@@ -47,6 +47,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.logs.request_id_middleware",  # first, so that every log line of a request carries its id
     "portal.health.HealthProbeMiddleware",  # /healthz and /readyz, ahead of the host check and HTTPS redirect
     "portal.scrape.MetricsMiddleware",  # /metrics for Prometheus, likewise; times every other request
     "django.middleware.security.SecurityMiddleware",
@@ -260,10 +261,18 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# LOG_FORMAT=json: one JSON object a line, with the request id, run and session where known (portal/logs.py).
+LOG_FORMAT = env_choice("LOG_FORMAT", "plain", {"plain", "json"})
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "portal.logs.LogContext"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "portal.logs.json_formatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # uvicorn's loggers keep the levels its command line gave them, and write through ours.
+    "loggers": {name: {"handlers": ["console"], "propagate": False} for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
 }

@@ -4,9 +4,16 @@ harness/processes.py's `children_reap`.)"""
 
 import contextlib
 import multiprocessing
+import socket
 import time
 
 import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _sleep_when_ready(ready) -> None:

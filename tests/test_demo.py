@@ -5,7 +5,6 @@ coordinator saves a checkpoint; Ctrl-C stops every process it started."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,13 @@ import psutil
 import pytest
 
 from harness.processes import children_reap
+from peer_agent.spool import spool_files, spool_read
 from runs.management.commands.demo import ORGANIZER, RUN_SLUG, VOLUNTEERS
+from tests.processes import free_port
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def leaderboard(url: str) -> list[dict]:
@@ -68,8 +63,9 @@ def volunteers_train(url: str, demo: subprocess.Popen, log_path: Path, deadline:
     return {row["name"]: row["samples"] for row in rows}
 
 
-def ctrl_c(demo: subprocess.Popen, log_path: Path) -> None:
-    """Ctrl-C, as a newcomer stops the demo: every process it started ends."""
+def ctrl_c(demo: subprocess.Popen, log_path: Path, var: Path) -> None:
+    """Ctrl-C, as a newcomer stops the demo: every process it started ends, the agents first, so that
+    their last reports reach the portal while it still listens: none is left waiting on disk."""
     started = psutil.Process(demo.pid).children(recursive=True)
     assert len(started) >= 5, "web, worker, coordinator and two agents"
     demo.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the command in the foreground
@@ -77,6 +73,9 @@ def ctrl_c(demo: subprocess.Popen, log_path: Path) -> None:
     assert "demo stopped." in log_path.read_text(errors="replace")
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, f"left running: {[(process.pid, process.name()) for process in alive]}"
+    for name, _ in VOLUNTEERS[:2]:
+        spooled = [spool_read(path)[1] for path in spool_files(var / "demo-agents" / name / "spool")]
+        assert spooled and not any(summary.pending for summary in spooled), f"{name}'s reports left on disk: {spooled}"
 
 
 def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_runs_again_from_its_checkpoint(tmp_path):
@@ -98,7 +97,7 @@ def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_run
         assert f"{url}/runs/{RUN_SLUG}/" in banner and repr(ORGANIZER[1]) in banner
         assert all(repr(password) in banner for _, password in VOLUNTEERS[:2])
         saved = [checkpoint["epoch"] for checkpoint in httpx.get(f"{url}/api/v1/runs/{RUN_SLUG}/checkpoints", timeout=10).json()]
-        ctrl_c(demo, first_log)
+        ctrl_c(demo, first_log, tmp_path / "var")
 
         # The same command again in the same checkout: the coordinator's backbone peer finds none of
         # the peers it knew and starts a fresh swarm; the agents resume from the newest checkpoint.
@@ -112,7 +111,7 @@ def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_run
         # refusal (the processes' other logged errors are theirs to keep).
         assert "starting a fresh swarm" in said(second_log)
         assert "P2PDaemonError" not in said(second_log), second_log.read_text(errors="replace")[-4000:]
-        ctrl_c(demo, second_log)
+        ctrl_c(demo, second_log, tmp_path / "var")
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)

@@ -23,6 +23,7 @@ PROGRAMS = r"(make |python manage\.py |peer-agent|pip install |\.venv/bin/python
 DEMO_TEST = ("tests/test_demo.py::"
              "test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_runs_again_from_its_checkpoint")
 CLI_TESTS = "tests/peer_agent/test_cli.py::"
+BACKUP_TEST = "tests/test_backup_restore.py::test_the_documented_backup_and_restore_bring_back_the_database_files_and_identities"
 WHEEL_TEST = "tests/runs/test_agent_wheel.py::test_the_wheel_is_built_served_and_named_on_the_join_page"
 
 # (pattern of a documented command, where it is exercised: "tests/…py::test_name" or a CI script)
@@ -48,10 +49,13 @@ EXERCISED = [
     (r"python manage\.py check --deploy",
      "tests/portal/test_settings.py::test_production_settings_pass_check_deploy_with_no_issues"),
     (r"pip install https://<portal>/agent/peer_agent-<version>-py3-none-any\.whl", WHEEL_TEST),
+    (r'(pg_dump|pg_restore|tar) .*', BACKUP_TEST),
     (r"(PEER_AGENT_TOKEN=\S+ )?peer-agent join --portal \S+ \S+",
      "tests/browser/test_full_story.py::test_a_run_from_setup_to_pause_and_resume_with_real_agents"),
     (r"peer-agent join --config agent\.toml",
      CLI_TESTS + "test_a_flag_beats_the_environment_which_beats_the_config_file_which_beats_the_login"),
+    (r"peer-agent join --log-format json",
+     CLI_TESTS + "test_log_format_json_writes_each_log_record_as_a_json_line_naming_the_run_and_session"),
     (r"peer-agent join --help", CLI_TESTS + "test_python_m_peer_agent_shows_help_for_every_command"),
     (r"peer-agent login --portal \S+", CLI_TESTS + "test_login_checks_the_token_and_stores_it_readable_only_by_you"),
     (r"peer-agent check( --portal \S+ \S+)?",

@@ -8,7 +8,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from accounts.models import AgentToken, User
 from peer_agent.protocol import SWARM_COMPATIBLE_SINCE, JoinRequest, join_proof_message
@@ -37,10 +37,7 @@ def _access_token(*, run: Run, user: User, peer_public_key: str) -> tuple[dict, 
 
 def agent_version_refusal(version: str) -> JoinRefused | None:
     """Why an agent of this version may not train with the others, or None when it may."""
-    try:
-        parsed = Version(version)
-    except InvalidVersion:
-        return JoinRefused(422, "agent_version_invalid", f"agent_version “{version[:64]}” is not a version number like 0.2.0")
+    parsed = Version(version)  # JoinRequest's pattern admits only versions that parse
     if parsed < Version(SWARM_COMPATIBLE_SINCE):
         return JoinRefused(409, "agent_outdated", f"peer-agent {parsed} cannot average with this portal's agents; install "
                                                   f"peer-agent {SWARM_COMPATIBLE_SINCE} or newer from the run's join page")
@@ -49,12 +46,10 @@ def agent_version_refusal(version: str) -> JoinRefused | None:
 
 def _key_proof_check(*, run: Run, request: JoinRequest) -> None:
     """JoinRefused unless the join is signed, recently, with the private half of its peer key."""
-    if request.signed_at is None or request.key_proof is None:
-        raise JoinRefused(400, "key_proof_missing", "the join must be signed with the agent's peer key (signed_at and "
-                                                    "key_proof); peer-agent 0.4.0 and newer sign it")
     skew = abs((timezone.now() - request.signed_at).total_seconds())
     if skew > KEY_PROOF_MAX_AGE.total_seconds():
-        raise JoinRefused(400, "key_proof_stale", f"the join was signed {skew:.0f} s away from the portal's clock (at most "
+        # 403, not 400: the request is well formed, its proof is not accepted (a replay, or a wrong clock).
+        raise JoinRefused(403, "key_proof_stale", f"the join was signed {skew:.0f} s away from the portal's clock (at most "
                                                   f"{KEY_PROOF_MAX_AGE.total_seconds():.0f} s); sync this machine's clock")
     message = join_proof_message(run=run.slug, peer_public_key=request.peer_public_key, signed_at=request.signed_at)
     if not peer_key_proof_verify(peer_public_key=request.peer_public_key, message=message, proof=request.key_proof):

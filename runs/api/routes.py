@@ -3,18 +3,19 @@
 import datetime
 import functools
 import os
+import re
 from typing import Literal
 
 from django.http import FileResponse, HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Path, Query, Router, Schema
 from pydantic import field_validator
 
 from accounts.auth import AgentBearer
 from accounts.models import AgentToken
 from accounts.services import token_check_scope
 from peer_agent.protocol import JoinRequest, JoinResponse, LeaderboardRow, RefreshResponse
-from portal.errors import ApiError
+from portal.errors import ApiError, answers
 from portal.ratelimit import rate_limit_hit
 from runs.access.rules import (
     JoinRefused,
@@ -32,6 +33,11 @@ from runs.models import Checkpoint, Run, TrainingSession
 from runs.swarm.series import series_points
 
 router = Router(tags=["runs"])
+
+# What an agent token can be refused with on every agent endpoint (accounts/services.py): no usable
+# token, a disabled account or a token limited to another run, too many refused tokens from one address.
+AGENT_AUTH = (401, 403, 429)
+Slug = Path[str, {"pattern": r"^[-a-zA-Z0-9_]+$", "max_length": 64}]  # Run.slug, a SlugField
 
 
 class RunSummary(Schema):
@@ -79,18 +85,19 @@ def _absolute(request: HttpRequest, path: str, scheme: str | None = None) -> str
     return url
 
 
-@router.get("/runs/", response=list[RunSummary], summary="Public runs")
+@router.get("/runs/", response=answers(list[RunSummary]), summary="Public runs")
 def run_list(request: HttpRequest):
     return [_summary(run) for run in run_list_public()]
 
 
-@router.get("/runs/{slug}/", response=RunSummary, summary="A run's summary and configuration")
-def run_detail(request: HttpRequest, slug: str):
+@router.get("/runs/{slug}/", response=answers(RunSummary, 400, 404), summary="A run's summary and configuration")
+def run_detail(request: HttpRequest, slug: Slug):
     return _summary(_visible_run(request, slug))
 
 
-@router.post("/runs/{slug}/join", response=JoinResponse, auth=AgentBearer(), summary="Join a run with a peer agent")
-def run_join(request: HttpRequest, slug: str, body: JoinRequest):
+@router.post("/runs/{slug}/join", response=answers(JoinResponse, 400, *AGENT_AUTH, 404, 409), auth=AgentBearer(),
+             summary="Join a run with a peer agent")
+def run_join(request: HttpRequest, slug: Slug, body: JoinRequest):
     """Open a training session and sign a short-lived hivemind access token for the agent's peer key."""
     rate_limit_hit(name="join", key=str(request.auth.pk))
     run = _visible_run(request, slug, joining=True)
@@ -127,7 +134,8 @@ def _checkpoint_url(request: HttpRequest, session: TrainingSession, checkpoint: 
     return _absolute(request, f"/api/v1/checkpoints/{url_token}/{checkpoint.pk}.zip")
 
 
-@router.post("/sessions/{session_id}/refresh", response=RefreshResponse, auth=AgentBearer(), summary="Refresh hivemind access")
+@router.post("/sessions/{session_id}/refresh", response=answers(RefreshResponse, 400, *AGENT_AUTH, 404, 409),
+             auth=AgentBearer(), summary="Refresh hivemind access")
 def session_refresh_endpoint(request: HttpRequest, session_id: int):
     rate_limit_hit(name="refresh", key=str(request.auth.pk))
     session = TrainingSession.objects.select_related("run").filter(pk=session_id, user=request.auth.user).first()
@@ -140,8 +148,9 @@ def session_refresh_endpoint(request: HttpRequest, session_id: int):
         raise _refused(refusal) from None
 
 
-@router.get("/runs/{slug}/tokenizer.json", auth=AgentBearer(), summary="The run's tokenizer", response={200: None})
-def run_tokenizer(request: HttpRequest, slug: str):
+@router.get("/runs/{slug}/tokenizer.json", auth=AgentBearer(), summary="The run's tokenizer",
+            response=answers(None, 400, *AGENT_AUTH, 404, 409))
+def run_tokenizer(request: HttpRequest, slug: Slug):
     run = _visible_run(request, slug, joining=True)
     token_check_scope(token=request.auth, run=run)
     refusal = run_join_refusal(run=run, user=request.auth.user)
@@ -153,7 +162,7 @@ def run_tokenizer(request: HttpRequest, slug: str):
 
 
 @router.get("/data/{url_token}/{file_id}.txt", summary="One of a run's data files (signed link from the join answer)",
-            response={200: None})
+            response=answers(None, 400, 403, 404, 409))
 def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     try:
         data_file = session_link_target(url_token=url_token, kind="data")
@@ -164,7 +173,7 @@ def data_file_download(request: HttpRequest, url_token: str, file_id: int):
     return FileResponse(data_file.file.open("rb"), content_type="text/plain; charset=utf-8")
 
 
-@router.get("/checkpoints/{url_token}/{checkpoint_id}.zip", response={200: None},
+@router.get("/checkpoints/{url_token}/{checkpoint_id}.zip", response=answers(None, 400, 403, 404, 409),
             summary="A run's checkpoint (signed link from the join answer)")
 def checkpoint_download_signed(request: HttpRequest, url_token: str, checkpoint_id: int):
     try:
@@ -187,8 +196,9 @@ class CheckpointOut(Schema):
     download_url: str
 
 
-@router.get("/runs/{slug}/checkpoints", response=list[CheckpointOut], summary="A run's checkpoints, newest first")
-def run_checkpoints(request: HttpRequest, slug: str):
+@router.get("/runs/{slug}/checkpoints", response=answers(list[CheckpointOut], 400, 404),
+            summary="A run's checkpoints, newest first")
+def run_checkpoints(request: HttpRequest, slug: Slug):
     run = _visible_run(request, slug)
     if not run_may_download_checkpoints(run=run, user=request.user):
         raise ApiError(404, "run_not_found", f"there is no run “{slug}”; check its name on the portal's runs page")
@@ -203,6 +213,7 @@ def run_checkpoints(request: HttpRequest, slug: str):
 PROBE_DOWNLOAD_MAX = 8 << 20
 PROBE_DOWNLOAD_DEFAULT = 4 << 20
 PROBE_UPLOAD_MAX = 2 << 20
+ProbeSize = Query[int, {"ge": 1, "le": PROBE_DOWNLOAD_MAX, "description": "Bytes to send."}]
 
 
 @functools.cache
@@ -216,16 +227,14 @@ class ProbeUploadOut(Schema):
 
 
 @router.get("/probe/download", auth=AgentBearer(), summary="Bytes for an agent to time its download",
-            response={200: None})
-def probe_download(request: HttpRequest, size: int = PROBE_DOWNLOAD_DEFAULT):
-    if not 1 <= size <= PROBE_DOWNLOAD_MAX:
-        raise ApiError(400, "invalid_size", f"size must be between 1 and {PROBE_DOWNLOAD_MAX} bytes, not {size}")
+            response=answers(None, 400, *AGENT_AUTH))
+def probe_download(request: HttpRequest, size: ProbeSize = PROBE_DOWNLOAD_DEFAULT):
     response = HttpResponse(memoryview(_probe_bytes())[:size], content_type="application/octet-stream")
     response["Cache-Control"] = "no-store"
     return response
 
 
-@router.post("/probe/upload", auth=AgentBearer(), response=ProbeUploadOut,
+@router.post("/probe/upload", auth=AgentBearer(), response=answers(ProbeUploadOut, 400, *AGENT_AUTH, 413),
              summary="Receive bytes from an agent timing its upload")
 def probe_upload(request: HttpRequest):
     """Count the raw body in chunks: ``request.body`` would raise past DATA_UPLOAD_MAX_MEMORY_SIZE."""
@@ -252,14 +261,14 @@ def _board(run: Run | None, by: str, window: str, limit: int, offset: int) -> li
     return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
 
 
-@router.get("/runs/{slug}/leaderboard", response=list[LeaderboardRow], summary="A run's leaderboard")
-def run_leaderboard(request: HttpRequest, slug: str, by: Literal["user", "team"] = "user",
+@router.get("/runs/{slug}/leaderboard", response=answers(list[LeaderboardRow], 400, 404), summary="A run's leaderboard")
+def run_leaderboard(request: HttpRequest, slug: Slug, by: Literal["user", "team"] = "user",
                     window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
     """Credit is in GFLOP of training (see docs/volunteers.md); share is of the board's credit."""
     return _board(_visible_run(request, slug), by, window, limit, offset)
 
 
-@router.get("/leaderboard", response=list[LeaderboardRow], summary="The leaderboard across all runs")
+@router.get("/leaderboard", response=answers(list[LeaderboardRow], 400), summary="The leaderboard across all runs")
 def leaderboard(request: HttpRequest, by: Literal["user", "team"] = "user",
                 window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
     return _board(None, by, window, limit, offset)
@@ -271,7 +280,7 @@ class ContributionDayOut(Schema):
     credit: float
 
 
-@router.get("/volunteers/{key}/contributions", response=list[ContributionDayOut],
+@router.get("/volunteers/{key}/contributions", response=answers(list[ContributionDayOut], 404),
             summary="A volunteer's samples and credit per day, across runs")
 def volunteer_contributions(request: HttpRequest, key: str):
     user = volunteer_for_profile(key=key, viewer=request.user)
@@ -291,7 +300,7 @@ class StatsDumpOut(Schema):
     files: list[StatsFileOut]
 
 
-@router.get("/stats", response=list[StatsDumpOut], summary="Daily statistics dumps (gzip JSON and CSV)")
+@router.get("/stats", response=answers(list[StatsDumpOut]), summary="Daily statistics dumps (gzip JSON and CSV)")
 def stats_list(request: HttpRequest):
     return [
         {"day": dump["day"], "files": [
@@ -313,6 +322,14 @@ class SeriesQuery(Schema):
         description="At most this many points; a longer series is averaged in equal time buckets.",
     )
 
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _written_as_a_time(cls, since: object) -> object:
+        # pydantic would also read "0.5" as Unix seconds; the schema promises an ISO 8601 date and time.
+        if isinstance(since, str) and not re.match(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d", since):
+            raise ValueError("write an ISO 8601 date and time, such as 2026-12-01T07:00:00Z")
+        return since
 
     @field_validator("since")
     @classmethod
@@ -337,8 +354,8 @@ class SeriesOut(Schema):
     loss: list[float | None]
 
 
-@router.get("/runs/{slug}/series", response=SeriesOut, summary="A run's monitor series for its charts")
-def run_series(request: HttpRequest, slug: str, query: Query[SeriesQuery]):
+@router.get("/runs/{slug}/series", response=answers(SeriesOut, 400, 404), summary="A run's monitor series for its charts")
+def run_series(request: HttpRequest, slug: Slug, query: Query[SeriesQuery]):
     """The coordinator monitor's readings of the swarm, as columns, downsampled to `max_points`."""
     run = Run.objects.filter(slug=slug).first()
     if run is None or not run_may_view(run=run, user=request.user):

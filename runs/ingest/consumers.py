@@ -12,6 +12,7 @@ from django.db import DatabaseError
 from accounts.auth import bearer_secret
 from accounts.services import AgentTokenRefused, token_authenticate
 from peer_agent.protocol import Ack, ErrorFrame, ProtocolError, Report, parse_client_frame
+from portal.logs import log_context
 from portal.metrics import AGENT_SOCKETS_OPEN, INGEST_ACK_SECONDS, REPORTS_ACCEPTED, REPORTS_REFUSED
 from portal.ratelimit import RateLimited
 from runs.ingest import reports
@@ -94,7 +95,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._report_error(error.seq, error.code, error.detail)
             return
         try:
-            await self._report_receive(report, received=received)
+            with log_context(session_id=report.session_id):  # on every log line the report causes
+                await self._report_receive(report, received=received)
         except DatabaseError:
             # The database is away (restarting): the agent keeps the report and sends it again.
             logger.warning("agent socket: report %s of session %s not handled now", report.seq, report.session_id, exc_info=True)

@@ -14,7 +14,8 @@ from hivemind.dht import DHT
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
-from peer_agent.metrics import metrics_validators
+from peer_agent.metrics import dht_result, metrics_validators
+from portal.logs import log_context
 from runs.access.authority import access_token_sign, authority_load
 from runs.models import Run
 from runs.swarm.checkpoints import Checkpointer
@@ -23,7 +24,6 @@ from runs.swarm.spotcheck import Validator
 
 logger = logging.getLogger(__name__)
 COORDINATOR_USERNAME = "coordinator"
-SWARM_READ_TIMEOUT_S = 10
 
 
 class BackbonePeer:
@@ -70,17 +70,24 @@ class BackbonePeer:
             initial_peers=self.initial_peers, coordinator_peer_id=str(self.dht.peer_id), coordinator_heartbeat_at=timezone.now()
         )
 
-    def tick(self) -> None:
-        """One cycle of the peer's duties: heartbeat, checkpoints, then the monitor's poll."""
-        self.heartbeat()
-        self.checkpointer.tick()
-        self.validator.tick()
+    def tick(self, stopping: threading.Event | None = None) -> None:
+        """One cycle of the peer's duties: heartbeat, checkpoints, spot checks, then the monitor's poll;
+        a stop asked meanwhile skips the rest (it must end within seconds, docs/deploy.md)."""
+        duties = (self.heartbeat, self.checkpointer.tick, self.validator.tick, self._swarm_peers_save, self._monitor_poll)
+        for duty in duties:
+            if stopping is not None and stopping.is_set():
+                return
+            duty()
+
+    def _swarm_peers_save(self) -> None:
         try:
             # With a timeout: a coroutine the DHT process drops would otherwise block the cycle for good.
-            connected = self.dht.run_coroutine(_connected_maddrs, return_future=True).result(timeout=SWARM_READ_TIMEOUT_S)
+            connected = dht_result(self.dht, self.dht.run_coroutine(_connected_maddrs, return_future=True))
             swarm_peers_save(self.swarm_file, connected)
         except Exception:  # only a restart would miss it
             logger.exception("run %s: could not save the swarm's addresses", self.slug)
+
+    def _monitor_poll(self) -> None:
         try:
             self.monitor.poll()
         except Exception:  # a failed poll must not stop the heartbeat; the health page sees no new sample
@@ -155,14 +162,22 @@ class Coordinator:
         wanted = {run.pk: run for run in self.runs_to_serve()}
         dead = {pk for pk, peer in self.peers.items() if not peer.dht.is_alive()}
         for pk in (set(self.peers) - set(wanted)) | dead:
-            self.peers.pop(pk).shutdown()
+            self._shutdown(self.peers.pop(pk))
         for pk, run in wanted.items():
-            if pk not in self.peers:
-                self.peers[pk] = BackbonePeer(
-                    run, state_dir=self.state_dir, host_maddrs=settings.COORDINATOR_HOST_MADDRS,
-                    announce_maddrs=settings.COORDINATOR_ANNOUNCE_MADDRS or None,
-                )
-            self.peers[pk].tick()
+            if self.stopping.is_set():  # leave the other runs' work to the next start
+                return
+            with log_context(run=run.slug):  # the run's slug on every log line of its peer, monitor and checkpointer
+                if pk not in self.peers:
+                    self.peers[pk] = BackbonePeer(
+                        run, state_dir=self.state_dir, host_maddrs=settings.COORDINATOR_HOST_MADDRS,
+                        announce_maddrs=settings.COORDINATOR_ANNOUNCE_MADDRS or None,
+                    )
+                self.peers[pk].tick(self.stopping)
+
+    @staticmethod
+    def _shutdown(peer: BackbonePeer) -> None:
+        with log_context(run=peer.slug):
+            peer.shutdown()
 
     def cycle(self) -> None:
         """One sync; a failed one (a database restart, a locked table) is logged and retried next time."""
@@ -179,6 +194,6 @@ class Coordinator:
                 self.stopping.wait(self.interval)
         finally:
             for peer in self.peers.values():
-                peer.shutdown()
+                self._shutdown(peer)
             self.peers.clear()
             logger.info("coordinator stopped")

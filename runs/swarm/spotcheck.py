@@ -66,7 +66,9 @@ class Validator:
         self._worker = threading.Thread(target=self._cycle, name=f"validator {self.slug}", daemon=True)
         self._worker.start()
 
-    def shutdown(self, timeout: float = 30.0) -> None:
+    def shutdown(self, timeout: float = 5.0) -> None:
+        # A check in progress ends within a step's recomputation; a download in progress is left to
+        # its daemon thread, so the coordinator still stops within seconds (docs/deploy.md).
         self._closed = True
         if self._worker:
             self._worker.join(timeout)

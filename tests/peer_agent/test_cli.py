@@ -1,6 +1,7 @@
 """The `peer-agent` command: help, login, settings precedence, status, and the join loop (with a stand-in trainer)."""
 
 import json
+import logging
 import os
 import signal
 import stat
@@ -288,6 +289,21 @@ def test_join_trains_reports_and_stops_cleanly_at_max_runtime(portal, reports, s
     assert portal.joins[0]["device"]["kind"] == "cpu" and portal.joins[0]["device"]["precision"] == "fp32"
     assert reports.samples(100) == 4 * trainer.steps  # every sample reported exactly once
     assert not spool_read(agent_home_dir / "spool" / "session-100.jsonl")[1].pending
+
+
+def test_log_format_json_writes_each_log_record_as_a_json_line_naming_the_run_and_session(
+        portal, reports, stand_in_trainer, capsys):
+    portal.report_url = reports.url
+    try:
+        assert cli.main([*join_args(portal, "--max-runtime", "1.5", "--log-format", "json")]) == 0
+    finally:
+        logging.getLogger().handlers[:] = [h for h in logging.getLogger().handlers if not getattr(h, "peer_agent", False)]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line on stderr, none of them a progress line
+    joined = next(record for record in records if record["message"].startswith("Joined run"))
+    assert {"timestamp", "level", "logger", "message"} <= set(joined)
+    assert (joined["run"], joined["session_id"], joined["level"]) == ("bengali-albert", 100, "INFO")
+    assert records[-1]["session_id"] == 100
 
 
 def test_ctrl_c_stops_after_the_step_and_exits_0(portal, reports, stand_in_trainer):

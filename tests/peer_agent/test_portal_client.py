@@ -1,5 +1,6 @@
 """The agent's portal client: the wire contract's endpoints, retries, refusals and downloads."""
 
+import datetime
 import json
 import multiprocessing
 
@@ -39,7 +40,8 @@ def client(handler, **kwargs) -> PortalClient:
 
 def join_request() -> JoinRequest:
     return JoinRequest(peer_public_key=PEER_KEY, agent_version=__version__,
-                       device=DeviceInfo(kind="cpu", name="test CPU", precision="fp32"))
+                       device=DeviceInfo(kind="cpu", name="test CPU", precision="fp32"),
+                       signed_at=datetime.datetime.now(datetime.UTC), key_proof="c2lnbmVk")
 
 
 def test_join_sends_the_bearer_token_and_the_request_and_parses_the_answer():

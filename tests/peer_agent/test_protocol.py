@@ -225,7 +225,8 @@ def test_mid_run_editable_covers_peer_local_settings_but_not_what_the_model_lear
 def test_join_request_accepts_an_openssh_key_and_a_device():
     request = JoinRequest.model_validate({"peer_public_key": PEER_KEY, "agent_version": "0.1.0",
                                           "device": {"kind": "cuda", "name": "T4", "memory_gb": 15.8,
-                                                     "precision": "fp16"}})
+                                                     "precision": "fp16"},
+                                          "signed_at": "2026-12-01T07:00:00Z", "key_proof": "c2lnbmVk"})
     assert request.device.kind == "cuda"
 
 
@@ -234,13 +235,19 @@ def test_join_request_accepts_an_openssh_key_and_a_device():
     {"peer_public_key": "-----BEGIN PUBLIC KEY-----"},
     {"peer_public_key": "ssh-rsa " + "A" * 5000},
     {"agent_version": "x" * 65},
+    {"agent_version": "banana"},
+    {"agent_version": "1.0 beta"},
+    {"signed_at": None},
+    {"key_proof": None},
     {"device": {"kind": "tpu", "name": "v4"}},
     {"device": {"kind": "cpu", "name": "x", "serial": "123"}},
     {"device": {"kind": "cpu", "name": "x" * 201}},
     {"device": {"kind": "cpu", "name": "x", "memory_gb": float("inf")}},
 ])
 def test_join_request_rejects_malformed_fields(change):
-    body = {"peer_public_key": PEER_KEY, "agent_version": "0.1.0", "device": {"kind": "cpu", "name": "x"}}
+    body = {"peer_public_key": PEER_KEY, "agent_version": "0.1.0", "device": {"kind": "cpu", "name": "x"},
+            "signed_at": "2026-12-01T07:00:00Z", "key_proof": "c2lnbmVk"}
+    JoinRequest.model_validate(body)  # valid as it stands: the change alone makes it invalid
     with pytest.raises(ValidationError):
         JoinRequest.model_validate({**body, **change})
 

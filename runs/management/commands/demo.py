@@ -30,6 +30,11 @@ VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusr
               ("tanvir", "tanvir-demo-pass")]
 RUN_SLUG = "bengali-demo"
 CHECKPOINT_EVERY_EPOCHS = 2  # the first checkpoint appears on the run page within a few minutes of starting
+# An agent stops after its current step, which may end in an averaging round (averaging_timeout),
+# then sends its last reports (peer_agent.join.FLUSH_TIMEOUT_S). The portal's own processes stop
+# within seconds of SIGTERM (tests/test_process_stops.py).
+AGENT_STOP_SECONDS = 60
+PORTAL_STOP_SECONDS = 15
 
 
 def _person(username: str, password: str) -> User:
@@ -75,7 +80,7 @@ def demo_run_ensure(*, organizer: User, preset: str) -> Run:
 
 def web_command(host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", host, "--port", str(port),
-            "--log-level", "warning"]
+            "--log-level", "warning", "--timeout-graceful-shutdown", "5"]
 
 
 def worker_command() -> list[str]:
@@ -168,13 +173,26 @@ class Command(BaseCommand):
             time.sleep(1)
 
     def _stop_all(self) -> None:
-        # Agents first, with SIGINT, so that they flush their reports and leave the swarm cleanly.
-        for name, process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGINT if name.startswith("agent") else signal.SIGTERM)
-        for _, process in self.processes:
-            try:
-                process.wait(timeout=60)  # an agent finishes its averaging round (up to averaging_timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        # Agents first, while the web server still listens, so that their last reports land; then the
+        # coordinator, the worker and the web server.
+        agents = [process for name, process in self.processes if name.startswith("agent")]
+        portal = [process for name, process in reversed(self.processes) if not name.startswith("agent")]
+        # Ctrl-C for an agent (its whole group: hivemind's processes leave it to the agent); SIGTERM to
+        # each portal process alone, as `docker compose stop` sends it, so it ends its children itself.
+        _stop(agents, lambda process: os.killpg(process.pid, signal.SIGINT), within=AGENT_STOP_SECONDS)
+        _stop(portal, lambda process: process.terminate(), within=PORTAL_STOP_SECONDS)
         self.stdout.write("demo stopped.")
+
+
+def _stop(processes: list[subprocess.Popen], ask, within: float) -> None:
+    """Ask each running process to stop, wait for them together, and kill the groups of those still running."""
+    for process in processes:
+        if process.poll() is None:
+            ask(process)
+    deadline = time.monotonic() + within
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
