@@ -33,7 +33,7 @@
   function latestText(figure, value, at) {
     const unit = figure.dataset.unit;
     const shown = value === null || value === undefined ? "—" : value.toFixed(Number(figure.dataset.digits)) + (unit ? ` ${unit}` : "");
-    return `Latest: ${shown} at ${utcTime(at)}`;
+    return interpolate(gettext("Latest: %(figure)s at %(time)s"), { figure: shown, time: utcTime(at) }, true);
   }
 
   // Vertical lines over the plot at each marker's time: joins, leaves, pauses, bans, checkpoints.
@@ -133,7 +133,7 @@
     const figure = document.createElement("figure");
     figure.className = "chart contribution-chart";
     const caption = document.createElement("figcaption");
-    caption.textContent = "Samples and credit per day";
+    caption.textContent = gettext("Samples and credit per day");
     const plotElement = document.createElement("div");
     plotElement.className = "chart-plot";
     plotElement.setAttribute("role", "img");
@@ -143,7 +143,7 @@
     const credit = days.reduce((sum, day) => sum + day.credit, 0);
     summary.textContent = days.length
       ? `${samples.toLocaleString()} samples and ${credit.toLocaleString(undefined, { maximumFractionDigits: 1 })} credit over ${days.length} days, the last on ${days[days.length - 1].day}.`
-      : "No contributions yet.";
+      : gettext("No contributions yet.");
     caption.id = `contribution-caption-${Math.random().toString(36).slice(2)}`;
     summary.id = `${caption.id}-summary`;
     plotElement.setAttribute("aria-labelledby", `${caption.id} ${summary.id}`);

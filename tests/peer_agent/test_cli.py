@@ -200,7 +200,7 @@ def test_status_shows_sessions_samples_acknowledged_and_pending(agent_home_dir, 
     assert cli.main(["status"]) == 0
     out = capsys.readouterr().out
     assert "bengali-albert" in out
-    assert "180 samples reported in 1 sessions, 100 acknowledged by the portal, 80 in 1 reports waiting" in out
+    assert "180 samples reported in 1 session, 100 acknowledged by the portal, 80 in 1 reports waiting" in out
 
 
 def test_join_without_a_token_explains_how_to_give_one(portal):
