@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 
 from runs.credit.rollup import credit_rollup
+from runs.models import Run
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 pytestmark = pytest.mark.django_db
@@ -61,3 +62,11 @@ def test_board_figures_are_grouped_and_written_in_bengali_digits(client):
     assert '<time class="local" datetime="2026-11-29T12:30:00+00:00">২০২৬-১১-২৯ ১২:৩০ UTC</time>' in page
     client.cookies[settings.LANGUAGE_COOKIE_NAME] = "en"
     assert "123,456" in text_of(client.get("/runs/bangla/"))
+
+
+def test_a_refused_join_reads_bengali_on_the_join_page(client_for, volunteer):
+    """(Agents send no Accept-Language: the API's refusals stay English, tests/runs/test_join_api.py.)"""
+    RunFactory(slug="bangla", status=Run.Status.PAUSED)
+    client = client_for(volunteer)
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = "bn"
+    assert "“bangla” রানটি আয়োজক বিরতিতে রেখেছেন" in text_of(client.get("/runs/bangla/join/"))
