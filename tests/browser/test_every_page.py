@@ -105,6 +105,10 @@ def test_a_bengali_reader_sees_bengali_words_digits_and_local_times_on_the_live_
     # 12:30 UTC is 18:30 in Dhaka: times.js rewrote the server's UTC time in the reader's zone and digits.
     expect(row.locator("time")).to_contain_text("৬:৩০")
     expect(page.locator("#chart-loss-latest")).to_contain_text("সর্বশেষ")
+    # Each chart in words next to it, and in the plot's accessible name: its span, lowest and highest figure.
+    expect(page.locator("#chart-loss-range")).to_contain_text("সর্বনিম্ন 5.750, সর্বোচ্চ 5.950")
+    expect(page.locator("figure[data-field=loss] .chart-plot")).to_have_attribute(
+        "aria-labelledby", "chart-loss-caption chart-loss-latest chart-loss-range")
     screenshot(page, "bengali-run-page")
     page.goto("/leaderboard/")
     expect(page.locator("#board time").first).to_contain_text("৬:৩০")
