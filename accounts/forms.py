@@ -2,6 +2,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.utils.translation import gettext_lazy as _
 
 from accounts.auth import request_ip
 from accounts.models import Team, User
@@ -25,7 +26,8 @@ class LoginLimit:
         except RateLimited as exc:
             self.rate_limited = exc
             raise forms.ValidationError(
-                f"Too many log-in attempts for this account; try again in {exc.retry_after} s.", code="rate_limited"
+                _("Too many log-in attempts for this account; try again in %(seconds)s s."),
+                code="rate_limited", params={"seconds": exc.retry_after},
             ) from None
         return super().clean()
 
@@ -46,7 +48,7 @@ class SignUpForm(UserCreationForm):
     def clean_email(self) -> str:
         email = self.cleaned_data["email"]
         if User.objects.filter(email__iexact=email).exists():
-            raise forms.ValidationError("An account with this e-mail address already exists.")
+            raise forms.ValidationError(_("An account with this e-mail address already exists."))
         return email
 
 
@@ -55,11 +57,12 @@ class ProfileForm(forms.ModelForm):
         model = User
         fields = ("display_name", "email", "visibility")
         widgets = {"visibility": forms.RadioSelect}
+        labels = {"display_name": _("Display name"), "visibility": _("Visibility")}
 
     def clean_email(self) -> str:
         email = self.cleaned_data["email"]
         if User.objects.filter(email__iexact=email).exclude(pk=self.instance.pk).exists():
-            raise forms.ValidationError("An account with this e-mail address already exists.")
+            raise forms.ValidationError(_("An account with this e-mail address already exists."))
         return email
 
 
@@ -67,17 +70,19 @@ class TeamForm(forms.ModelForm):
     class Meta:
         model = Team
         fields = ("name", "description")
+        labels = {"name": _("Name"), "description": _("Description")}
         widgets = {"description": forms.Textarea(attrs={"rows": 4})}
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()
         if Team.objects.filter(name__iexact=name).exists():
-            raise forms.ValidationError("A team with this name already exists.")
+            raise forms.ValidationError(_("A team with this name already exists."))
         return name
 
 
 class HandOverForm(forms.Form):
-    successor = forms.ModelChoiceField(queryset=User.objects.none(), help_text="The member who becomes the founder.")
+    successor = forms.ModelChoiceField(queryset=User.objects.none(), label=_("Successor"),
+                                       help_text=_("The member who becomes the founder."))
 
     def __init__(self, *args, team: Team, founder: User, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -85,17 +90,19 @@ class HandOverForm(forms.Form):
 
 
 class AgentTokenForm(forms.Form):
-    name = forms.CharField(max_length=64, help_text="Which machine this token is for, e.g. “home desktop”.")
+    name = forms.CharField(label=_("Name"), max_length=64, help_text=_("Which machine this token is for, e.g. “home desktop”."))
     run = forms.ModelChoiceField(
         queryset=Run.objects.filter(status__in=[Run.Status.ACTIVE, Run.Status.PAUSED], visibility=Run.Visibility.PUBLIC,
                                     audience=Run.Audience.EVERYONE),
         required=False,
-        empty_label="Any run",
-        help_text="Limit the token to one run (recommended for shared machines).",
+        label=_("Run"),
+        empty_label=_("Any run"),
+        help_text=_("Limit the token to one run (recommended for shared machines)."),
     )
     lifetime_days = forms.IntegerField(
         min_value=1,
         max_value=365,
         initial=settings.AGENT_TOKEN_DEFAULT_DAYS,
-        help_text="The token stops working after this many days.",
+        label=_("Lifetime in days"),
+        help_text=_("The token stops working after this many days."),
     )

@@ -5,6 +5,7 @@ from django.contrib.auth.models import AbstractUser
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 
 def _pseudonym() -> str:
@@ -15,17 +16,17 @@ class User(AbstractUser):
     """A person with an account: a volunteer, and an organizer once staff grant the permission."""
 
     class Visibility(models.TextChoices):
-        PUBLIC = "public", "Public: show my display name"
-        ANONYMOUS = "anonymous", "Anonymous: show a stable pseudonym"
-        HIDDEN = "hidden", "Hidden: leave me off public boards"
+        PUBLIC = "public", _("Public: show my display name")
+        ANONYMOUS = "anonymous", _("Anonymous: show a stable pseudonym")
+        HIDDEN = "hidden", _("Hidden: leave me off public boards")
 
-    email = models.EmailField("e-mail address", unique=True)
-    display_name = models.CharField(max_length=64, blank=True, help_text="Shown on leaderboards instead of your username.")
+    email = models.EmailField(_("e-mail address"), unique=True)
+    display_name = models.CharField(max_length=64, blank=True, help_text=_("Shown on leaderboards instead of your username."))
     visibility = models.CharField(
         max_length=16,
         choices=Visibility.choices,
         default=Visibility.PUBLIC,
-        help_text="How you appear on leaderboards, team pages and public exports.",
+        help_text=_("How you appear on leaderboards, team pages and public exports."),
     )
     pseudonym = models.CharField(max_length=32, unique=True, default=_pseudonym, editable=False)
     team = models.ForeignKey("Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="members")
@@ -73,11 +74,11 @@ class TeamEvent(models.Model):
     """Append-only history of a team's membership, so a takeover can always be traced."""
 
     class Kind(models.TextChoices):
-        FOUNDED = "founded"
-        JOINED = "joined"
-        LEFT = "left"
-        HANDED_OVER = "handed_over", "handed over"
-        DISBANDED = "disbanded"
+        FOUNDED = "founded", _("Founded")
+        JOINED = "joined", _("Joined")
+        LEFT = "left", _("Left")
+        HANDED_OVER = "handed_over", _("handed over")
+        DISBANDED = "disbanded", _("Disbanded")
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="events")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")

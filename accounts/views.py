@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from accounts import selectors, services
@@ -31,12 +32,13 @@ def signup(request: HttpRequest) -> HttpResponse:
         try:
             rate_limit_hit(name="signup", key=str(request_ip(request)))
         except RateLimited as exc:
-            form.add_error(None, f"Too many sign-ups from your address; try again in {exc.retry_after} s.")
+            form.add_error(None, _("Too many sign-ups from your address; try again in %(seconds)s s.")
+                           % {"seconds": exc.retry_after})
             return rate_limited_page(render(request, "accounts/signup.html", {"form": form}), exc)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        messages.success(request, f"Welcome, {user.username}! Create an agent token to start contributing.")
+        messages.success(request, _("Welcome, %(name)s! Create an agent token to start contributing.") % {"name": user.username})
         return redirect("tokens")
     return render(request, "accounts/signup.html", {"form": form})
 
@@ -46,7 +48,7 @@ def profile(request: HttpRequest) -> HttpResponse:
     form = ProfileForm(request.POST or None, instance=request.user)
     if request.method == "POST" and form.is_valid():
         form.save()
-        messages.success(request, "Your profile was saved.")
+        messages.success(request, _("Your profile was saved."))
         return redirect("profile")
     return render(request, "accounts/profile.html", {"form": form})
 
@@ -85,7 +87,7 @@ def team_create(request: HttpRequest) -> HttpResponse:
         except services.TeamError as exc:
             messages.error(request, str(exc))
         else:
-            messages.success(request, f"You founded “{team.name}”.")
+            messages.success(request, _("You founded “%(team)s”.") % {"team": team.name})
             return redirect(team)
     return render(request, "accounts/team_form.html", {"form": form})
 
@@ -111,27 +113,27 @@ def _team_action(request: HttpRequest, slug: str, action, success: str) -> HttpR
     except services.TeamError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, success.format(team=team.name))
+        messages.success(request, success % {"team": team.name})
     return redirect(team)
 
 
 @login_required
 @require_POST
 def team_join(request: HttpRequest, slug: str) -> HttpResponse:
-    return _team_action(request, slug, lambda team: services.team_join(user=request.user, team=team), "You joined “{team}”.")
+    return _team_action(request, slug, lambda team: services.team_join(user=request.user, team=team), _("You joined “%(team)s”."))
 
 
 @login_required
 @require_POST
 def team_leave(request: HttpRequest, slug: str) -> HttpResponse:
-    return _team_action(request, slug, lambda team: services.team_leave(user=request.user), "You left “{team}”.")
+    return _team_action(request, slug, lambda team: services.team_leave(user=request.user), _("You left “%(team)s”."))
 
 
 @login_required
 @require_POST
 def team_disband(request: HttpRequest, slug: str) -> HttpResponse:
     return _team_action(
-        request, slug, lambda team: services.team_disband(team=team, founder=request.user), "“{team}” was disbanded."
+        request, slug, lambda team: services.team_disband(team=team, founder=request.user), _("“%(team)s” was disbanded.")
     )
 
 
@@ -140,18 +142,18 @@ def team_disband(request: HttpRequest, slug: str) -> HttpResponse:
 def team_hand_over(request: HttpRequest, slug: str) -> HttpResponse:
     team = get_object_or_404(Team, slug=slug)
     if team.founder_id != request.user.pk:
-        messages.error(request, "Only the founder can hand the team over.")
+        messages.error(request, _("Only the founder can hand the team over."))
         return redirect(team)
     form = HandOverForm(request.POST, team=team, founder=request.user)
     if not form.is_valid():
-        messages.error(request, "Choose another member of the team.")
+        messages.error(request, _("Choose another member of the team."))
         return redirect(team)
     successor = form.cleaned_data["successor"]
     return _team_action(
         request,
         slug,
         lambda team: services.team_hand_over(team=team, founder=request.user, successor=successor),
-        f"{successor.username} now leads “{{team}}”.",
+        _("%(name)s now leads “%%(team)s”.") % {"name": successor.username},
     )
 
 
@@ -162,7 +164,8 @@ def token_list(request: HttpRequest) -> HttpResponse:
         try:
             rate_limit_hit(name="token_create", key=str(request.user.pk))
         except RateLimited as exc:
-            form.add_error(None, f"You created many tokens in a short time; try again in {exc.retry_after} s.")
+            form.add_error(None, _("You created many tokens in a short time; try again in %(seconds)s s.")
+                           % {"seconds": exc.retry_after})
             context = {"form": form, "tokens": selectors.token_list(user=request.user)}
             return rate_limited_page(render(request, "accounts/token_list.html", context), exc)
     if request.method == "POST" and form.is_valid():
@@ -187,5 +190,5 @@ def token_list(request: HttpRequest) -> HttpResponse:
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     token = get_object_or_404(AgentToken, pk=pk, user=request.user)
     services.token_revoke(token=token)
-    messages.success(request, f"Token “{token.name}” was revoked; agents using it are refused from now on.")
+    messages.success(request, _("Token “%(name)s” was revoked; agents using it are refused from now on.") % {"name": token.name})
     return redirect("tokens")

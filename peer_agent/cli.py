@@ -20,6 +20,7 @@ from peer_agent import __version__
 from peer_agent.device import device_info, device_resolve
 from peer_agent.display import logging_setup
 from peer_agent.exit_status import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
+from peer_agent.i18n import _, ngettext
 from peer_agent.join import join_command
 from peer_agent.portal import PortalClient, PortalError, PortalRefused
 from peer_agent.protocol import RunConfig
@@ -32,33 +33,35 @@ logger = logging.getLogger("peer_agent")
 def build_parser() -> argparse.ArgumentParser:
     """The ``peer-agent`` argument parser with its four subcommands."""
     parser = argparse.ArgumentParser(
-        prog="peer-agent", description="Train a language model together with other volunteers (DeDLOC).",
-        epilog="Every option can also be set as PEER_AGENT_<NAME> in the environment (e.g. PEER_AGENT_TOKEN) "
-               "or as <name> in the --config file. Files live in $PEER_AGENT_HOME (default ~/.config/peer-agent).")
+        prog="peer-agent", description=_("Train a language model together with other volunteers (DeDLOC)."),
+        epilog=_("Every option can also be set as PEER_AGENT_<NAME> in the environment (e.g. PEER_AGENT_TOKEN) "
+                 "or as <name> in the --config file. Files live in $PEER_AGENT_HOME (default ~/.config/peer-agent)."))
     parser.add_argument("--version", action="version", version=f"peer-agent {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings, e.g. the join page's agent.toml.")
-    common.add_argument("-v", "--verbose", action="store_true", help="Show debug messages, hivemind's included.")
+    common.add_argument("--config", type=Path, metavar="FILE",
+                        help=_("TOML file with settings, e.g. the join page's agent.toml."))
+    common.add_argument("-v", "--verbose", action="store_true", help=_("Show debug messages, hivemind's included."))
     common.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("PEER_AGENT_LOG_FORMAT", "text"),
-                        help="json: one JSON object a line on stderr, with the run and session, and no live progress line.")
+                        help=_("json: one JSON object a line on stderr, with the run and session, and no live progress line."))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    login = commands.add_parser("login", parents=[common], help="Store your agent token for a portal.",
-                                description="Check an agent token with the portal and store it (mode 0600).")
+    login = commands.add_parser("login", parents=[common], help=_("Store your agent token for a portal."),
+                                description=_("Check an agent token with the portal and store it (mode 0600)."))
     add_arguments(login, only=("portal",))
-    login.add_argument("--token", metavar="TOKEN", help="Agent token; asked for without echo if not given.")
+    login.add_argument("--token", metavar="TOKEN", help=_("Agent token; asked for without echo if not given."))
 
-    join = commands.add_parser("join", parents=[common], help="Join a run and train until stopped.",
-                               description="Join a run, train with the swarm and report your contribution. Ctrl-C stops cleanly.")
+    join = commands.add_parser("join", parents=[common], help=_("Join a run and train until stopped."),
+                               description=_("Join a run, train with the swarm and report your contribution. "
+                                             "Ctrl-C stops cleanly."))
     add_arguments(join, positional_run=True)
 
-    check = commands.add_parser("check", parents=[common], help="Show the device, precision, bandwidth and client mode.",
-                                description="What `join` would use on this machine, without joining.")
+    check = commands.add_parser("check", parents=[common], help=_("Show the device, precision, bandwidth and client mode."),
+                                description=_("What `join` would use on this machine, without joining."))
     add_arguments(check, positional_run=True, only=("portal", "run", "token", "device", "client_mode", "host",
                                                     "announce", "bandwidth_mbps"))
 
-    status = commands.add_parser("status", parents=[common], help="Show your contribution recorded on this machine.",
-                                 description="Sessions, samples reported, acknowledged by the portal and still pending.")
+    status = commands.add_parser("status", parents=[common], help=_("Show your contribution recorded on this machine."),
+                                 description=_("Sessions, samples reported, acknowledged by the portal and still pending."))
     add_arguments(status, only=("spool_dir",))
     return parser
 
@@ -76,34 +79,35 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", exc)
         return EXIT_USAGE
     except PortalRefused as exc:
-        logger.error("The portal refused: %s", exc.detail)
+        logger.error(_("The portal refused: %s"), exc.detail)
         return EXIT_USAGE if exc.status in (400, 401, 403, 404) else EXIT_STOPPED
     except PortalError as exc:
         logger.error("%s", exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        logger.warning("Interrupted")
+        logger.warning(_("Interrupted"))
         return 130
     except Exception as exc:
-        logger.error("peer-agent failed: %s", exc, exc_info=args.verbose)
+        logger.error(_("peer-agent failed: %s"), exc, exc_info=args.verbose)
         if not args.verbose:
-            logger.error("Run the command again with --verbose for details")
+            logger.error(_("Run the command again with --verbose for details"))
         return EXIT_FAILED
 
 
 def login_command(args: argparse.Namespace, console: Console) -> int:
     portal_url = settings_from_args(args).portal
     if portal_url is None:
-        raise SettingsError("no portal given: pass --portal URL (the address of the portal's home page)")
-    token = args.token or os.environ.get("PEER_AGENT_TOKEN") or getpass.getpass("Agent token (not shown): ").strip()
+        raise SettingsError(_("no portal given: pass --portal URL (the address of the portal's home page)"))
+    token = args.token or os.environ.get("PEER_AGENT_TOKEN") or getpass.getpass(_("Agent token (not shown): ")).strip()
     if not token:
-        raise SettingsError("no token given: create one on your profile or a run's join page")
+        raise SettingsError(_("no token given: create one on your profile or a run's join page"))
     with PortalClient(portal_url, token, attempts=3) as portal:
         me = portal.me()
     path = credentials_store(portal_url, token)
-    limited = f", limited to run “{me['token_run']}”" if me.get("token_run") else ""
-    print(f"Logged in to {portal_url} as {me['username']} (token “{me.get('token_name', '?')}”{limited}, "
-          f"expires {me.get('token_expires_at', '?')}). Stored in {path}.")
+    limited = _(", limited to run “{run}”").format(run=me["token_run"]) if me.get("token_run") else ""
+    print(_("Logged in to {portal} as {username} (token “{token}”{limited}, expires {expires}). Stored in {path}.").format(
+        portal=portal_url, username=me["username"], token=me.get("token_name", "?"), limited=limited,
+        expires=me.get("token_expires_at", "?"), path=path))
     return EXIT_OK
 
 
@@ -112,9 +116,9 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
     spool_dir = settings.resolved_spool_dir()
     files = spool_files(spool_dir) if spool_dir.exists() else []
     if not files:
-        print(f"No training sessions recorded in {spool_dir} yet.")
+        print(_("No training sessions recorded in {folder} yet.").format(folder=spool_dir))
         return EXIT_OK
-    table = Table(title=f"Your contribution recorded in {spool_dir}")
+    table = Table(title=_("Your contribution recorded in {folder}").format(folder=spool_dir))
     for column in ("session", "run", "started", "reports", "samples", "acknowledged", "pending", "dropped"):
         table.add_column(column, justify="left" if column in ("run", "started") else "right")
     totals = [0, 0, 0, 0]
@@ -126,8 +130,11 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
         for i, value in enumerate((s.reported_samples, s.acked_samples, s.pending_samples, len(s.pending))):
             totals[i] += value
     Console(width=140).print(table)
-    print(f"Total: {totals[0]} samples reported in {len(files)} sessions, {totals[1]} acknowledged by the portal, "
-          f"{totals[2]} in {totals[3]} reports waiting to be sent (they go out when you next run `peer-agent join`).")
+    sessions = ngettext("{reported} samples reported in {count} session", "{reported} samples reported in {count} sessions",
+                        len(files)).format(reported=totals[0], count=len(files))
+    print(_("Total: {sessions}, {acknowledged} acknowledged by the portal, {pending} in {reports} reports waiting to be "
+            "sent (they go out when you next run `peer-agent join`).").format(
+        sessions=sessions, acknowledged=totals[1], pending=totals[2], reports=totals[3]))
     return EXIT_OK
 
 
@@ -149,7 +156,7 @@ def check_command(args: argparse.Namespace, console: Console) -> int:
                         measurement = measure_probe(
                             portal, lambda: portal.download(url, Path(scratch) / "tokenizer.json", authorize=True))
                     except PortalError as exc:
-                        print(f"Bandwidth not measured: {exc}")
+                        print(_("Bandwidth not measured: {reason}").format(reason=exc))
     device = device_resolve(settings.device)
     precision = precision_choose(device, config.training.precision)
     info = device_info(device, precision)

@@ -30,6 +30,7 @@ from peer_agent import __version__
 from peer_agent.device import device_info, device_resolve
 from peer_agent.display import LOG_FIELDS, ProgressDisplay, ProgressSnapshot
 from peer_agent.exit_status import EXIT_OK, EXIT_STOPPED
+from peer_agent.i18n import _
 from peer_agent.portal import (
     PAUSE_CODES,
     RETRY_LATER_CODES,
@@ -141,10 +142,10 @@ def join_command(args: argparse.Namespace, console: Console) -> int:
             if outcome is None or outcome.code in _CLEAN_STOPS:
                 return EXIT_OK
             if not outcome.rejoin:
-                logger.error("Training stopped: %s", outcome.detail)
+                logger.error(_("Training stopped: %s"), outcome.detail)
                 return EXIT_STOPPED
             if outcome.code not in RETRY_LATER_CODES:  # those were said when they happened
-                logger.warning("Training paused: %s. The agent will join again when the run is active.", outcome.detail)
+                logger.warning(_("Training paused: %s. The agent will join again when the run is active."), outcome.detail)
             if stop.event.is_set() or time.monotonic() >= deadline:
                 return EXIT_OK
 
@@ -178,7 +179,7 @@ def _join_when_active(settings: AgentSettings, portal: PortalClient, request: Ca
         except PortalUnavailable as exc:
             if not patient:
                 raise
-            logger.warning("%s; trying again in %.0f s", exc, wait)
+            logger.warning(_("%s; trying again in %.0f s"), exc, wait)
         if stop.event.wait(max(0.0, min(wait, deadline - time.monotonic()))) or time.monotonic() >= deadline:
             return None
 
@@ -207,24 +208,24 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     if joined is None:
         return None
     LOG_FIELDS.update(run=settings.run, session_id=joined.session_id)
-    logger.info("Joined run “%s” as session %d", settings.run, joined.session_id)
+    logger.info(_("Joined run “%s” as session %d"), settings.run, joined.session_id)
     config = _config_for_machine(joined.config, settings)
     files = settings.resolved_cache_dir() / joined.run_id
     tokenizer = portal.download(joined.tokenizer_url, files / "tokenizer.json", authorize=True)
     try:
         measurement = measure_probe(portal, lambda: tokenizer)
     except PortalError as exc:  # the bandwidth declared is advice for load balancing: train without it
-        logger.warning("Could not time transfers to the portal: %s", exc)
+        logger.warning(_("Could not time transfers to the portal: %s"), exc)
         measurement = None
     data_files = _data_files(portal, joined.data_files, files / "data") if config.data.source == "files" else None
     bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
     announce = [settings.announce] if settings.announce else None
     client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode,
                                           reachable([settings.host], announce))
-    logger.info("Bandwidth: %s; declaring %.1f Mbit/s: %s", measurement.describe() if measurement else "not measured",
+    logger.info(_("Bandwidth: %s; declaring %.1f Mbit/s: %s"), measurement.describe() if measurement else _("not measured"),
                 bandwidth, source)
-    logger.info("Client mode %s: %s", "on" if client_mode else "off", why)
-    logger.info("Training on %s in %s", device, precision_describe(precision_choose(device, config.training.precision)))
+    logger.info(_("Client mode %s: %s"), _("on") if client_mode else _("off"), why)
+    logger.info(_("Training on %s in %s"), device, precision_describe(precision_choose(device, config.training.precision)))
 
     refusals = multiprocessing.SimpleQueue()
     refresher = AccessRefresher(settings.portal, settings.token, joined.session_id,
@@ -234,14 +235,14 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     if announce and "announce_maddrs" in TrainerSetup.__dataclass_fields__:
         extra["announce_maddrs"] = announce
     elif announce:
-        logger.warning("--announce only decides client mode here: this trainer cannot announce the address to peers")
+        logger.warning(_("--announce only decides client mode here: this trainer cannot announce the address to peers"))
     if joined.checkpoint_url:
         extra["checkpoint_fetch"] = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, files / "checkpoints")
     setup = TrainerSetup(config=config, run_id=joined.run_id, initial_peers=joined.initial_peers, client_mode=client_mode,
                          bandwidth=bandwidth, authorizer=authorizer, private_key=key, host_maddrs=[settings.host],
                          device=device, threads=settings.threads, seed=data_seed(joined.run_id, joined.session_id),
                          session_id=joined.session_id, data_files=data_files, **extra)
-    logger.info("Entering the swarm and loading the collaboration's state (this can take a few minutes)")
+    logger.info(_("Entering the swarm and loading the collaboration's state (this can take a few minutes)"))
     try:
         trainer = Trainer(setup, tokenizer_load(files / "tokenizer.json"))
     except SwarmUnreachable as exc:
@@ -262,10 +263,10 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
             return _train_loop(trainer, reporter, [watcher], refusals, stop, deadline, settings, console)
         finally:
             watcher.close()
-            logger.info("Sending the last reports (at most %.0f s)", FLUSH_TIMEOUT_S)
+            logger.info(_("Sending the last reports (at most %.0f s)"), FLUSH_TIMEOUT_S)
             reporter.close(FLUSH_TIMEOUT_S)
     finally:
-        logger.info("Leaving the swarm")
+        logger.info(_("Leaving the swarm"))
         trainer.shutdown()
 
 
@@ -293,7 +294,7 @@ def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher]
                 shown_at = time.monotonic()
                 display.update(_snapshot(trainer.progress(), result, session_samples, reporter))
     tally.send(reporter, commitments=commitments)
-    logger.info("Stopping: %s", reason.detail)
+    logger.info(_("Stopping: %s"), reason.detail)
     return reason
 
 
@@ -339,7 +340,7 @@ def _data_files(portal: PortalClient, urls: list[str], folder: Path) -> list[str
         dest = folder / Path(urlsplit(url).path).name
         if not dest.exists():
             download = portal.download(url, dest)
-            logger.info("Downloaded %s (%.1f MB)", dest.name, download.size / 1e6)
+            logger.info(_("Downloaded %s (%.1f MB)"), dest.name, download.size / 1e6)
         paths.append(str(dest))
     return paths
 
@@ -353,8 +354,8 @@ def _checkpoint_fetch(portal: PortalClient, url: str, folder: Path) -> Path | No
     try:
         if not archive.exists():
             download = portal.download(url, archive)
-            logger.info("Downloaded the run's newest checkpoint (%.1f MB)", download.size / 1e6)
+            logger.info(_("Downloaded the run's newest checkpoint (%.1f MB)"), download.size / 1e6)
         return checkpoint_unzip(archive, folder / archive.stem)
     except (PortalError, OSError, ValueError, zipfile.BadZipFile) as exc:
-        logger.warning("Could not use the run's checkpoint, starting from fresh weights: %s", exc)
+        logger.warning(_("Could not use the run's checkpoint, starting from fresh weights: %s"), exc)
         return None

@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
+from django.views.i18n import JavaScriptCatalog
 
 from portal import views
 from portal.admin import admin_login
@@ -12,6 +13,8 @@ urlpatterns = [
     path("api/v1/", api.urls),
     # Any other path under the API answers in the API's JSON error shape, not an HTML page.
     re_path(r"^api/", views.api_not_found),
+    path("i18n/", include("django.conf.urls.i18n")),  # set_language: the switcher's form posts here
+    path("jsi18n/", JavaScriptCatalog.as_view(), name="javascript-catalog"),
     path("", include("accounts.urls")),
     path("", include("runs.urls")),
 ]

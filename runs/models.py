@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 
 def _hivemind_run_id() -> str:
@@ -20,16 +21,16 @@ class Run(models.Model):
     """A collaborative training run that volunteers join with the peer agent."""
 
     class Status(models.TextChoices):
-        DRAFT = "draft"
-        ACTIVE = "active"
-        PAUSED = "paused"
-        FINISHED = "finished"
+        DRAFT = "draft", _("Draft")
+        ACTIVE = "active", _("Active")
+        PAUSED = "paused", _("Paused")
+        FINISHED = "finished", _("Finished")
 
     class Visibility(models.TextChoices):
-        PUBLIC = "public", "Public: listed, anyone may join"
-        UNLISTED = "unlisted", "Unlisted: anyone with the link may join"
-        INVITE = "invite", "Invite only: a join code is needed"
-        ALLOWLIST = "allowlist", "Allowlist: only the listed usernames may join"
+        PUBLIC = "public", _("Public: listed, anyone may join")
+        UNLISTED = "unlisted", _("Unlisted: anyone with the link may join")
+        INVITE = "invite", _("Invite only: a join code is needed")
+        ALLOWLIST = "allowlist", _("Allowlist: only the listed usernames may join")
 
     class Audience(models.TextChoices):
         EVERYONE = "everyone", "Everyone: the run, its boards and charts are public (listed if the run is public)"

@@ -3,6 +3,7 @@ from django.urls import path
 from runs.views import health, organizer, pages
 
 urlpatterns = [
+    path("runs/", pages.run_list, name="run-list"),
     path("runs/new/", organizer.run_create, name="run-create"),
     path("runs/<slug:slug>/", pages.run_detail, name="run-detail"),
     path("runs/<slug:slug>/health/", health.run_health_page, name="run-health"),

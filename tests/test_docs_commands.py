@@ -31,6 +31,8 @@ EXERCISED = [
     (r"make demo", DEMO_TEST),
     (r"make test", ".ci/run"),
     (r"make lint", ".ci/run"),
+    (r"make messages", "tests/portal/test_translations.py::test_every_marked_string_has_a_bengali_translation"),
+    (r"LANGUAGE=bn peer-agent status", CLI_TESTS + "test_status_speaks_bengali_when_the_environment_asks_for_it"),
     (r"python manage\.py migrate", DEMO_TEST),
     (r"(time )?(\S+=\S+ )*\.venv/bin/python manage\.py migrate( \w+)?", DEMO_TEST),
     (r"python manage\.py collectstatic --noinput", "tests/test_docs_commands.py::test_collectstatic_gathers_the_pages_assets"),

@@ -2,6 +2,7 @@
 answers, for pages, the API, the live board, charts and profiles."""
 
 from django.db.models import QuerySet
+from django.utils.translation import gettext as _
 
 from accounts.models import User
 from runs.models import Run, RunBan
@@ -61,25 +62,29 @@ def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
 
 
 def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
-    """The reason `user` may not train in `run` now, or None when they may."""
+    """The reason `user` may not train in `run` now, or None when they may (in the reader's language
+    on the join page; agents send no Accept-Language and read English)."""
+    name = {"run": run.slug}
     if run.status == Run.Status.DRAFT:
-        return JoinRefused(409, "run_not_active", f"run “{run.slug}” has not started yet")
+        return JoinRefused(409, "run_not_active", _("run “%(run)s” has not started yet") % name)
     if run.status == Run.Status.PAUSED:
-        return JoinRefused(409, "run_paused", f"run “{run.slug}” is paused by its organizer; the agent will retry every 60 s")
+        return JoinRefused(409, "run_paused",
+                           _("run “%(run)s” is paused by its organizer; the agent will retry every 60 s") % name)
     if run.status == Run.Status.FINISHED:
-        return JoinRefused(409, "run_finished", f"run “{run.slug}” has finished; thank you for contributing")
+        return JoinRefused(409, "run_finished", _("run “%(run)s” has finished; thank you for contributing") % name)
     if RunBan.objects.filter(run=run, user=user).exists():
-        return JoinRefused(403, "banned", f"you were banned from run “{run.slug}” by its organizers")
+        return JoinRefused(403, "banned", _("you were banned from run “%(run)s” by its organizers") % name)
     if run.sessions.filter(user=user, suspended_at__isnull=False).exists():
         # A new session would start with a clean record: the suspension holds for the volunteer.
-        return JoinRefused(403, "session_suspended", f"a training session of yours in run “{run.slug}” failed spot "
-                                                     "checks and is suspended until its organizers review it")
+        return JoinRefused(403, "session_suspended", _("a training session of yours in run “%(run)s” failed spot checks "
+                                                       "and is suspended until its organizers review it") % name)
     if run_is_organizer(run=run, user=user):
         return None
     if run.visibility == Run.Visibility.INVITE and not run.memberships.filter(user=user).exists():
-        return JoinRefused(403, "invite_only", f"run “{run.slug}” is invite-only: enter its join code on the run's page first")
+        return JoinRefused(403, "invite_only",
+                           _("run “%(run)s” is invite-only: enter its join code on the run's page first") % name)
     if run.visibility == Run.Visibility.ALLOWLIST and not run.allowlist.filter(pk=user.pk).exists():
-        return JoinRefused(403, "not_allowed", f"run “{run.slug}” is open only to volunteers its organizers listed")
+        return JoinRefused(403, "not_allowed", _("run “%(run)s” is open only to volunteers its organizers listed") % name)
     return None
 
 

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
@@ -106,7 +107,7 @@ def run_membership_redeem(*, run: Run, user: User, code: str) -> None:
     if run.visibility != Run.Visibility.INVITE:
         return
     if code.strip() != run.join_code:
-        raise RunError("that join code is not right; ask the run's organizers for it")
+        raise RunError(_("that join code is not right; ask the run's organizers for it"))
     RunMembership.objects.get_or_create(run=run, user=user)
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from django.db.models import Avg, Count, F, FloatField, Func, IntegerField, Max, Min, QuerySet, Value
 from django.db.models.functions import Cast, Floor, Least
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from runs.models import Run, RunSample
 
@@ -94,15 +96,17 @@ class Chart:
 
     def latest_text(self, sample: RunSample | None) -> str:
         if sample is None:
-            return "No readings yet."
+            return _("No readings yet.")
         value = getattr(sample, self.field)
         figure = "—" if value is None else f"{value:.{self.digits}f}" + (f" {self.unit}" if self.unit else "")
-        return f"Latest: {figure} at {sample.at.astimezone(datetime.UTC):%H:%M:%S} UTC"
+        time = f"{sample.at.astimezone(datetime.UTC):%H:%M:%S} UTC"
+        return _("Latest: %(figure)s at %(time)s") % {"figure": figure, "time": time}
 
 
 CHARTS = {
-    "samples_per_second": Chart("samples_per_second", "Collaboration throughput (samples/s, all peers)", "samples/s", 1),
-    "loss": Chart("loss", "Training loss", "", 3),
-    "alive_peers": Chart("alive_peers", "Peers alive", "alive", 0),
-    "global_epoch": Chart("global_epoch", "Global epoch", "", 0),
+    "samples_per_second": Chart("samples_per_second", gettext_lazy("Collaboration throughput (samples/s, all peers)"),
+                                gettext_lazy("samples/s"), 1),
+    "loss": Chart("loss", gettext_lazy("Training loss"), "", 3),
+    "alive_peers": Chart("alive_peers", gettext_lazy("Peers alive"), gettext_lazy("alive"), 0),
+    "global_epoch": Chart("global_epoch", gettext_lazy("Global epoch"), "", 0),
 }

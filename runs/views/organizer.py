@@ -8,6 +8,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from accounts.models import User
@@ -66,7 +68,8 @@ def run_create(request: HttpRequest) -> HttpResponse:
             audience=data["audience"],
             config=form.config,
         )
-        messages.success(request, f"Run “{run.name}” was created as a draft. Add data and a tokenizer, then activate it.")
+        messages.success(request, _("Run “%(name)s” was created as a draft. Add data and a tokenizer, then activate it.")
+                         % {"name": run.name})
         return redirect(run)
     return render(request, "runs/run_form.html", {"form": form, "presets": PRESETS, "preset": preset, "run": None})
 
@@ -85,7 +88,8 @@ def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
         except services.RunError as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Saved. Changed: {', '.join(sorted(changed)) or 'no configuration'}.")
+            fields = ", ".join(sorted(changed)) or _("no configuration")
+            messages.success(request, _("Saved. Changed: %(fields)s.") % {"fields": fields})
             return redirect(run)
     context = {"form": form, "run": run, "mid_run_editable": sorted(MID_RUN_EDITABLE)}
     return render(request, "runs/run_form.html", context)
@@ -97,7 +101,8 @@ def run_action(request: HttpRequest, run: Run, action: str) -> HttpResponse:
     if action not in services.TRANSITIONS:
         raise PermissionDenied("unknown action")
     return _then(request, run, lambda: services.run_transition(run=run, actor=request.user, action=action),
-                 f"Run {services.TRANSITIONS[action][2]}.")
+                 {"activate": _("Run activated."), "pause": _("Run paused."), "resume": _("Run resumed."),
+                  "finish": _("Run finished.")}[action])
 
 
 @organizer_required
@@ -115,11 +120,11 @@ def run_participants(request: HttpRequest, run: Run) -> HttpResponse:
 def run_ban(request: HttpRequest, run: Run) -> HttpResponse:
     user = User.objects.filter(username=request.POST.get("username", "").strip()).first()
     if user is None:
-        messages.error(request, "No volunteer has that username.")
+        messages.error(request, _("No volunteer has that username."))
         return redirect("run-participants", slug=run.slug)
     reason = request.POST.get("reason", "")[:500]
     _then(request, run, lambda: services.run_ban(run=run, actor=request.user, user=user, reason=reason),
-          f"{user.username} is banned.")
+          _("%(name)s is banned.") % {"name": user.username})
     return redirect("run-participants", slug=run.slug)
 
 
@@ -128,7 +133,7 @@ def run_ban(request: HttpRequest, run: Run) -> HttpResponse:
 def run_unban(request: HttpRequest, run: Run) -> HttpResponse:
     user = get_object_or_404(User, username=request.POST.get("username", ""))
     services.run_unban(run=run, actor=request.user, user=user)
-    messages.success(request, f"{user.username} may join again.")
+    messages.success(request, _("%(name)s may join again.") % {"name": user.username})
     return redirect("run-participants", slug=run.slug)
 
 
@@ -138,7 +143,8 @@ def run_allowlist(request: HttpRequest, run: Run) -> HttpResponse:
     usernames = [name.strip() for name in request.POST.get("usernames", "").replace("\n", ",").split(",") if name.strip()]
     return _then(
         request, run, lambda: services.run_allowlist_set(run=run, actor=request.user, usernames=usernames),
-        f"The allowlist has {len(usernames)} volunteers.",
+        ngettext("The allowlist has %(count)d volunteer.", "The allowlist has %(count)d volunteers.", len(usernames))
+        % {"count": len(usernames)},
     )
 
 
@@ -147,15 +153,15 @@ def run_allowlist(request: HttpRequest, run: Run) -> HttpResponse:
 def data_upload(request: HttpRequest, run: Run) -> HttpResponse:
     upload = request.FILES.get("file")
     if upload is None:
-        messages.error(request, "Choose a text file to upload.")
+        messages.error(request, _("Choose a text file to upload."))
         return redirect(run)
     if upload.size > services.MAX_DATA_FILE_BYTES:
-        messages.error(request, f"The file is larger than {services.MAX_DATA_FILE_BYTES // 2**20} MiB.")
+        messages.error(request, _("The file is larger than %(size)s MiB.") % {"size": services.MAX_DATA_FILE_BYTES // 2**20})
         return redirect(run)
     content = upload.read()
     return _then(
         request, run, lambda: services.data_file_add(run=run, actor=request.user, name=upload.name, content=content),
-        f"Uploaded {upload.name}.",
+        _("Uploaded %(name)s.") % {"name": upload.name},
     )
 
 
@@ -163,7 +169,7 @@ def data_upload(request: HttpRequest, run: Run) -> HttpResponse:
 @organizer_required
 def data_remove(request: HttpRequest, run: Run, pk: int) -> HttpResponse:
     data_file = get_object_or_404(DataFile, pk=pk, run=run)
-    return _then(request, run, lambda: services.data_file_remove(data_file=data_file, actor=request.user), "Removed.")
+    return _then(request, run, lambda: services.data_file_remove(data_file=data_file, actor=request.user), _("Removed."))
 
 
 @require_POST
@@ -171,7 +177,7 @@ def data_remove(request: HttpRequest, run: Run, pk: int) -> HttpResponse:
 def tokenizer_train(request: HttpRequest, run: Run) -> HttpResponse:
     return _then(
         request, run, lambda: services.tokenizer_train_start(run=run, actor=request.user),
-        "Tokenizer training started; this page shows when it is ready.",
+        _("Tokenizer training started; this page shows when it is ready."),
     )
 
 
@@ -180,15 +186,16 @@ def tokenizer_train(request: HttpRequest, run: Run) -> HttpResponse:
 def tokenizer_upload(request: HttpRequest, run: Run) -> HttpResponse:
     upload = request.FILES.get("file")
     if upload is None or upload.size > MAX_TOKENIZER_BYTES:
-        messages.error(request, "Choose a tokenizer.json file of at most 20 MiB.")
+        messages.error(request, _("Choose a tokenizer.json file of at most 20 MiB."))
         return redirect(run)
     try:
         json_text = upload.read().decode("utf-8")
     except UnicodeDecodeError:
-        messages.error(request, "tokenizer.json must be UTF-8 JSON, as the tokenizers library saves it.")
+        messages.error(request, _("tokenizer.json must be UTF-8 JSON, as the tokenizers library saves it."))
         return redirect(run)
     return _then(
-        request, run, lambda: services.tokenizer_upload(run=run, actor=request.user, json_text=json_text), "Tokenizer uploaded."
+        request, run, lambda: services.tokenizer_upload(run=run, actor=request.user, json_text=json_text),
+        _("Tokenizer uploaded."),
     )
 
 
@@ -219,8 +226,8 @@ def run_session_unsuspend(request: HttpRequest, slug: str, pk: int) -> HttpRespo
     except verification.CreditError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"Session {session.pk} of {session.user.username} may train again; its flagged "
-                                  "epochs still wait for your decisions.")
+        messages.success(request, _("Session %(session)d of %(name)s may train again; its flagged epochs still wait for "
+                                    "your decisions.") % {"session": session.pk, "name": session.user.username})
     return redirect("run-flags", slug=run.slug)
 
 
@@ -237,5 +244,6 @@ def run_flag_decide(request: HttpRequest, slug: str, pk: int, decision: str) -> 
     except verification.CreditError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"Epoch {flag.epoch} of {flag.session.user.username}: {flag.status}.")
+        messages.success(request, _("Epoch %(epoch)s of %(name)s: %(status)s.")
+                         % {"epoch": flag.epoch, "name": flag.session.user.username, "status": flag.get_status_display()})
     return redirect("run-flags", slug=run.slug)

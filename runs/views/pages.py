@@ -7,13 +7,16 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Q
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
 
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
-from runs.access.rules import run_is_organizer, run_join_refusal, run_may_download_checkpoints, visible_run
+from runs.access.rules import run_is_organizer, run_join_refusal, run_list_public, run_may_download_checkpoints, visible_run
 from runs.credit import exports
 from runs.credit.boards import BY, WINDOWS, leaderboard_rows, run_snapshot
 from runs.models import Run
@@ -31,6 +34,20 @@ def agent_wheel_path() -> Path | None:
     """The newest wheel in MEDIA_ROOT/agent/, built at deploy by `manage.py agent_wheel`."""
     wheels = sorted((Path(settings.MEDIA_ROOT) / "agent").glob("peer_agent-*.whl"), key=lambda path: path.stat().st_mtime)
     return wheels[-1] if wheels else None
+
+
+RUNS_PER_PAGE = 20
+
+
+def run_list(request: HttpRequest) -> HttpResponse:
+    """The listed runs, newest first, searched by name or description and paged."""
+    query = request.GET.get("q", "").strip()[:100]
+    runs = run_list_public()
+    if query:
+        runs = runs.filter(Q(name__icontains=query) | Q(description__icontains=query))
+    # get_page turns a missing, garbled or too large page number into the nearest page, never a 500.
+    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "runs/run_list.html", {"page": page, "query": query})
 
 
 def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
@@ -103,7 +120,8 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
         try:
             rate_limit_hit(name="token_create", key=str(request.user.pk))
         except RateLimited as exc:
-            messages.error(request, f"You created many tokens in a short time; try again in {exc.retry_after} s.")
+            messages.error(request, _("You created many tokens in a short time; try again in %(seconds)s s.")
+                           % {"seconds": exc.retry_after})
             return rate_limited_page(render(request, "runs/run_join.html", context), exc)
         machine = (request.POST.get("machine") or "").strip()[:64] or f"{run.slug} agent"
         token, secret = token_create(

@@ -33,7 +33,21 @@
   function latestText(figure, value, at) {
     const unit = figure.dataset.unit;
     const shown = value === null || value === undefined ? "—" : value.toFixed(Number(figure.dataset.digits)) + (unit ? ` ${unit}` : "");
-    return `Latest: ${shown} at ${utcTime(at)}`;
+    return interpolate(gettext("Latest: %(figure)s at %(time)s"), { figure: shown, time: utcTime(at) }, true);
+  }
+
+  // The chart in words, next to it and part of the plot's accessible name: the span the chart covers
+  // and the lowest and highest figures in it, so that a reader who cannot see the curve gets its shape.
+  function rangeText(figure, at, values) {
+    const known = values.filter((value) => value !== null && value !== undefined);
+    if (!known.length) return gettext("No readings in the chart yet.");
+    const digits = Number(figure.dataset.digits);
+    const unit = figure.dataset.unit ? ` ${figure.dataset.unit}` : "";
+    return interpolate(gettext("Since %(start)s: lowest %(lowest)s, highest %(highest)s."), {
+      start: utcTime(at[0]),
+      lowest: Math.min(...known).toFixed(digits) + unit,
+      highest: Math.max(...known).toFixed(digits) + unit,
+    }, true);
   }
 
   // Vertical lines over the plot at each marker's time: joins, leaves, pauses, bans, checkpoints.
@@ -79,6 +93,12 @@
         plugins: markers ? [markersPlugin(markers)] : [],
       };
       this.plot = new uPlot(options, this.data, element);
+      this.range = document.createElement("p");
+      this.range.className = "chart-range";
+      this.range.id = `chart-${this.field}-range`;
+      this.range.textContent = rangeText(figure, this.data[0], this.data[1]);
+      figure.append(this.range);
+      element.setAttribute("aria-labelledby", `${element.getAttribute("aria-labelledby") || ""} ${this.range.id}`.trim());
       new ResizeObserver(() => this.plot.setSize({ width: widthOf(element), height: HEIGHT })).observe(element);
       figure.dataset.points = String(this.data[0].length);
     }
@@ -91,6 +111,7 @@
       this.data[1].push(value ?? null);
       this.plot.setData(this.data);
       this.figure.querySelector(".chart-latest").textContent = latestText(this.figure, value, x);
+      this.range.textContent = rangeText(this.figure, this.data[0], this.data[1]);
       this.figure.dataset.points = String(xs.length);
     }
   }
@@ -133,7 +154,7 @@
     const figure = document.createElement("figure");
     figure.className = "chart contribution-chart";
     const caption = document.createElement("figcaption");
-    caption.textContent = "Samples and credit per day";
+    caption.textContent = gettext("Samples and credit per day");
     const plotElement = document.createElement("div");
     plotElement.className = "chart-plot";
     plotElement.setAttribute("role", "img");
@@ -141,9 +162,16 @@
     summary.className = "chart-latest";
     const samples = days.reduce((sum, day) => sum + day.samples, 0);
     const credit = days.reduce((sum, day) => sum + day.credit, 0);
+    const locale = document.documentElement.lang || undefined;
     summary.textContent = days.length
-      ? `${samples.toLocaleString()} samples and ${credit.toLocaleString(undefined, { maximumFractionDigits: 1 })} credit over ${days.length} days, the last on ${days[days.length - 1].day}.`
-      : "No contributions yet.";
+      ? interpolate(ngettext("%(samples)s samples and %(credit)s credit over %(days)s day, the last on %(last)s.",
+        "%(samples)s samples and %(credit)s credit over %(days)s days, the last on %(last)s.", days.length), {
+        samples: samples.toLocaleString(locale),
+        credit: credit.toLocaleString(locale, { maximumFractionDigits: 1 }),
+        days: days.length.toLocaleString(locale),
+        last: days[days.length - 1].day,
+      }, true)
+      : gettext("No contributions yet.");
     caption.id = `contribution-caption-${Math.random().toString(36).slice(2)}`;
     summary.id = `${caption.id}-summary`;
     plotElement.setAttribute("aria-labelledby", `${caption.id} ${summary.id}`);

@@ -1,4 +1,5 @@
 // Live run page: replaces the leaderboard and the pace figures with each snapshot the portal pushes.
+// Words come from Django's JavaScript catalog (gettext, /jsi18n/), numbers and times from times.js.
 (function () {
   const root = document.getElementById("live");
   if (!root) return;
@@ -6,15 +7,16 @@
   const url = `${scheme}://${location.host}/ws/runs/${root.dataset.slug}/live/`;
   const body = document.querySelector("#leaderboard tbody");
   const figure = (id, value) => { document.getElementById(id).textContent = value; };
+  const { number, timeElement } = window.portalFormat;
   const cell = (text) => { const td = document.createElement("td"); td.textContent = text; return td; };
 
   function render(snapshot) {
-    figure("live-rate", snapshot.samples_per_second.toFixed(1));
-    figure("live-peers", snapshot.alive_peers);
-    figure("live-epoch", snapshot.epoch ?? "—");
-    figure("live-loss", snapshot.loss === null ? "—" : snapshot.loss.toFixed(3));
+    figure("live-rate", number(snapshot.samples_per_second, 1));
+    figure("live-peers", number(snapshot.alive_peers));
+    figure("live-epoch", number(snapshot.epoch));
+    figure("live-loss", number(snapshot.loss, 3));
     if (snapshot.leaderboard.length === 0) {
-      const empty = cell("No contributions yet.");
+      const empty = cell(gettext("No contributions yet."));
       empty.colSpan = 7;
       empty.className = "empty";
       const tr = document.createElement("tr");
@@ -30,9 +32,10 @@
       link.href = row.profile_url;
       link.textContent = row.name;
       name.append(link);
-      const credit = Math.round(row.credit).toLocaleString();
-      tr.append(cell(row.rank), name, cell(row.samples.toLocaleString()), cell(credit),
-        cell(`${(row.share * 100).toFixed(1)}%`), cell(row.machines), cell(new Date(row.last_seen).toLocaleTimeString()));
+      const lastSeen = document.createElement("td");
+      if (row.last_seen) lastSeen.append(timeElement(row.last_seen)); else lastSeen.textContent = "—";
+      tr.append(cell(number(row.rank)), name, cell(number(row.samples)), cell(number(row.credit)),
+        cell(`${number(Math.round(row.share * 100))}%`), cell(number(row.machines)), lastSeen);
       return tr;
     }));
     root.dataset.updated = String(Date.now());

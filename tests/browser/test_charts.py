@@ -125,6 +125,7 @@ def test_the_contribution_chart_draws_a_volunteers_days_from_its_url(browser, as
     page.goto("/static/vendor/README.md")  # any page of the portal's origin to host the chart
     page.set_content(
         '<div id="contributions" data-contribution-url="/api/v1/volunteers/7/contributions" style="width: 640px"></div>'
+        f'<script src="{asgi_server}/jsi18n/"></script>'  # charts.js takes its words from Django's JavaScript catalog
         f'<script src="{asgi_server}/static/vendor/uplot/uPlot.iife.min.js"></script>'
         f'<script src="{asgi_server}/static/js/charts.js"></script>'
     )

@@ -201,7 +201,21 @@ def test_status_shows_sessions_samples_acknowledged_and_pending(agent_home_dir, 
     assert cli.main(["status"]) == 0
     out = capsys.readouterr().out
     assert "bengali-albert" in out
-    assert "180 samples reported in 1 sessions, 100 acknowledged by the portal, 80 in 1 reports waiting" in out
+    assert "180 samples reported in 1 session, 100 acknowledged by the portal, 80 in 1 reports waiting" in out
+
+
+def test_status_speaks_bengali_when_the_environment_asks_for_it(agent_home_dir, capsys, monkeypatch):
+    monkeypatch.setenv("LANGUAGE", "bn")
+    assert cli.main(["status"]) == 0
+    assert "এখনো কোনো প্রশিক্ষণ সেশন লেখা হয়নি" in capsys.readouterr().out
+    spool = Spool.open(agent_home_dir / "spool", 7, report_url="ws://x/ws/agent/", run="bengali-albert")
+    spool.add(report(7, 1, 40))
+    spool.close()
+    assert cli.main(["status"]) == 0
+    assert "মোট: 1টি সেশনে 40টি নমুনা জানানো হয়েছে" in capsys.readouterr().out
+    monkeypatch.setenv("LANGUAGE", "en")
+    assert cli.main(["status"]) == 0
+    assert "Total: 40 samples reported in 1 session" in capsys.readouterr().out
 
 
 def test_join_without_a_token_explains_how_to_give_one(portal):

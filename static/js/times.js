@@ -1,0 +1,31 @@
+// Times and numbers in the reader's locale (the page's lang) and time zone: every <time class="local">
+// the server wrote in UTC (runs/templatetags/locale_format.py) is rewritten here, and live.js formats
+// what it receives with the same functions, so every board reads alike.
+(function () {
+  "use strict";
+  const locale = document.documentElement.lang || undefined;
+  const dateTime = new Intl.DateTimeFormat(locale, { dateStyle: "medium", timeStyle: "short" });
+  const numbers = {};
+
+  function formatTime(iso) {
+    const date = new Date(iso);
+    return Number.isNaN(date.getTime()) ? "—" : dateTime.format(date);
+  }
+
+  function formatNumber(value, digits = 0) {
+    if (value === null || value === undefined) return "—";
+    numbers[digits] = numbers[digits] || new Intl.NumberFormat(locale, { minimumFractionDigits: digits, maximumFractionDigits: digits });
+    return numbers[digits].format(value);
+  }
+
+  function timeElement(iso) {
+    const time = document.createElement("time");
+    time.className = "local";
+    time.dateTime = iso;
+    time.textContent = formatTime(iso);
+    return time;
+  }
+
+  window.portalFormat = { time: formatTime, number: formatNumber, timeElement };
+  for (const time of document.querySelectorAll("time.local")) time.textContent = formatTime(time.dateTime);
+})();

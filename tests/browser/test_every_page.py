@@ -1,0 +1,116 @@
+"""Every page at a phone's width (360 px), as a visitor, a volunteer reading Bengali and an organizer:
+no page scrolls sideways, axe-core finds no serious or critical accessibility violation, and a
+screenshot of each lands in artifacts/screenshots/phone-<role>-<page>.png. One browser session per
+role visits every page, and the test reports every problem it met at once."""
+
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from accounts.services import team_create
+from runs.credit.rollup import credit_rollup
+from runs.models import RunSample
+from tests.browser.steps import log_in
+from tests.factories import NOW, RunFactory, report, session_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
+PHONE = {"width": 360, "height": 780}
+# The violations of serious and critical impact axe finds on the page, with up to three elements each.
+AXE_RUN = """async () => {
+  const result = await axe.run(document, { resultTypes: ["violations"] });
+  return result.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(" | ")}`);
+}"""
+OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+PUBLIC_PAGES = {
+    "home": "/", "runs": "/runs/", "run": "/runs/bangla/", "run-health": "/runs/bangla/health/",
+    "leaderboard": "/leaderboard/", "leaderboard-teams": "/leaderboard/?by=team&window=all",
+    "teams": "/teams/", "team": "/teams/dhaka-compute/", "volunteer": "/volunteers/amina/", "stats": "/stats/",
+}
+ROLE_PAGES = {
+    "visitor": {**PUBLIC_PAGES, "login": "/accounts/login/", "signup": "/accounts/signup/",
+                "password-reset": "/accounts/password_reset/"},
+    "volunteer": {**PUBLIC_PAGES, "join": "/runs/bangla/join/", "tokens": "/tokens/", "profile": "/accounts/profile/",
+                  "team-new": "/teams/new/", "password-change": "/accounts/password_change/"},
+    "organizer": {"run": "/runs/bangla/", "run-new": "/runs/new/", "run-edit": "/runs/bangla/edit/",
+                  "participants": "/runs/bangla/participants/", "flags": "/runs/bangla/flags/",
+                  "run-health": "/runs/bangla/health/"},
+}
+
+
+@pytest.fixture
+def bangla_run(organizer, volunteer):
+    """An active run whose organizer is ``organizer``; ``volunteer`` (amina) trained in it and founded a team."""
+    volunteer.username, volunteer.display_name = "amina", "Amina"
+    volunteer.save()
+    run = RunFactory(name="Bangla ALBERT", slug="bangla", description="ALBERT on Bengali news and Wikipedia.",
+                     organizers=[organizer])
+    report(session_for(run, volunteer, machine="home desktop"), samples=123456, at=NOW)
+    credit_rollup()
+    team_create(founder=volunteer, name="Dhaka Compute", description="We train Bengali models.")
+    now = timezone.now()
+    for seconds, epoch in ((120, 3), (60, 4), (0, 5)):
+        RunSample.objects.create(run=run, at=now - timezone.timedelta(seconds=seconds), global_epoch=epoch,
+                                 samples_per_second=12.5, alive_peers=2, loss=6.25 - epoch / 10)
+    return run
+
+
+def visit_every_page(page, role: str, screenshot) -> list[str]:
+    problems = []
+    for name, path in ROLE_PAGES[role].items():
+        page.goto(path)
+        page.wait_for_load_state("load")
+        if (overflow := page.evaluate(OVERFLOW)) > 0:
+            problems.append(f"{role} {path}: scrolls {overflow} px sideways")
+        page.add_script_tag(path=str(AXE))
+        problems += [f"{role} {path}: {violation}" for violation in page.evaluate(AXE_RUN)]
+        screenshot(page, f"phone-{role}-{name}")
+    return problems
+
+
+def test_every_page_fits_a_phone_and_passes_axe_for_every_role(browser, live_server, organizer, volunteer, bangla_run,
+                                                                 screenshot):
+    problems = []
+    for role, user in (("visitor", None), ("volunteer", volunteer), ("organizer", organizer)):
+        context = browser.new_context(base_url=live_server.url, viewport=PHONE, is_mobile=True, has_touch=True,
+                                      timezone_id="Asia/Dhaka")
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        if user:
+            log_in(page, user.username)
+        if role == "volunteer":
+            # The volunteer reads Bengali: chosen once in the footer, kept on every page after.
+            page.select_option("#language", "bn")
+            page.get_by_role("button", name="Change language").click()
+            expect(page.locator("html")).to_have_attribute("lang", "bn")
+        problems += visit_every_page(page, role, screenshot)
+        context.close()
+    assert not problems, "\n".join(problems)
+
+
+def test_a_bengali_reader_sees_bengali_words_digits_and_local_times_on_the_live_board(browser, live_server, bangla_run,
+                                                                                     screenshot):
+    context = browser.new_context(base_url=live_server.url, viewport=PHONE, locale="bn-BD", timezone_id="Asia/Dhaka")
+    page = context.new_page()
+    page.goto("/runs/bangla/")
+    expect(page.locator("html")).to_have_attribute("lang", "bn")
+    expect(page.get_by_role("link", name="এই রানে যোগ দিন")).to_be_visible()
+    row = page.locator("#leaderboard tbody tr").first
+    expect(row).to_contain_text("১,২৩,৪৫৬")
+    # 12:30 UTC is 18:30 in Dhaka: times.js rewrote the server's UTC time in the reader's zone and digits.
+    expect(row.locator("time")).to_contain_text("৬:৩০")
+    expect(page.locator("#chart-loss-latest")).to_contain_text("সর্বশেষ")
+    # Each chart in words next to it, and in the plot's accessible name: its span, lowest and highest figure.
+    expect(page.locator("#chart-loss-range")).to_contain_text("সর্বনিম্ন 5.750, সর্বোচ্চ 5.950")
+    expect(page.locator("figure[data-field=loss] .chart-plot")).to_have_attribute(
+        "aria-labelledby", "chart-loss-caption chart-loss-latest chart-loss-range")
+    screenshot(page, "bengali-run-page")
+    page.goto("/leaderboard/")
+    expect(page.locator("#board time").first).to_contain_text("৬:৩০")
+    screenshot(page, "bengali-leaderboard")
+    context.close()
