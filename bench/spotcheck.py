@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from peer_agent.spotcheck import (
     Sketcher,
     commitment_sign,
     data_seed,
+    fingerprint_decode,
     fingerprint_distance,
     fingerprint_encode,
     step_fingerprint,
@@ -67,7 +69,8 @@ RUN_ID = "bench_spotcheck"
 EPOCH = 3  # any epoch: it only seeds the sketch
 SESSION, OTHER_SESSION = 1, 2
 VOCABULARY = {"tiny": 8000, "large": 32000}  # the presets' real vocabularies (peer_agent/protocol.py)
-HONEST = ("same parameters", "parameters in fp16", "parameters x(1+1e-3 N(0,1))")
+HONEST = ("same parameters", "validator's parameters in fp16", "validator's parameters x(1+1e-3 N(0,1))",
+          "agent in bf16 autocast (CPU)")
 DISHONEST = ("another session's data", "half the micro-batches", "previous step's fingerprint", "zeros")
 
 
@@ -183,6 +186,8 @@ class PresetMeasure:
     replay_epoch_s: float = 0.0  # a later epoch: s more steps drawn
     recompute_s: float = 0.0  # one step_fingerprint (its sketch built anew, as step_fingerprint does)
     distances: dict[str, float] = field(default_factory=dict)
+    # micro-batches per step -> (distance of half the step, of another session's step of that size)
+    step_sizes: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def overhead(self, steps: int) -> float:
         """The fingerprint's share of an agent step, the per-epoch costs spread over ``steps`` steps."""
@@ -232,7 +237,7 @@ def _copy_with(model: torch.nn.Module, workload: Workload, preset: str, change) 
 
 
 def preset_measure(preset: str, folder: Path, *, micro_batch_size: int, seq_length: int, accumulation: int,
-                   agent_steps: int, steps_per_epoch: int, seed: int) -> PresetMeasure:
+                   agent_steps: int, steps_per_epoch: int, seed: int, step_sizes: list[int] = ()) -> PresetMeasure:
     workload = workload_build(folder / preset, model=dict(preset=preset), seq_length=seq_length,
                               per_device_batch_size=micro_batch_size)
     config, tokenizer, files = workload.config, workload.tokenizer, [str(workload.corpus)]
@@ -275,19 +280,49 @@ def preset_measure(preset: str, folder: Path, *, micro_batch_size: int, seq_leng
     claimed = fingerprints[-1]
     recomputed, measure.recompute_s = _cpu_timed(lambda: step_fingerprint(model, checked, RUN_ID, EPOCH))
 
-    # Honest recomputations, and what a cheater could claim, each against the validator's recomputation.
+    # Honest differences, then what a cheater could claim: (claimed, recomputed) fingerprints of the checked step.
     generator = torch.Generator().manual_seed(seed)
     rounded = _copy_with(model, workload, preset, lambda p: p.half().float())
     perturbed = _copy_with(model, workload, preset, lambda p: p * (1 + 1e-3 * torch.randn(p.shape, generator=generator)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_bf16 = step_fingerprint(model, checked, RUN_ID, EPOCH)
     other = workload.batch_stream(data_seed(RUN_ID, OTHER_SESSION), micro_batch_size)
-    honest = [recomputed, step_fingerprint(rounded, checked, RUN_ID, EPOCH),
-              step_fingerprint(perturbed, checked, RUN_ID, EPOCH)]
-    dishonest = [step_fingerprint(model, [next(other) for _ in range(accumulation)], RUN_ID, EPOCH),
-                 step_fingerprint(model, checked[:max(1, accumulation // 2)], RUN_ID, EPOCH),
-                 fingerprints[-2], fingerprint_encode(torch.zeros(FINGERPRINT_WIDTH))]
-    for name, fingerprint in zip(HONEST + DISHONEST, honest + dishonest, strict=True):
-        measure.distances[name] = fingerprint_distance(fingerprint, claimed if name in HONEST else recomputed)
+    pairs = {
+        "same parameters": (claimed, recomputed),
+        "validator's parameters in fp16": (claimed, step_fingerprint(rounded, checked, RUN_ID, EPOCH)),
+        "validator's parameters x(1+1e-3 N(0,1))": (claimed, step_fingerprint(perturbed, checked, RUN_ID, EPOCH)),
+        "agent in bf16 autocast (CPU)": (in_bf16, recomputed),
+        "another session's data": (
+            step_fingerprint(model, [next(other) for _ in range(accumulation)], RUN_ID, EPOCH), recomputed),
+        "half the micro-batches": (step_fingerprint(model, checked[:max(1, accumulation // 2)], RUN_ID, EPOCH), recomputed),
+        "previous step's fingerprint": (fingerprints[-2], recomputed),
+        "zeros": (fingerprint_encode(torch.zeros(FINGERPRINT_WIDTH)), recomputed),
+    }
+    measure.distances = {name: fingerprint_distance(*pair) for name, pair in pairs.items()}
+    if step_sizes:
+        own = [next(drawn) for _ in range(max(step_sizes))]
+        measure.step_sizes = cheats_by_step_size(model, own, [next(other) for _ in own], step_sizes)
     return measure
+
+
+def cheats_by_step_size(model: torch.nn.Module, own: list[Batch], other: list[Batch],
+                        sizes: list[int]) -> dict[int, tuple[float, float]]:
+    """How far half a step, and another session's step, lie from a step of n micro-batches, for each n.
+
+    A cheat's distance is the gradient noise between the two sets of examples over the step's
+    gradient: it shrinks as a step holds more examples. The sketch is linear in the gradient, so a
+    step's fingerprint is the mean of its micro-batches' sketches, each computed once.
+    """
+    def sketches(micro_batches):
+        return torch.stack([fingerprint_decode(step_fingerprint(model, [batch], RUN_ID, EPOCH)) for batch in micro_batches])
+
+    mine, theirs = sketches(own), sketches(other)
+    found = {}
+    for size in sizes:
+        step = fingerprint_encode(mine[:size].mean(0))
+        found[size] = (fingerprint_distance(fingerprint_encode(mine[:max(1, size // 2)].mean(0)), step),
+                       fingerprint_distance(fingerprint_encode(theirs[:size].mean(0)), step))
+    return found
 
 
 def preset_print(measure: PresetMeasure, steps: int, checks: list[int]) -> None:
@@ -308,7 +343,12 @@ def preset_print(measure: PresetMeasure, steps: int, checks: list[int]) -> None:
               f"ratio {m.validator_epoch_s(k) / agent:.4f}")
     print("  fingerprint distance of the claim from the validator's recomputation:")
     for name, distance in m.distances.items():
-        print(f"    {'honest' if name in HONEST else 'cheat':>6}  {name:<32} {distance:.3e}")
+        print(f"    {'honest' if name in HONEST else 'cheat':>6}  {name:<40} {distance:.3e}")
+    if m.step_sizes:
+        print(f"  cheats by step size ({m.micro_batch_size} examples per micro-batch): micro-batches per step, "
+              f"distance of half the step, of another session's step")
+        for size, (half, other) in m.step_sizes.items():
+            print(f"    {size:4d} ({size * m.micro_batch_size:5d} examples)  half {half:.3e}  other data {other:.3e}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -329,10 +369,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-length", type=int, default=128, help="tokens per example")
     parser.add_argument("--tiny-steps", type=int, default=8, help="agent steps measured, tiny preset (at least 2)")
     parser.add_argument("--large-steps", type=int, default=2, help="agent steps measured, large preset (at least 2)")
+    parser.add_argument("--step-sizes", type=int, nargs="*", default=[2, 4, 8, 16, 32],
+                        help="tiny preset: micro-batches per step at which the cheats' distances are measured again")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0, help="simulation and perturbation seed")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    sys.stdout.reconfigure(line_buffering=True)  # figures show as they come, also into a file
     started = time.monotonic()
 
     rng = np.random.default_rng(args.seed)
@@ -350,7 +393,8 @@ def main(argv: list[str] | None = None) -> None:
             batch, steps = (args.tiny_batch, args.tiny_steps) if preset == "tiny" else (args.large_batch, args.large_steps)
             measure = preset_measure(preset, Path(folder), micro_batch_size=batch, seq_length=args.seq_length,
                                      accumulation=args.accumulation, agent_steps=steps,
-                                     steps_per_epoch=args.steps_per_epoch, seed=args.seed)
+                                     steps_per_epoch=args.steps_per_epoch, seed=args.seed,
+                                     step_sizes=args.step_sizes if preset == "tiny" else [])
             preset_print(measure, args.steps_per_epoch, args.checks)
             honest = max(measure.distances[name] for name in HONEST)
             cheat = min(measure.distances[name] for name in DISHONEST)
