@@ -58,6 +58,8 @@ EXERCISED = [
      CLI_TESTS + "test_check_describes_device_precision_measured_bandwidth_and_client_mode"),
     (r"peer-agent status", CLI_TESTS + "test_status_shows_sessions_samples_acknowledged_and_pending"),
     (r"peer-agent( login\|join\|check\|status)?", CLI_TESTS + "test_python_m_peer_agent_shows_help_for_every_command"),
+    (r"\.venv/bin/python -m bench\.spotcheck( --presets tiny)?",
+     "tests/bench/test_spotcheck_bench.py::test_the_smallest_run_prints_costs_and_distances_the_tolerance_separates"),
     # Benchmarks are run by hand (minutes each); here their documented flags are checked.
     (r"(\S+=\S+ )*\.venv/bin/python -m bench\.\w+.*", "tests/test_docs_commands.py::test_documented_flags_exist"),
 ]

@@ -45,8 +45,11 @@ def test_the_simulated_cheaters_agree_with_the_formula_and_not_with_its_approxim
 @pytest.mark.usefixtures("torch_threads")
 def test_the_smallest_run_prints_costs_and_distances_the_tolerance_separates(capsys):
     main(["--presets", "tiny", "--steps-per-epoch", "8", "--fractions", "0.5", "--checks", "1", "2",
-          "--trials", "500", "--tiny-batch", "2", "--seq-length", "32", "--tiny-steps", "2"])
+          "--trials", "500", "--tiny-batch", "2", "--seq-length", "32", "--tiny-steps", "2", "--step-sizes", "2", "4"])
     out = capsys.readouterr().out
+    sweep = re.findall(r"^ +(\d+) \( *\d+ examples\)  half (\S+)  other data (\S+)$", out, re.M)
+    assert [size for size, _, _ in sweep] == ["2", "4"]
+    assert all(float(half) > 0 and float(other) > 0 for _, half, other in sweep)
     summary = next(line for line in out.splitlines() if line.startswith("SUMMARY "))
     found = re.search(r"coverage 2 rows max \|z\| (\S+);.*tiny validator/agent k=1 (\S+) overhead (\S+)% "
                       r"honest max (\S+) cheat min (\S+)", summary)
