@@ -96,6 +96,8 @@ class Coverage:
     simulated: float  # the share of those epochs in which a check caught the cheater
     first_catch: float  # mean epochs to the first catch
     suspension: float  # mean epochs to the F-th catch
+    horizon: int
+    unseen: float  # the share of cheaters not caught in their first ``horizon`` epochs
 
     @property
     def exact(self) -> float:
@@ -107,14 +109,19 @@ class Coverage:
         return 1 - (1 - self.fraction) ** self.checks
 
     @property
-    def z_scores(self) -> tuple[float, float, float]:
+    def unseen_exact(self) -> float:
+        return (1 - self.exact) ** self.horizon
+
+    @property
+    def z_scores(self) -> tuple[float, float, float, float]:
         """How many standard errors the simulation lies from the formula, for each of its figures; the
         errors are the formula's own (Bernoulli; geometric and negative binomial variances (1-p)/p² per
         catch), so a certain catch (p = 1) needs the simulation exact."""
         p = self.exact
         return (_z(self.simulated - p, p * (1 - p) / self.epochs_checked),
                 _z(self.first_catch - 1 / p, (1 - p) / p**2 / self.trials),
-                _z(self.suspension - self.failures / p, self.failures * (1 - p) / p**2 / self.trials))
+                _z(self.suspension - self.failures / p, self.failures * (1 - p) / p**2 / self.trials),
+                _z(self.unseen - self.unseen_exact, self.unseen_exact * (1 - self.unseen_exact) / self.trials))
 
 
 def _z(difference: float, variance: float) -> float:
@@ -124,7 +131,7 @@ def _z(difference: float, variance: float) -> float:
 
 
 def coverage_simulate(*, fraction: float, steps: int, checks: int, failures: int, trials: int,
-                      rng: np.random.Generator) -> Coverage:
+                      rng: np.random.Generator, horizon: int = 10) -> Coverage:
     """``trials`` peers that each fake ``round(fraction·steps)`` of their ``steps`` steps in every
     epoch, checked ``checks`` times per epoch, until ``failures`` checks caught them."""
     faked = round(fraction * steps)
@@ -149,20 +156,24 @@ def coverage_simulate(*, fraction: float, steps: int, checks: int, failures: int
         active = active[caught_count[active] < failures]
     return Coverage(fraction=fraction, faked=faked, steps=steps, checks=checks, failures=failures, trials=trials,
                     epochs_checked=epochs_checked, simulated=epochs_caught / epochs_checked,
-                    first_catch=float(first.mean()), suspension=float(suspended.mean()))
+                    first_catch=float(first.mean()), suspension=float(suspended.mean()), horizon=horizon,
+                    unseen=float((first > horizon).mean()))
 
 
 def coverage_print(rows: list[Coverage], trials: int, seed: int) -> None:
     first = rows[0]
     print(f"coverage: s={first.steps} committed steps per epoch, suspended after F={first.failures} failed epochs; "
-          f"{trials:,} simulated cheaters per row (seed {seed}); (z) = simulation - formula, in standard errors")
+          f"{trials:,} simulated cheaters per row (seed {seed}); each figure: formula / simulation; "
+          f"(z) = simulation - formula, in standard errors")
     print(f"{'f':>5} {'m':>3} {'k':>2}  {'P exact':>8} {'1-(1-f)^k':>9} {'simulated':>9} {'(z)':>6}   "
-          f"{'epochs to 1st catch':>21} {'(z)':>6}   {'epochs to suspension':>21} {'(z)':>6}")
+          f"{'epochs to 1st catch':>21} {'(z)':>6}   {'epochs to suspension':>21} {'(z)':>6}   "
+          f"{f'unseen {first.horizon} epochs':>19} {'(z)':>6}")
     for row in rows:
-        z_p, z_first, z_suspension = row.z_scores
+        z_p, z_first, z_suspension, z_unseen = row.z_scores
         print(f"{row.fraction:5.2f} {row.faked:3d} {row.checks:2d}  {row.exact:8.4f} {row.approx:9.4f} "
               f"{row.simulated:9.4f} {z_p:+6.2f}   {1 / row.exact:9.2f} / {row.first_catch:9.2f} {z_first:+6.2f}   "
-              f"{row.failures / row.exact:9.2f} / {row.suspension:9.2f} {z_suspension:+6.2f}")
+              f"{row.failures / row.exact:9.2f} / {row.suspension:9.2f} {z_suspension:+6.2f}   "
+              f"{row.unseen_exact:8.4f} / {row.unseen:8.4f} {z_unseen:+6.2f}")
 
 
 # 2-4. Costs and distances on real models
@@ -360,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.5, 0.9], help="fractions f faked")
     parser.add_argument("--checks", type=int, nargs="+", default=[1, 2, 4], help="checks per epoch k")
     parser.add_argument("--failures-to-suspend", type=int, default=defaults.failures_to_suspend)
+    parser.add_argument("--horizon", type=int, default=10, help="epochs over which a cheater's escape is counted")
     parser.add_argument("--trials", type=int, default=20_000, help="simulated cheaters per grid row")
     parser.add_argument("--presets", nargs="*", choices=sorted(VOCABULARY), default=["tiny", "large"],
                         help="models whose costs and distances are measured (none: coverage only)")
@@ -380,7 +392,8 @@ def main(argv: list[str] | None = None) -> None:
 
     rng = np.random.default_rng(args.seed)
     rows = [coverage_simulate(fraction=f, steps=args.steps_per_epoch, checks=k, failures=args.failures_to_suspend,
-                              trials=args.trials, rng=rng) for f in args.fractions for k in args.checks]
+                              trials=args.trials, rng=rng, horizon=args.horizon)
+            for f in args.fractions for k in args.checks]
     coverage_print(rows, args.trials, args.seed)
     worst_z = max(abs(z) for row in rows for z in row.z_scores)
     summary = [f"coverage {len(rows)} rows max |z| {worst_z:.2f}"]
