@@ -305,10 +305,11 @@ def preset_measure(preset: str, folder: Path, *, micro_batch_size: int, seq_leng
         "agent in bf16 autocast (CPU)": (in_bf16, recomputed),
         "another session's data": (
             step_fingerprint(model, [next(other) for _ in range(accumulation)], RUN_ID, EPOCH), recomputed),
-        "half the micro-batches": (step_fingerprint(model, checked[:max(1, accumulation // 2)], RUN_ID, EPOCH), recomputed),
         "previous step's fingerprint": (fingerprints[-2], recomputed),
         "zeros": (fingerprint_encode(torch.zeros(FINGERPRINT_WIDTH)), recomputed),
     }
+    if accumulation >= 2:  # with one micro-batch per step there is no half step to pass off
+        pairs["half the micro-batches"] = (step_fingerprint(model, checked[:accumulation // 2], RUN_ID, EPOCH), recomputed)
     measure.distances = {name: fingerprint_distance(*pair) for name, pair in pairs.items()}
     if step_sizes:
         own = [next(drawn) for _ in range(max(step_sizes))]
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
                                      step_sizes=args.step_sizes if preset == "tiny" else [])
             preset_print(measure, args.steps_per_epoch, args.checks)
             honest = max(measure.distances[name] for name in HONEST)
-            cheat = min(measure.distances[name] for name in DISHONEST)
+            cheat = min(measure.distances[name] for name in DISHONEST if name in measure.distances)
             k = defaults.checks_per_epoch
             summary.append(f"{preset} validator/agent k={k} "
                            f"{measure.validator_epoch_s(k) / measure.agent_epoch_s(args.steps_per_epoch):.4f} "

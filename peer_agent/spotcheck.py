@@ -48,11 +48,12 @@ class Sketch:
     """The count sketch of one run and epoch: for each parameter, a bucket and a sign per value,
     drawn on the CPU (the same on every machine) and kept on the gradients' device.
 
-    Each value's bucket and sign are held as one int32 *cell*, ``2 * bucket + (sign > 0)``, of
-    ``2 * FINGERPRINT_WIDTH``: a gradient is added into its cells as it is, and each bucket is then
-    its positive cell minus its negative one. That is the same sketch as multiplying every value by
-    its sign (up to float32 summation order), without a temporary the size of the gradient: 2-4x
-    faster on a CPU and 4 bytes per parameter instead of 5 (docs/benchmarks.md, section 10).
+    Each value's bucket and sign are held as one *cell*, ``2 * bucket + (sign > 0)``, of
+    ``2 * FINGERPRINT_WIDTH``: a gradient is added into its cells as it is (``scatter_add_``, which
+    takes int64 indices), and each bucket is then its positive cell minus its negative one. That is
+    the same sketch as multiplying every value by its sign (up to float32 summation order), without
+    a temporary the size of the gradient, for 8 bytes per parameter instead of 5: it keeps the
+    fingerprint under 2% of a small step (docs/benchmarks.md, section 10).
     """
 
     def __init__(self, run_id: str, epoch: int, params: list[torch.Tensor]):
@@ -63,7 +64,7 @@ class Sketch:
             count = param.numel()
             bucket = torch.randint(FINGERPRINT_WIDTH, (count,), generator=generator, dtype=torch.int32)
             positive = torch.randint(2, (count,), generator=generator, dtype=torch.int8)  # the sign: +1 if 1, -1 if 0
-            self.cells.append(bucket.mul_(2).add_(positive).to(param.device))
+            self.cells.append(bucket.mul_(2).add_(positive).to(param.device, torch.int64))
 
     def apply(self, gradients: list[torch.Tensor | None]) -> torch.Tensor:
         """The sketch of a gradient given per parameter (None for a parameter without one)."""
@@ -73,7 +74,7 @@ class Sketch:
                 continue
             if cells is None:
                 cells = torch.zeros(2 * FINGERPRINT_WIDTH, dtype=torch.float32, device=gradient.device)
-            cells.index_add_(0, cell, gradient.detach().flatten().float())
+            cells.scatter_add_(0, cell, gradient.detach().flatten().float())
         return torch.zeros(FINGERPRINT_WIDTH) if cells is None else (cells[1::2] - cells[0::2]).cpu()
 
 
