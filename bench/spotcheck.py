@@ -43,6 +43,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,7 +249,7 @@ def _copy_with(model: torch.nn.Module, workload: Workload, preset: str, change) 
 
 
 def preset_measure(preset: str, folder: Path, *, micro_batch_size: int, seq_length: int, accumulation: int,
-                   agent_steps: int, steps_per_epoch: int, seed: int, step_sizes: list[int] = ()) -> PresetMeasure:
+                   agent_steps: int, steps_per_epoch: int, seed: int, step_sizes: Sequence[int] = ()) -> PresetMeasure:
     workload = workload_build(folder / preset, model=dict(preset=preset), seq_length=seq_length,
                               per_device_batch_size=micro_batch_size)
     config, tokenizer, files = workload.config, workload.tokenizer, [str(workload.corpus)]
@@ -318,7 +319,7 @@ def preset_measure(preset: str, folder: Path, *, micro_batch_size: int, seq_leng
 
 
 def cheats_by_step_size(model: torch.nn.Module, own: list[Batch], other: list[Batch],
-                        sizes: list[int]) -> dict[int, tuple[float, float]]:
+                        sizes: Sequence[int]) -> dict[int, tuple[float, float]]:
     """How far half a step, and another session's step, lie from a step of n micro-batches, for each n.
 
     A cheat's distance is the gradient noise between the two sets of examples over the step's
