@@ -66,6 +66,8 @@ EXERCISED = [
     (r"peer-agent( login\|join\|check\|status)?", CLI_TESTS + "test_python_m_peer_agent_shows_help_for_every_command"),
     (r"promtool (check|test) rules deploy/prometheus/alerts(\.test)?\.yml",
      "tests/deploy/test_prometheus_files.py::test_the_alerting_rules_pass_promtool_and_fire_on_the_trouble_they_name"),
+    (r"\.venv/bin/python -m bench\.spotcheck( --presets tiny)?",
+     "tests/bench/test_spotcheck_bench.py::test_the_smallest_run_prints_costs_and_distances_the_tolerance_separates"),
     # Benchmarks are run by hand (minutes each); here their documented flags are checked.
     (r"(\S+=\S+ )*\.venv/bin/python -m bench\.\w+.*", "tests/test_docs_commands.py::test_documented_flags_exist"),
 ]
