@@ -244,10 +244,10 @@ class VerificationConfig(_Schema):
     """How the portal confirms credit: spot checks recompute steps each session committed to (docs/trust.md)."""
 
     spot_checks: bool = Field(True, description="Recompute committed steps before confirming a session's epochs.")
-    checks_per_epoch: int = Field(1, ge=1, le=16, description="Steps recomputed per session and epoch.")
+    checks_per_epoch: int = Field(1, ge=1, le=16, description="Micro-batches recomputed per session and epoch.")
     tolerance: float = Field(0.1, gt=0, le=1, description=(
-        "Largest fingerprint distance a checked step may have (honest steps measure about 0.001-0.005, "
-        "a step on other data about 0.7-1; docs/benchmarks.md)."))
+        "Largest fingerprint distance a checked micro-batch may have (honest ones measure up to about 0.02, "
+        "faked ones 0.3 and more; docs/benchmarks.md, section 10)."))
     failures_to_suspend: int = Field(2, ge=1, le=100, description="Failed checks after which a session is suspended.")
 
 
@@ -439,23 +439,24 @@ class RefreshResponse(_Schema):
 
 
 class StepCommitment(_Schema):
-    """One local step as the agent commits to it: where its micro-batches start in the session's
-    stream, its samples, and the fingerprint of the gradient it computed (peer_agent.spotcheck)."""
+    """One micro-batch as the agent commits to it: its place in the session's stream, its samples,
+    and the fingerprint of the gradient its loss gave (peer_agent.spotcheck)."""
 
-    cursor: StrictInt = Field(ge=0, le=2**48, description="Micro-batches the session drew before this step.")
-    samples: StrictInt = Field(ge=1, le=1_000_000, description="Samples of the step.")
+    cursor: StrictInt = Field(ge=0, le=2**48, description="Micro-batches the session drew before this one.")
+    samples: StrictInt = Field(ge=1, le=1_000_000, description="Samples of the micro-batch.")
     fingerprint: str = Field(pattern=r"^[A-Za-z0-9+/]{86}==$",
                              description=f"Base64 of the {FINGERPRINT_WIDTH} float32 values of the gradient's sketch.")
 
 
 class EpochCommitment(_Schema):
-    """Every step a session trained in one closed epoch, signed with its peer key before the portal
-    chooses which steps to recompute. Steps are in stream order, cursors strictly increasing."""
+    """Every micro-batch a session trained on in one closed epoch, signed with its peer key before the
+    portal chooses which to recompute. In stream order, cursors strictly increasing."""
 
     epoch: StrictInt = Field(ge=0, le=2**31 - 1, description="The collaboration epoch of the steps.")
     micro_batch_size: StrictInt = Field(ge=1, le=4096, description="Rows per micro-batch of the session's stream.")
     shuffle_buffer: StrictInt = Field(ge=1, le=1_000_000, description="The stream's shuffle buffer, as the agent used it.")
-    steps: list[StepCommitment] = Field(min_length=1, max_length=MAX_COMMITTED_STEPS, description="The epoch's steps.")
+    steps: list[StepCommitment] = Field(min_length=1, max_length=MAX_COMMITTED_STEPS,
+                                        description="The epoch's micro-batches.")
     signature: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$",
                            description="Base64 RSA-PSS/SHA-256 signature, with the peer key, of commitment_message.")
 

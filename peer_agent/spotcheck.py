@@ -1,19 +1,21 @@
 """Spot checks: what lets the portal recompute any step a peer says it trained (docs/trust.md).
 
-Three things make a step checkable after the fact:
+Three things make every micro-batch of a step checkable after the fact:
 
-- **Its micro-batches follow from public seeds.** A session's examples come from the run's data
+- **Micro-batches follow from public seeds.** A session's examples come from the run's data
   streamed with the seed :func:`data_seed` derives from the run and the session, so the stream is
-  the same for the agent and for a validator that replays it; a step is named by its *cursor*, the
-  number of micro-batches the session drew before it (:class:`BatchReplay` rebuilds them).
-- **A fingerprint of its gradient**, :func:`gradient_fingerprint`: a count sketch (every gradient
-  value added, with a random sign, into one of ``FINGERPRINT_WIDTH`` buckets; signs and buckets drawn
-  from a seed per run and epoch). It costs one pass over the gradient, is 64 bytes, and two
-  sketches of nearby gradients are nearby: their distance (:func:`fingerprint_distance`) is about
-  the gradients' relative difference.
+  the same for the agent and for a validator that replays it; a micro-batch is named by its
+  *cursor*, the number of micro-batches the session drew before it (:class:`BatchReplay` rebuilds them).
+- **A fingerprint of each micro-batch's gradient**, :func:`gradient_fingerprint`: a count sketch
+  (every gradient value added, with a random sign, into one of ``FINGERPRINT_WIDTH`` buckets; signs
+  and buckets drawn from a seed per run and epoch). It costs one pass over the gradient, is 64
+  bytes, and two sketches of nearby gradients are nearby: their distance
+  (:func:`fingerprint_distance`) is about the gradients' relative difference. Per micro-batch, not
+  per step: the gradient of half of a large step is close to the whole step's (docs/benchmarks.md,
+  section 10), that of half a micro-batch is not.
 - **A commitment before any challenge**: when an epoch closes, the agent signs the list of its
-  steps (cursor, samples, fingerprint) with its peer key and sends it with its reports
-  (``peer_agent.protocol.EpochCommitment``). The validator picks the steps to recompute only after
+  micro-batches (cursor, samples, fingerprint) with its peer key and sends it with its reports
+  (``peer_agent.protocol.EpochCommitment``). The validator picks the ones to recompute only after
   it has the commitment.
 """
 
@@ -85,12 +87,16 @@ class Sketcher:
         self.run_id = run_id
         self._sketch: Sketch | None = None
 
-    def fingerprint(self, model: torch.nn.Module, epoch: int) -> str:
-        """The fingerprint of the gradients now in ``model``'s parameters, for a step of ``epoch``."""
+    def sketch(self, model: torch.nn.Module, epoch: int) -> torch.Tensor:
+        """The sketch of the gradients now in ``model``'s parameters, for a step of ``epoch``."""
         params = list(model.parameters())
         if self._sketch is None or self._sketch.epoch != epoch:
             self._sketch = Sketch(self.run_id, epoch, params)
-        return fingerprint_encode(self._sketch.apply([param.grad for param in params]))
+        return self._sketch.apply([param.grad for param in params])
+
+    def fingerprint(self, model: torch.nn.Module, epoch: int) -> str:
+        """The fingerprint of the gradients now in ``model``'s parameters, for a step of ``epoch``."""
+        return fingerprint_encode(self.sketch(model, epoch))
 
 
 def gradient_fingerprint(model: torch.nn.Module, run_id: str, epoch: int) -> str:
@@ -156,8 +162,9 @@ class BatchReplay:
 
 def step_fingerprint(model: torch.nn.Module, micro_batches: list[dict[str, torch.Tensor]], run_id: str,
                      epoch: int) -> str:
-    """Recompute a step as the agent runs it (``peer_agent.training.Trainer.step``: the mean loss of its
-    micro-batches, backward, before clipping) at ``model``'s parameters, and fingerprint its gradient."""
+    """Recompute micro-batches as the agent runs them (``peer_agent.training.Trainer.step``: the mean loss
+    of the micro-batches, backward, before clipping; the agent commits to one micro-batch each) at
+    ``model``'s parameters, and fingerprint the gradient."""
     model.train()
     model.zero_grad(set_to_none=True)
     for batch in micro_batches:

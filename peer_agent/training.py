@@ -42,8 +42,16 @@ from peer_agent.data import batches, dataset_stream
 from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from peer_agent.model import model_build, precision_choose
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
-from peer_agent.protocol import MAX_COMMITTED_STEPS, Compression, EpochCommitment, RunConfig, StepCommitment, TrainingConfig
-from peer_agent.spotcheck import Sketcher, commitment_sign
+from peer_agent.protocol import (
+    FINGERPRINT_WIDTH,
+    MAX_COMMITTED_STEPS,
+    Compression,
+    EpochCommitment,
+    RunConfig,
+    StepCommitment,
+    TrainingConfig,
+)
+from peer_agent.spotcheck import Sketcher, commitment_sign, fingerprint_encode
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +207,9 @@ class Trainer:
         self.model.train()
         epoch, cursor = self.optimizer.local_epoch, self._cursor
         loss_sum = torch.zeros((), device=self.setup.device)
+        # The sketch is linear: each micro-batch's gradient is sketched as the difference the micro-batch
+        # made to the accumulated gradients' sketch (peer_agent/spotcheck.py).
+        sketches = [torch.zeros(FINGERPRINT_WIDTH)]
         for _ in range(training.gradient_accumulation_steps):
             batch = {key: value.to(self.setup.device, non_blocking=True) for key, value in next(self._batches).items()}
             self._cursor += 1
@@ -206,13 +217,16 @@ class Trainer:
                 loss = self.model(**batch).loss / training.gradient_accumulation_steps
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach().float()
+            sketches.append(self._sketcher.sketch(self.model, epoch))
         loss_value = loss_sum.item()
 
         contributed = math.isfinite(loss_value)
         if contributed:
+            # Each micro-batch's own loss, unscaled: what a validator recomputes (spotcheck.step_fingerprint).
+            factor = training.gradient_accumulation_steps / (self.scaler.get_scale() if self.scaler else 1.0)
+            fingerprints = [fingerprint_encode((after - before) * factor) for before, after in zip(sketches, sketches[1:])]
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
-            fingerprint = self._sketcher.fingerprint(self.model, epoch)  # of the step's own gradient, before clipping
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), training.max_grad_norm)
             if self.scaler:
                 scale = self.scaler.get_scale()
@@ -228,7 +242,7 @@ class Trainer:
             self._recover_from_bad_step(loss_value)
         else:
             self._bad_in_a_row = 0
-            self._step_commit(epoch, cursor, fingerprint)
+            self._step_commit(epoch, cursor, fingerprints)
             self._after_good_step(loss_value)
 
         samples = training.per_device_batch_size * training.gradient_accumulation_steps if contributed else 0
@@ -306,16 +320,19 @@ class Trainer:
         if epoch != self._backup_epoch or self._steps_since_backup >= self.setup.backup_every:
             self._backup_take()
 
-    def _step_commit(self, epoch: int, cursor: int, fingerprint: str) -> None:
-        """Keep a good step for its epoch's commitment; sign the commitments of the epochs now behind."""
+    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str]) -> None:
+        """Keep a good step's micro-batches (from ``cursor`` on, one fingerprint each) for its epoch's
+        commitment; sign the commitments of the epochs now behind."""
         training = self.setup.config.training
         steps = self._steps.setdefault(epoch, [])
-        if len(steps) < MAX_COMMITTED_STEPS:
-            samples = training.per_device_batch_size * training.gradient_accumulation_steps
-            steps.append(StepCommitment(cursor=cursor, samples=samples, fingerprint=fingerprint))
-        elif len(steps) == MAX_COMMITTED_STEPS:
-            logger.warning("More than %d steps in epoch %d: the rest cannot be committed to, so the portal cannot "
-                           "confirm them; a larger --per-device-batch-size helps", MAX_COMMITTED_STEPS, epoch)
+        for offset, fingerprint in enumerate(fingerprints):
+            if len(steps) < MAX_COMMITTED_STEPS:
+                steps.append(StepCommitment(cursor=cursor + offset, samples=training.per_device_batch_size,
+                                            fingerprint=fingerprint))
+            elif len(steps) == MAX_COMMITTED_STEPS:
+                logger.warning("More than %d micro-batches in epoch %d: the rest cannot be committed to, so the portal "
+                               "cannot confirm them; a larger --per-device-batch-size helps", MAX_COMMITTED_STEPS, epoch)
+                break
         for closed in sorted(e for e in self._steps if e < self.optimizer.local_epoch):
             data = self.setup.config.data
             commitment = EpochCommitment(epoch=closed, micro_batch_size=training.per_device_batch_size,

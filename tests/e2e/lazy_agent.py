@@ -15,7 +15,7 @@ TRAINS_ONE_STEP_IN = 10
 
 class LazyTrainer(Trainer):
     _lazy_steps = 0
-    _last_real: tuple[str, float] | None = None  # the fingerprint and loss of its last real step
+    _last_real: tuple[str, float] | None = None  # a fingerprint and the loss of its last real step
 
     def step(self) -> StepResult:
         self._lazy_steps += 1
@@ -34,15 +34,15 @@ class LazyTrainer(Trainer):
         self.optimizer.step()  # the swarm counts its samples
         self.optimizer.zero_grad()
         fingerprint, loss = self._last_real
-        super()._step_commit(epoch, cursor, fingerprint)
+        super()._step_commit(epoch, cursor, [fingerprint] * training.gradient_accumulation_steps)
         self._after_good_step(loss)
         samples = training.per_device_batch_size * training.gradient_accumulation_steps
         return StepResult(samples=samples, loss=loss, local_epoch=self.optimizer.local_epoch,
                           global_epoch=self.optimizer.tracker.global_epoch, samples_per_second=samples / 0.05)
 
-    def _step_commit(self, epoch: int, cursor: int, fingerprint: str) -> None:
-        self._last_real = (fingerprint, self._last_real[1] if self._last_real else 0.0)
-        super()._step_commit(epoch, cursor, fingerprint)
+    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str]) -> None:
+        self._last_real = (fingerprints[-1], self._last_real[1] if self._last_real else 0.0)
+        super()._step_commit(epoch, cursor, fingerprints)
 
 
 if __name__ == "__main__":
