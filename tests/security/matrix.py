@@ -74,6 +74,7 @@ PAGES = [
     ("/runs/{public}/flags/",                     "GET",  L,    403,   403,  403,   200,  403,  200),
     ("/runs/{public}/flags/{flag}/accept/",       "POST", L,    403,   403,  403,   302,  403,  302),
     ("/runs/{public}/flags/{flag}/reject/",       "GET",  405,  405,   405,  405,   405,  405,  405),
+    ("/runs/{public}/suspended/{public_session}/lift/", "POST", L, 403,   403,  403,   302,  403,  302),
     ("/leaderboard/",                             "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/runs/",                                    "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/i18n/setlang/",                            "POST", 302,  302,   302,  302,   302,  302,  302),
