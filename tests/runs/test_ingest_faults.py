@@ -135,7 +135,10 @@ def test_concurrent_sessions_of_one_volunteer_and_two_connections_of_one_session
     assert everything == 30 * (10 + 11 + 12 + 13)
 
 
-def test_a_stored_report_marks_its_session_seen_after_the_ack(session, asgi_server):
+def test_a_stored_report_marks_its_session_seen_after_the_ack(session, asgi_server, monkeypatch):
+    # The writer notes a session seen at most every few seconds, by session id, for the whole process:
+    # an earlier test's session of the same id (ids restart with each test database) must not count.
+    monkeypatch.setattr(reports.report_writer, "_seen_at", {})
     long_ago = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     TrainingSession.objects.filter(pk=session.pk).update(last_seen_at=long_ago)
     assert asyncio.run(send_each(socket_url(asgi_server), session.secret, [report(session.pk, 1)]))[0]["type"] == "ack"
