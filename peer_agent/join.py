@@ -1,12 +1,15 @@
 """``peer-agent join``: join a run, enter the swarm, train and report until something stops it.
 
 A paused run is waited out and joined again as a new session; Ctrl-C, SIGTERM and ``--max-runtime``
-stop after the current step, send the last reports and leave the swarm.
+stop after the current step, send the last reports and leave the swarm. Ctrl-C and SIGTERM do so within
+``STOP_WITHIN_S``: a step still running after ``STEP_GRACE_S`` (one in an averaging round can wait for up to
+the run's ``averaging_timeout``) is abandoned, and its samples are neither reported nor credited.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import logging
@@ -59,11 +62,27 @@ PAUSE_RETRY_S = 60.0
 COORDINATOR_RETRY_S = 10.0
 RUN_POLL_S = 60.0
 FLUSH_TIMEOUT_S = 10.0
+# Ctrl-C and SIGTERM stop the agent within STOP_WITHIN_S, as `docker compose stop` and `make demo` expect:
+# STEP_GRACE_S for the current step, then the last reports (at most FLUSH_TIMEOUT_S, less when the step
+# took its grace) and leaving the swarm (hivemind's averagers have 5 s each to stop, run in parallel here
+# only as far as hivemind does: SHUTDOWN_RESERVE_S is what is kept for them).
+STOP_WITHIN_S = 10.0
+STEP_GRACE_S = 3.0
+SHUTDOWN_RESERVE_S = 4.0
 _CLEAN_STOPS = ("stopped_by_you", "max_runtime")
+
+
+class StepAbandoned(Exception):
+    """The step in progress was left unfinished so that the agent stops in time (``StopRequest.step``)."""
 
 
 class StopRequest:
     """Ctrl-C or SIGTERM: stop after the current step, flush reports and leave the swarm; twice quits at once.
+
+    A step that runs past ``step_grace`` seconds after the request is abandoned: the main thread gets
+    SIGUSR1, whose handler raises ``StepAbandoned`` inside ``step()``. A real signal, because it wakes
+    the main thread from the lock hivemind's averaging round waits on, which ``_thread.interrupt_main``
+    would not.
 
     Also the coordinator's (``manage.py run_coordinator``), with its own ``event`` and ``notice``: any
     process that forks hivemind's DHT and averagers needs what ``_handle`` does for forked children.
@@ -71,14 +90,37 @@ class StopRequest:
 
     def __init__(self, event: threading.Event | None = None,
                  notice: str = "Stopping after the current step and sending the last reports (Ctrl-C again to quit now)",
-                 ) -> None:
+                 step_grace: float = STEP_GRACE_S) -> None:
         self.event = event or threading.Event()
         self.notice = notice
+        self.step_grace = step_grace
+        self.requested_at: float | None = None
         self._pid = os.getpid()
+        self._in_step = False
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
+        signal.signal(signal.SIGUSR1, self._abandon)
+
+    @contextlib.contextmanager
+    def step(self):
+        """Mark the main thread's current step as one the stop may abandon after ``step_grace``."""
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+
+    def time_left(self, budget: float = STOP_WITHIN_S) -> float:
+        """Seconds left of ``budget`` since the stop was asked for (all of it while nobody asked)."""
+        if self.requested_at is None:
+            return budget
+        return max(0.0, budget - (time.monotonic() - self.requested_at))
+
+    def _abandon(self, signum: int, frame: object) -> None:
+        if os.getpid() == self._pid and self._in_step:
+            raise StepAbandoned(f"the step was still running {self.step_grace:g} s after the stop was asked for")
 
     def _handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self._pid:
@@ -91,8 +133,13 @@ class StopRequest:
             return
         if self.event.is_set():
             raise KeyboardInterrupt
+        self.requested_at = time.monotonic()
         self.event.set()
         logger.info("%s", self.notice)
+        main = threading.main_thread().ident
+        timer = threading.Timer(self.step_grace, lambda: self._in_step and signal.pthread_kill(main, signal.SIGUSR1))
+        timer.daemon = True
+        timer.start()
 
 
 @dataclass
@@ -263,8 +310,9 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
             return _train_loop(trainer, reporter, [watcher], refusals, stop, deadline, settings, console)
         finally:
             watcher.close()
-            logger.info(_("Sending the last reports (at most %.0f s)"), FLUSH_TIMEOUT_S)
-            reporter.close(FLUSH_TIMEOUT_S)
+            flush_timeout = min(FLUSH_TIMEOUT_S, max(1.0, stop.time_left() - SHUTDOWN_RESERVE_S))
+            logger.info(_("Sending the last reports (at most %.0f s)"), flush_timeout)
+            reporter.close(flush_timeout)
     finally:
         logger.info(_("Leaving the swarm"))
         trainer.shutdown()
@@ -277,7 +325,13 @@ def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher]
     with ProgressDisplay(console) as display:
         while (reason := _stop_reason(stop, deadline, reporter, watchers, refusals)) is None:
             started = time.monotonic()
-            result = trainer.step()
+            try:
+                with stop.step():
+                    result = trainer.step()
+            except StepAbandoned as exc:
+                logger.info(_("Leaving the current step unfinished: %s"), exc)
+                reason = _stop_reason(stop, deadline, reporter, watchers, refusals)
+                break
             commitments += trainer.commitments_take()
             # hivemind counts a step's samples toward the epoch the step began in, and the coordinator
             # verifies reports per epoch against those counts: so a report never spans two epochs.

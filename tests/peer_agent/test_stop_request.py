@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM for the agent and the coordinator (peer_agent.join.StopRequest): the process
-stops cleanly, and a hivemind process forked from it still dies of SIGTERM."""
+stops cleanly and in time, and a hivemind process forked from it still dies of SIGTERM."""
 
 import os
 import signal
@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from peer_agent.join import StopRequest
+from peer_agent.join import StepAbandoned, StopRequest
 from tests.processes import forked_child
 
 
 @pytest.fixture
 def handlers_restored():
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
@@ -39,3 +39,28 @@ def test_a_forked_child_still_dies_of_sigterm(handlers_restored):
     child.join(10)
     assert not child.is_alive()
     assert child.exitcode == -signal.SIGTERM
+
+
+def test_a_step_still_running_after_its_grace_is_abandoned(handlers_restored):
+    # As a step waiting in an averaging round does: blocked on a lock for up to the run's averaging_timeout.
+    stop = StopRequest(step_grace=0.5)
+    stop.install()
+    round_done = threading.Event()
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.monotonic()
+    with pytest.raises(StepAbandoned):
+        with stop.step():
+            round_done.wait(60)
+    assert time.monotonic() - started < 5
+    assert stop.event.is_set()
+    assert 8.0 < stop.time_left() <= 10.0
+
+
+def test_a_step_that_ends_within_its_grace_is_not_abandoned(handlers_restored):
+    stop = StopRequest(step_grace=0.5)
+    stop.install()
+    os.kill(os.getpid(), signal.SIGTERM)
+    with stop.step():
+        time.sleep(0.1)
+    time.sleep(1)  # past the grace, outside any step: nothing is raised
+    assert stop.event.is_set()

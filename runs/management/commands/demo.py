@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from accounts.models import Team, User
 from accounts.services import team_create, team_join, token_create
+from peer_agent.join import STOP_WITHIN_S
 from runs.models import Run
 from runs.setup import services
 from runs.setup.corpus import corpus_lines
@@ -30,10 +31,9 @@ VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusr
               ("tanvir", "tanvir-demo-pass")]
 RUN_SLUG = "bengali-demo"
 CHECKPOINT_EVERY_EPOCHS = 2  # the first checkpoint appears on the run page within a few minutes of starting
-# An agent stops after its current step, which may end in an averaging round (averaging_timeout),
-# then sends its last reports (peer_agent.join.FLUSH_TIMEOUT_S). The portal's own processes stop
-# within seconds of SIGTERM (tests/test_process_stops.py).
-AGENT_STOP_SECONDS = 60
+# An agent stops within peer_agent.join.STOP_WITHIN_S of Ctrl-C, its last reports sent; the margin is
+# for a loaded machine. The portal's own processes stop within seconds of SIGTERM (tests/test_process_stops.py).
+AGENT_STOP_SECONDS = STOP_WITHIN_S + 5
 PORTAL_STOP_SECONDS = 15
 
 
@@ -179,20 +179,24 @@ class Command(BaseCommand):
         portal = [process for name, process in reversed(self.processes) if not name.startswith("agent")]
         # Ctrl-C for an agent (its whole group: hivemind's processes leave it to the agent); SIGTERM to
         # each portal process alone, as `docker compose stop` sends it, so it ends its children itself.
-        _stop(agents, lambda process: os.killpg(process.pid, signal.SIGINT), within=AGENT_STOP_SECONDS)
-        _stop(portal, lambda process: process.terminate(), within=PORTAL_STOP_SECONDS)
+        self._stop(agents, lambda process: os.killpg(process.pid, signal.SIGINT), within=AGENT_STOP_SECONDS)
+        self._stop(portal, lambda process: process.terminate(), within=PORTAL_STOP_SECONDS)
         self.stdout.write("demo stopped.")
 
-
-def _stop(processes: list[subprocess.Popen], ask, within: float) -> None:
-    """Ask each running process to stop, wait for them together, and kill the groups of those still running."""
-    for process in processes:
-        if process.poll() is None:
-            ask(process)
-    deadline = time.monotonic() + within
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    def _stop(self, processes: list[subprocess.Popen], ask, within: float) -> None:
+        """Ask each running process to stop, wait for them together, and kill the groups of those still
+        running; say how long each took, so that a slow stop shows."""
+        names = {process.pid: name for name, process in self.processes}
+        asked_at = time.monotonic()
+        for process in processes:
+            if process.poll() is None:
+                ask(process)
+        deadline = asked_at + within
+        for process in processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                self.stdout.write(f"{names[process.pid]} stopped ({time.monotonic() - asked_at:.1f} s)")
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                self.stdout.write(f"{names[process.pid]} killed: still running after {within:.0f} s")
