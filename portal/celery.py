@@ -1,5 +1,6 @@
 """The Celery application: tasks live in each app's `tasks.py`, settings under `CELERY_`. Every
-task run and failure is counted for Prometheus (portal/metrics.py), by task name."""
+task run and failure is counted for Prometheus (portal/metrics.py), by task name, and every line a
+task logs (Celery's own included) carries the task's id as its request id (portal/logs.py)."""
 
 import logging
 import logging.config
@@ -7,6 +8,7 @@ import os
 
 from celery import Celery, signals
 
+from portal.logs import log_context
 from portal.metrics import CELERY_TASK_FAILURES, CELERY_TASK_RUNS
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
@@ -25,9 +27,24 @@ def _create_broker_folders(sender: Celery, **kwargs) -> None:
             os.makedirs(options[key], exist_ok=True)
 
 
+# The context each running task's lines are logged in, by task id: entered before the task and left
+# after Celery logged its outcome.
+_task_log_contexts: dict[str, object] = {}
+
+
+@signals.task_prerun.connect
+def _log_context_enter(task_id: str | None = None, **kwargs) -> None:
+    context = log_context(request_id=task_id)
+    context.__enter__()
+    _task_log_contexts[task_id] = context
+
+
 @signals.task_postrun.connect
-def _count_task_run(sender=None, **kwargs) -> None:
+def _count_task_run(sender=None, task_id: str | None = None, **kwargs) -> None:
     CELERY_TASK_RUNS.labels(task=sender.name).inc()
+    context = _task_log_contexts.pop(task_id, None)
+    if context is not None:
+        context.__exit__(None, None, None)
 
 
 @signals.task_failure.connect

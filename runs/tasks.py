@@ -3,15 +3,18 @@ import datetime
 from celery import shared_task
 from django.conf import settings
 
+from portal.logs import log_context
 from runs.access import sessions
 from runs.credit import exports, rollup
+from runs.models import Run
 from runs.setup import services
 from runs.swarm import verification
 
 
 @shared_task(acks_late=True)
 def tokenizer_train_task(run_id: int) -> None:
-    services.tokenizer_train(run_id=run_id)
+    with log_context(run=Run.objects.filter(pk=run_id).values_list("slug", flat=True).first()):
+        services.tokenizer_train(run_id=run_id)
 
 
 @shared_task(ignore_result=True)

@@ -1,6 +1,7 @@
 """Writes for runs: creation, configuration, lifecycle, moderation and data."""
 
 import itertools
+import logging
 from collections.abc import Iterator
 
 from django.conf import settings
@@ -13,6 +14,8 @@ from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
 from runs.access.authority import authority_generate
 from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership
+
+logger = logging.getLogger(__name__)
 
 MAX_DATA_FILE_BYTES = 50 * 1024 * 1024
 
@@ -229,6 +232,7 @@ def tokenizer_train(*, run_id: int) -> None:
         Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.FAILED, tokenizer_error=str(exc)[:2000])
         raise
     _tokenizer_store(run=run, json_text=tokenizer.to_str())
+    logger.info("trained the run's tokenizer: %d tokens", tokenizer.get_vocab_size())
 
 
 def run_tokenizer_try(*, run: Run, text: str) -> list[str]:

@@ -1,10 +1,13 @@
 """The run's tokenizer: trained by a Celery task on the run's data, or uploaded; tried on the page."""
 
+import logging
+
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from tokenizers import Tokenizer
 
 from peer_agent.tokenizer import tokenizer_as_transformers
+from portal.logs import LogContext
 from runs.setup.corpus import corpus_lines
 from runs.setup.services import data_file_add
 from runs.tasks import tokenizer_train_task
@@ -75,3 +78,22 @@ def test_the_tokenizer_is_locked_once_the_run_starts(client_for, organizer):
     run = RunFactory(status="active", organizers=[organizer])
     page = client_for(organizer).post(reverse("run-tokenizer-train", args=[run.slug]), follow=True).content.decode()
     assert "cannot change once the run has started" in page
+
+
+def test_the_tasks_log_lines_carry_the_task_id_and_the_run(organizer):
+    # As an organizer matches a failed or slow tokenizer to the worker's log lines (portal/celery.py).
+    run = draft_run_with_data(organizer)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.addFilter(LogContext())
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    try:
+        result = tokenizer_train_task.apply(args=[run.pk])
+    finally:
+        logging.getLogger().removeHandler(handler)
+    trained = [record for record in records if record.name == "runs.setup.services"]
+    assert trained and {(record.run, record.request_id) for record in trained} == {(run.slug, result.id)}
+    after = logging.makeLogRecord({})
+    LogContext().filter(after)
+    assert after.request_id is None and after.run is None, "the task's context ends with it"
