@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from portal.asgi import application
 from runs.credit.rollup import credit_rollup
-from runs.models import Run, RunCreditTotal, RunSample, SessionEpoch
+from runs.models import Run, RunCreditTotal, RunSample, SessionEpoch, StepCommitment, TrainingSession
 from tests.agent_wire import exchange, report
-from tests.factories import RunFactory
+from tests.factories import RunFactory, UserFactory, session_for
 from tests.factories import report as stored_report
 from tests.scrape import scrape
 
@@ -85,6 +85,13 @@ def test_each_active_run_shows_its_swarm_heartbeat_and_credit_awaiting_confirmat
                              alive_peers=5, loss=3.0)
     RunSample.objects.create(run=run, at=now, global_epoch=7, samples_per_second=40.5, alive_peers=3, loss=2.25)
     SessionEpoch.objects.create(session=session, epoch=4, reported_samples=640, status=SessionEpoch.Status.FLAGGED)
+    SessionEpoch.objects.create(session=session, epoch=5, reported_samples=640, status=SessionEpoch.Status.FLAGGED)
+    caught = session_for(run, UserFactory(username="caught"))
+    TrainingSession.objects.filter(pk=caught.pk).update(suspended_at=now, suspension_reason="2 spot checks failed")
+    for epoch, (owner, outcome) in enumerate([(session, "pending"), (session, "passed"), (caught, "failed"),
+                                              (caught, "failed"), (caught, "pending"), (session, "pending")]):
+        StepCommitment.objects.create(session=owner, epoch=epoch, micro_batch_size=8, shuffle_buffer=64,
+                                      steps=[[0, 8, "AAAA"]], samples=8, outcome=outcome)
     RunCreditTotal.objects.update_or_create(run=run, defaults={"credit_provisional": 12.5})
     silent = RunFactory(slug="never-coordinated", coordinator_heartbeat_at=None)
     RunFactory(slug="paused-run", status=Run.Status.PAUSED)
@@ -95,7 +102,11 @@ def test_each_active_run_shows_its_swarm_heartbeat_and_credit_awaiting_confirmat
     assert scraped.value("dedloc_run_global_epoch", run=run.slug) == 7
     assert scraped.value("dedloc_run_loss", run=run.slug) == 2.25
     assert 40 <= scraped.value("dedloc_run_coordinator_heartbeat_age_seconds", run=run.slug) < 40 + 300
-    assert scraped.value("dedloc_run_flagged_epochs", run=run.slug) == 1
+    assert scraped.value("dedloc_run_flagged_epochs", run=run.slug) == 2
+    assert scraped.value("dedloc_run_spot_checks_pending", run=run.slug) == 3
+    assert scraped.value("dedloc_run_spot_checks_failed", run=run.slug) == 2
+    assert scraped.value("dedloc_run_suspended_sessions", run=run.slug) == 1
+    assert scraped.value("dedloc_run_suspended_sessions", run=silent.slug) == 0
     assert scraped.value("dedloc_run_pending_credit", run=run.slug) == 12.5
     # A run the monitor never read: no peer seen alive, a heartbeat never given, no made-up figures.
     assert scraped.has("dedloc_run_alive_peers", run=silent.slug)
