@@ -70,7 +70,11 @@ def ctrl_c(demo: subprocess.Popen, log_path: Path, var: Path) -> None:
     assert len(started) >= 5, "web, worker, coordinator and two agents"
     demo.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the command in the foreground
     assert demo.wait(timeout=180) == 0, log_path.read_text(errors="replace")[-4000:]
-    assert "demo stopped." in log_path.read_text(errors="replace")
+    log = log_path.read_text(errors="replace")
+    assert "demo stopped." in log
+    # Each process stopped by itself within the time the demo gives it (an agent: 10 s and a margin).
+    assert re.search(r"^agent \S+ stopped \(", log, re.MULTILINE), log[-4000:]
+    assert " killed: still running after " not in log, log[-4000:]
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, f"left running: {[(process.pid, process.name()) for process in alive]}"
     for name, _ in VOLUNTEERS[:2]:
