@@ -181,6 +181,11 @@ COORDINATOR_STATE_DIR = env_str("COORDINATOR_STATE_DIR", str(VAR_DIR / "coordina
 # pointed at it and the health page says so. It beats every cycle (5 s by default, plus a monitor poll
 # of at most 10 s).
 COORDINATOR_HEARTBEAT_STALE_SECONDS = env_int("COORDINATOR_HEARTBEAT_STALE_SECONDS", 30, minimum=2)
+# With several backbone peers per run (docs/deploy.md), the one holding the run's duties (monitor,
+# checkpoints, spot checks) renews its hold before each duty; another takes them over once it lapses.
+# Longer than one duty takes (a checkpoint downloads the whole state), shorter than an organizer
+# would go without a monitor reading after a host died.
+COORDINATOR_DUTIES_LEASE_SECONDS = env_int("COORDINATOR_DUTIES_LEASE_SECONDS", 180, minimum=2)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
 # --- Prometheus metrics (portal/scrape.py, docs/deploy.md "Metrics") ------------------------------

@@ -58,8 +58,11 @@ class Run(models.Model):
     authority_public_key = models.TextField(editable=False)
     authority_private_key = models.BinaryField(editable=False, help_text="Encrypted with AUTHORITY_ENCRYPTION_KEY.")
     initial_peers = models.JSONField(default=list, blank=True, help_text="Multiaddrs of the run's backbone peers.")
-    coordinator_peer_id = models.CharField(max_length=100, blank=True)
-    coordinator_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    coordinator_peer_id = models.CharField(
+        max_length=100, blank=True, help_text="The backbone peer holding the run's duties (monitor, checkpoints, spot checks).")
+    duties_until = models.DateTimeField(null=True, blank=True,
+                                        help_text="When that peer's hold on the duties lapses unless it renews it.")
+    coordinator_heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="The latest heartbeat of any backbone peer.")
     tokenizer_status = models.CharField(max_length=16, choices=TokenizerStatus.choices, default=TokenizerStatus.MISSING)
     tokenizer_file = models.FileField(upload_to="tokenizers/", blank=True)
     tokenizer_error = models.TextField(blank=True)
@@ -79,6 +82,25 @@ class Run(models.Model):
         if self.coordinator_heartbeat_at is None:
             return False
         return (now - self.coordinator_heartbeat_at).total_seconds() <= settings.COORDINATOR_HEARTBEAT_STALE_SECONDS
+
+
+class Backbone(models.Model):
+    """One backbone peer of a run, as its coordinator last said: a run may have several (on several
+    hosts), all of them initial peers of every join, one of them holding the run's duties."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="backbones")
+    peer_id = models.CharField(max_length=100)
+    maddrs = models.JSONField(default=list, help_text="The multiaddrs it is reachable at.")
+    host = models.CharField(max_length=255, help_text="The host its coordinator runs on.")
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["run", "peer_id"], name="one_row_per_backbone_peer")]
+
+    def alive(self, now: datetime.datetime) -> bool:
+        return (now - self.heartbeat_at).total_seconds() <= settings.COORDINATOR_HEARTBEAT_STALE_SECONDS
 
 
 class RunEvent(models.Model):

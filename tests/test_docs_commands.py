@@ -40,6 +40,8 @@ EXERCISED = [
     (r"python manage\.py createsuperuser", "tests/test_docs_commands.py::test_createsuperuser_makes_an_admin"),
     (r"python manage\.py run_coordinator( --run \S+)?",
      "tests/runs/test_coordinator.py::test_active_runs_get_a_backbone_peer_whose_addresses_agents_bootstrap_from"),
+    (r"(COORDINATOR_\w+=\S+ )+python manage\.py run_coordinator --run \S+",
+     "tests/runs/test_coordinator.py::test_a_second_backbone_peer_joins_the_first_and_takes_the_duties_over_when_the_first_dies"),
     (r"python manage\.py credit_check",
      "tests/runs/test_credit_rebuild.py::test_credit_check_names_each_drifted_figure_and_exits_with_status_1"),
     (r"python manage\.py credit_check --run \S+ --history",

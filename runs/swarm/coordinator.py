@@ -1,23 +1,31 @@
 """The run coordinator: for every active run, a stable hivemind backbone peer whose addresses are
-the run's `initial_peers`, a heartbeat that organizers see, the run's monitor (runs.swarm.monitor) and a checkpointer."""
+among the run's `initial_peers`, a heartbeat that organizers see, and the run's duties: its monitor
+(runs.swarm.monitor), checkpointer and spot-check validator.
+
+A run may have several backbone peers, from coordinators on several hosts (docs/deploy.md): every
+one of them is an initial peer of every join, and one at a time holds the duties, on a lease it
+renews each cycle; when its coordinator dies, another takes them over once the lease lapses."""
 
 import datetime
 import json
 import logging
+import socket
 import threading
 from pathlib import Path
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.db.models import Q
 from django.utils import timezone
 from hivemind.dht import DHT
+from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import dht_result, metrics_validators
 from portal.logs import log_context
 from runs.access.authority import access_token_sign, authority_load
-from runs.models import Run
+from runs.models import Backbone, Run
 from runs.swarm.checkpoints import Checkpointer
 from runs.swarm.monitor import Monitor
 from runs.swarm.spotcheck import Validator
@@ -27,8 +35,8 @@ COORDINATOR_USERNAME = "coordinator"
 
 
 class BackbonePeer:
-    """One run's DHT peer: keeps the swarm reachable and hosts the run's monitor, checkpointer and
-    spot-check validator."""
+    """One run's DHT peer: keeps the swarm reachable and, while it holds the run's duties, hosts the
+    run's monitor, checkpointer and spot-check validator."""
 
     def __init__(self, run: Run, *, state_dir: Path, host_maddrs: list[str], announce_maddrs: list[str] | None) -> None:
         self.run_pk, self.slug, self.run_id = run.pk, run.slug, run.hivemind_run_id
@@ -45,18 +53,24 @@ class BackbonePeer:
         authorizer = PortalAuthorizer(self.private_key, rsa_public_key_parse(run.authority_public_key), fetch_token)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.swarm_file = state_dir / f"{self.run_id}.swarm"
+        identity_path = state_dir / f"{self.run_id}.identity"
         dht_options = dict(
             ensure_bootstrap_success=False,
             host_maddrs=host_maddrs,
             announce_maddrs=announce_maddrs,
-            identity_path=str(state_dir / f"{self.run_id}.identity"),  # same peer id after a restart
+            identity_path=str(identity_path),  # same peer id after a restart
             authorizer=authorizer,
             record_validators=metrics_validators(self.run_id, self.private_key),
             startup_timeout=120,
         )
-        self.dht = _dht_start(self.slug, self.swarm_file, dht_options)
-        self.initial_peers = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
-        logger.info("run %s: backbone peer %s at %s", self.slug, self.dht.peer_id, ", ".join(self.initial_peers))
+        # The run's other backbone peers are a way in as well as the peers this one remembers.
+        others = _not_own(run.initial_peers, identity_path)
+        self.dht = _dht_start(self.slug, self.swarm_file, dht_options, others=others)
+        self.peer_id = str(self.dht.peer_id)
+        self.maddrs = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
+        self.host = socket.gethostname()
+        self.holds_duties = False
+        logger.info("run %s: backbone peer %s at %s", self.slug, self.peer_id, ", ".join(self.maddrs))
         self.monitor = Monitor(dht=self.dht, run_pk=self.run_pk, run_id=self.run_id)
         self.checkpointer = Checkpointer(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht)
         self.validator = Validator(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht,
@@ -66,16 +80,35 @@ class BackbonePeer:
         """Tell the portal the backbone peer is up, so that joins name its addresses (while its DHT lives)."""
         if not self.dht.is_alive():
             raise RuntimeError(f"run {self.slug}: the backbone peer's DHT process has died")
-        Run.objects.filter(pk=self.run_pk).update(
-            initial_peers=self.initial_peers, coordinator_peer_id=str(self.dht.peer_id), coordinator_heartbeat_at=timezone.now()
-        )
+        now = timezone.now()
+        Backbone.objects.update_or_create(run_id=self.run_pk, peer_id=self.peer_id,
+                                          defaults=dict(maddrs=self.maddrs, host=self.host, heartbeat_at=now))
+        Run.objects.filter(pk=self.run_pk).update(coordinator_heartbeat_at=now)
+        initial_peers_publish(run_pk=self.run_pk, now=now)
+
+    def duties_hold(self) -> bool:
+        """Take the run's duties when no live peer holds them, or renew this peer's hold."""
+        now = timezone.now()
+        lease = datetime.timedelta(seconds=settings.COORDINATOR_DUTIES_LEASE_SECONDS)
+        free = Q(coordinator_peer_id=self.peer_id) | Q(duties_until__lt=now) | Q(duties_until=None)
+        held = bool(Run.objects.filter(Q(pk=self.run_pk) & free).update(coordinator_peer_id=self.peer_id,
+                                                                        duties_until=now + lease))
+        if held != self.holds_duties:
+            logger.info("run %s: backbone peer %s %s the run's monitor, checkpoints and spot checks", self.slug,
+                        self.peer_id, "takes on" if held else "leaves another backbone peer")
+        self.holds_duties = held
+        return held
 
     def tick(self, stopping: threading.Event | None = None) -> None:
-        """One cycle of the peer's duties: heartbeat, checkpoints, spot checks, then the monitor's poll;
-        a stop asked meanwhile skips the rest (it must end within seconds, docs/deploy.md)."""
-        duties = (self.heartbeat, self.checkpointer.tick, self.validator.tick, self._swarm_peers_save, self._monitor_poll)
-        for duty in duties:
+        """One cycle: heartbeat; then, while this peer holds the run's duties (renewed before each),
+        checkpoints, spot checks and the monitor's poll. A stop asked meanwhile skips the rest (it
+        must end within seconds, docs/deploy.md)."""
+        for duty in (self.heartbeat, self._swarm_peers_save):
             if stopping is not None and stopping.is_set():
+                return
+            duty()
+        for duty in (self.checkpointer.tick, self.validator.tick, self._monitor_poll):
+            if (stopping is not None and stopping.is_set()) or not self.duties_hold():
                 return
             duty()
 
@@ -96,8 +129,11 @@ class BackbonePeer:
     def shutdown(self) -> None:
         logger.info("run %s: backbone peer stopping", self.slug)
         try:
-            # Joins stop naming this peer at once, not only when its heartbeat goes stale.
-            Run.objects.filter(pk=self.run_pk, initial_peers=self.initial_peers).update(initial_peers=[])
+            # Joins stop naming this peer at once, not only when its heartbeat goes stale, and another
+            # backbone peer may take the duties over at its next cycle.
+            Backbone.objects.filter(run_id=self.run_pk, peer_id=self.peer_id).delete()
+            Run.objects.filter(pk=self.run_pk, coordinator_peer_id=self.peer_id).update(duties_until=None)
+            initial_peers_publish(run_pk=self.run_pk, now=timezone.now())
         except Exception:  # the database may be the reason for the stop; the heartbeat goes stale then
             logger.warning("run %s: could not withdraw the backbone peer's addresses", self.slug, exc_info=True)
         try:
@@ -107,8 +143,24 @@ class BackbonePeer:
             self.dht.shutdown()
 
 
-def _dht_start(slug: str, swarm_file: Path, options: dict) -> DHT:
-    """The backbone peer's DHT, entering the swarm through the peers it was connected to before.
+def initial_peers_publish(*, run_pk: int, now: datetime.datetime) -> None:
+    """The run's initial peers: the addresses of its live backbone peers, the oldest first."""
+    stale = now - datetime.timedelta(seconds=settings.COORDINATOR_HEARTBEAT_STALE_SECONDS)
+    maddrs = Backbone.objects.filter(run_id=run_pk, heartbeat_at__gte=stale).values_list("maddrs", flat=True)
+    Run.objects.filter(pk=run_pk).update(initial_peers=list(dict.fromkeys(maddr for peer in maddrs for maddr in peer)))
+
+
+def _not_own(maddrs: list[str], identity_path: Path) -> list[str]:
+    """``maddrs`` without this peer's own (from before a restart): libp2p refuses to dial itself."""
+    if not identity_path.exists():
+        return list(maddrs)
+    own = str(PeerID.from_identity(identity_path.read_bytes()))
+    return [maddr for maddr in maddrs if not maddr.endswith(f"/p2p/{own}")]
+
+
+def _dht_start(slug: str, swarm_file: Path, options: dict, others: list[str]) -> DHT:
+    """The backbone peer's DHT, entering the swarm through the peers it was connected to before and
+    the run's other backbone peers.
 
     A restarted peer (perhaps on another port) knows nobody, and the agents dropped it from their
     routing tables: it reaches them again through those peers. When none of them answers (the swarm
@@ -117,12 +169,13 @@ def _dht_start(slug: str, swarm_file: Path, options: dict) -> DHT:
     swarm of its own, which agents join and load the run's state into from its newest checkpoint.
     """
     remembered = swarm_peers_load(swarm_file)
-    if remembered:
+    known = list(dict.fromkeys(others + remembered))
+    if known:
         try:
-            return DHT(start=True, initial_peers=remembered, **options)
+            return DHT(start=True, initial_peers=known, **options)
         except Exception as exc:  # P2PDaemonError, or a timeout: whatever it is, a fresh swarm is the way on
             logger.warning("run %s: none of the %d peers the backbone peer knew answered (%s); starting a fresh swarm",
-                           slug, len(remembered), str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                           slug, len(known), str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
             swarm_file.unlink(missing_ok=True)
     return DHT(start=True, initial_peers=[], **options)
 
@@ -147,9 +200,9 @@ def swarm_peers_save(path: Path, maddrs: list[str]) -> None:
 class Coordinator:
     """Keeps one backbone peer per active (or paused) run, picking up and letting go as runs change."""
 
-    def __init__(self, *, slug: str | None = None, interval: float = 5.0) -> None:
+    def __init__(self, *, slug: str | None = None, interval: float = 5.0, state_dir: Path | None = None) -> None:
         self.slug, self.interval = slug, interval
-        self.state_dir = Path(settings.COORDINATOR_STATE_DIR)
+        self.state_dir = state_dir or Path(settings.COORDINATOR_STATE_DIR)
         self.peers: dict[int, BackbonePeer] = {}
         self.stopping = threading.Event()
 

@@ -8,7 +8,7 @@ from django.db.models import Count
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from runs.models import Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
+from runs.models import Backbone, Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
 from runs.swarm.series import series_latest
 
 EPOCH_RATE_WINDOW = datetime.timedelta(hours=1)
@@ -42,6 +42,22 @@ def epochs_per_hour(*, run: Run, until: datetime.datetime) -> float | None:
 
 def heartbeat_stale(*, run: Run, now: datetime.datetime) -> bool:
     return not run.coordinator_alive(now)
+
+
+@dataclass(frozen=True)
+class BackboneState:
+    """One backbone peer as the health page shows it."""
+
+    peer: Backbone
+    alive: bool
+    holds_duties: bool
+
+
+def backbone_states(*, run: Run, now: datetime.datetime) -> list[BackboneState]:
+    """Each backbone peer its coordinators reported, live or silent, and which one holds the run's duties."""
+    holder = run.coordinator_peer_id if run.duties_until and run.duties_until > now else None
+    return [BackboneState(peer=peer, alive=peer.alive(now), holds_duties=peer.peer_id == holder)
+            for peer in Backbone.objects.filter(run=run)]
 
 
 def flagged_count(*, run: Run) -> dict:
@@ -83,6 +99,7 @@ def run_health(*, run: Run, organizer: bool, now: datetime.datetime | None = Non
         "latest": latest,
         "epochs_per_hour": epochs_per_hour(run=run, until=latest.at) if latest else None,
         "heartbeat_stale": heartbeat_stale(run=run, now=now),
+        "backbones": backbone_states(run=run, now=now),
         "markers": timeline_markers(run=run, moderation=organizer),
     }
     if organizer:

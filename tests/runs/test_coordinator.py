@@ -1,10 +1,13 @@
 """The coordinator's backbone peer: its addresses become the run's initial peers; it keeps its
-peer id across restarts; agents holding portal tokens bootstrap from it."""
+peer id across restarts; agents holding portal tokens bootstrap from it. A run may have several,
+one holding the run's duties until its coordinator dies."""
 
 import datetime
 import json
 import time
+from contextlib import suppress
 
+import psutil
 import pytest
 from django.conf import settings as django_settings
 from hivemind.utils.crypto import RSAPrivateKey
@@ -12,6 +15,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from harness.processes import children_reap
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from runs.access.authority import access_token_sign, authority_load
+from runs.models import Backbone
 from runs.swarm.coordinator import Coordinator
 from tests.factories import RunFactory
 from tests.processes import running_dht
@@ -24,8 +28,8 @@ def coordinator(settings, tmp_path):
     settings.COORDINATOR_STATE_DIR = str(tmp_path / "coordinator")
     coordinators = []
 
-    def make() -> Coordinator:
-        coordinators.append(Coordinator(interval=0.1))
+    def make(state_dir=None) -> Coordinator:
+        coordinators.append(Coordinator(interval=0.1, state_dir=state_dir))
         return coordinators[-1]
 
     yield make
@@ -100,3 +104,46 @@ def test_a_stopped_backbone_peer_withdraws_its_addresses_from_the_run(coordinato
     serving.peers.pop(run.pk).shutdown()
     run.refresh_from_db()
     assert run.initial_peers == []
+
+
+def test_a_second_backbone_peer_joins_the_first_and_takes_the_duties_over_when_the_first_dies(coordinator, settings,
+                                                                                               tmp_path):
+    settings.COORDINATOR_HEARTBEAT_STALE_SECONDS = 3
+    # Longer than the first checkpointer tick takes here (it imports the model's libraries).
+    settings.COORDINATOR_DUTIES_LEASE_SECONDS = 30
+    run = RunFactory(status="active")
+    first = coordinator()
+    first.sync()
+    second = coordinator(state_dir=tmp_path / "second-host")
+    second.sync()
+    first.sync()
+    run.refresh_from_db()
+    one, two = first.peers[run.pk], second.peers[run.pk]
+    assert one.peer_id != two.peer_id
+    assert run.initial_peers == one.maddrs + two.maddrs, "every join names both, the older first"
+    assert run.coordinator_peer_id == one.peer_id and one.holds_duties and not two.holds_duties
+    # The second entered the first's swarm: a volunteer who knows only the second reaches what the first holds.
+    assert one.dht.store("greeting", "hello", expiration_time=time.time() + 60)
+    with running_dht(initial_peers=two.maddrs, authorizer=volunteer_authorizer(run)) as agent:
+        assert agent.get("greeting", latest=True).value == "hello"
+
+    # The first host dies without a word (SIGKILL): nothing withdraws its addresses or its duties.
+    family = [psutil.Process(one.dht.pid), *psutil.Process(one.dht.pid).children(recursive=True)]
+    for process in family:
+        with suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(family, timeout=10)
+    first.peers.clear()
+    second.sync()
+    run.refresh_from_db()
+    assert run.coordinator_peer_id == one.peer_id and not two.holds_duties, "the first's lease has not lapsed yet"
+    deadline = time.monotonic() + 60
+    while not two.holds_duties:
+        assert time.monotonic() < deadline, "the second never took the duties over"
+        time.sleep(0.5)
+        second.sync()
+    run.refresh_from_db()
+    assert run.coordinator_peer_id == two.peer_id
+    assert run.initial_peers == two.maddrs, "joins stop naming the dead peer once its heartbeat is stale"
+    assert list(Backbone.objects.filter(run=run).values_list("peer_id", flat=True)) == [one.peer_id, two.peer_id], \
+        "the health page still shows the dead one, as silent"

@@ -6,7 +6,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from runs.models import Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
+from runs.models import Backbone, Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
 from runs.setup.services import run_ban
 from runs.swarm.health import epochs_per_hour
 from tests.factories import RunFactory, UserFactory
@@ -88,3 +88,28 @@ def test_the_epoch_rate_needs_a_minute_of_readings(run):
     latest = run.samples.order_by("-at").first()
     assert epochs_per_hour(run=run, until=latest.at) == pytest.approx(6.0)
     assert epochs_per_hour(run=run, until=latest.at - datetime.timedelta(minutes=29, seconds=30)) is None
+
+
+def test_each_backbone_peer_shows_its_state_and_only_organizers_see_where_it_runs(client_for, run, organizer, outsider):
+    now = timezone.now()
+    Backbone.objects.create(run=run, peer_id="QmFirstBackbone", host="backbone-a.example", maddrs=["/ip4/10.0.0.1/tcp/31337"],
+                            started_at=now - datetime.timedelta(hours=2), heartbeat_at=now - datetime.timedelta(minutes=10))
+    Backbone.objects.create(run=run, peer_id="QmSecondBackbone", host="backbone-b.example", maddrs=["/ip4/10.0.0.2/tcp/31337"],
+                            started_at=now - datetime.timedelta(hours=1), heartbeat_at=now)
+    Run.objects.filter(pk=run.pk).update(coordinator_peer_id="QmSecondBackbone", duties_until=now + datetime.timedelta(minutes=3))
+
+    html = page(client_for(organizer)).content.decode()
+    html = html[html.index('<table id="backbones">'):]
+    first, second = html.index("QmFirstBackbone"), html.index("QmSecondBackbone")
+    assert first < second, "the oldest backbone peer comes first"
+    assert "silent" in html[first:second] and "holds the duties" not in html[first:second]
+    assert "live, holds the duties" in html[second:]
+    assert "backbone-b.example" in html and "/ip4/10.0.0.2/tcp/31337" in html
+
+    for who in (None, outsider):
+        html = page(client_for(who)).content.decode()
+        assert "QmSecondBackbone" in html and "live, holds the duties" in html
+        assert "backbone-b.example" not in html and "/ip4/10.0.0" not in html, "where backbone peers run is for organizers"
+
+    Run.objects.filter(pk=run.pk).update(duties_until=now - datetime.timedelta(seconds=1))
+    assert "holds the duties" not in page(client_for(organizer)).content.decode(), "a lapsed hold is no one's"
