@@ -4,7 +4,10 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
+
+import psutil
 
 from runs.setup import services
 from runs.setup.corpus import corpus_lines
@@ -57,3 +60,15 @@ def serve_until(coordinator, condition, timeout: float, what: str) -> None:
         assert time.monotonic() < deadline, f"timed out waiting for {what}; the latest samples (epoch, peers): {series}"
         coordinator.cycle()
         time.sleep(1)
+
+
+def backbone_kill(coordinator) -> None:
+    """What SIGKILL to `run_coordinator` does to its backbone peers: their processes die at once and
+    nothing withdraws their addresses."""
+    for peer in coordinator.peers.values():
+        family = [psutil.Process(peer.dht.pid), *psutil.Process(peer.dht.pid).children(recursive=True)]
+        for process in family:
+            with suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(family, timeout=10)
+    coordinator.peers.clear()

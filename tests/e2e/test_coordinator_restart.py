@@ -5,16 +5,14 @@ says so in one sentence, waits, and trains once it is back."""
 import json
 import os
 import signal
-from contextlib import suppress
 
-import psutil
 import pytest
 
 from accounts.services import token_create
 from harness.processes import children_reap
 from runs.models import ContributionEvent, Run
 from runs.swarm.coordinator import Coordinator
-from tests.e2e.agents import agent, serve_until, small_run, wait_for
+from tests.e2e.agents import agent, backbone_kill, serve_until, small_run, wait_for
 from tests.factories import UserFactory
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
@@ -25,18 +23,6 @@ WAITING = "is not reachable now; the agent will retry every 10 s"
 def said(log) -> str:
     """What an agent wrote to its log, as one line (its console wraps long sentences)."""
     return " ".join(log.read_text(errors="replace").split()) if log.exists() else ""
-
-
-def kill_backbone(coordinator: Coordinator) -> None:
-    """What SIGKILL to `run_coordinator` does to its backbone peers: their processes die at once and
-    nothing withdraws their addresses."""
-    for peer in coordinator.peers.values():
-        family = [psutil.Process(peer.dht.pid), *psutil.Process(peer.dht.pid).children(recursive=True)]
-        for process in family:
-            with suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(family, timeout=10)
-    coordinator.peers.clear()
 
 
 def test_a_coordinator_killed_with_no_agents_comes_back_and_an_agent_waiting_for_it_then_trains(
@@ -56,7 +42,7 @@ def test_a_coordinator_killed_with_no_agents_comes_back_and_an_agent_waiting_for
         processes["amina"].send_signal(signal.SIGINT)
         assert processes["amina"].wait(timeout=120) == 0
         # The run has no agents now; the coordinator dies without a word.
-        kill_backbone(coordinator)
+        backbone_kill(coordinator)
 
         rahim_log = tmp_path / "rahim.log"
         processes["rahim"] = agent(asgi_server, token_create(user=rahim, name="e2e")[1], tmp_path / "rahim", "600s")

@@ -5,9 +5,7 @@ one holding the run's duties until its coordinator dies."""
 import datetime
 import json
 import time
-from contextlib import suppress
 
-import psutil
 import pytest
 from django.conf import settings as django_settings
 from hivemind.utils.crypto import RSAPrivateKey
@@ -17,6 +15,7 @@ from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from runs.access.authority import access_token_sign, authority_load
 from runs.models import Backbone
 from runs.swarm.coordinator import Coordinator
+from tests.e2e.agents import backbone_kill
 from tests.factories import RunFactory
 from tests.processes import running_dht
 
@@ -128,12 +127,7 @@ def test_a_second_backbone_peer_joins_the_first_and_takes_the_duties_over_when_t
         assert agent.get("greeting", latest=True).value == "hello"
 
     # The first host dies without a word (SIGKILL): nothing withdraws its addresses or its duties.
-    family = [psutil.Process(one.dht.pid), *psutil.Process(one.dht.pid).children(recursive=True)]
-    for process in family:
-        with suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(family, timeout=10)
-    first.peers.clear()
+    backbone_kill(first)
     second.sync()
     run.refresh_from_db()
     assert run.coordinator_peer_id == one.peer_id and not two.holds_duties, "the first's lease has not lapsed yet"
