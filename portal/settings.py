@@ -151,6 +151,7 @@ CELERY_BEAT_SCHEDULE = {
     "sessions-close-silent": {"task": "runs.tasks.sessions_close_silent_task", "schedule": 60.0},
     "pending-expire": {"task": "runs.tasks.pending_expire_task", "schedule": 300.0},
     "stats-dump-daily": {"task": "runs.tasks.stats_dump_task", "schedule": crontab(minute=5, hour=0)},
+    "milestones-refresh": {"task": "runs.tasks.milestones_refresh_task", "schedule": 3600.0},
 }
 
 # --- auth --------------------------------------------------------------------------------------

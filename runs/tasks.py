@@ -5,7 +5,7 @@ from django.conf import settings
 
 from portal.logs import log_context
 from runs.access import sessions
-from runs.credit import exports, rollup
+from runs.credit import exports, milestones, rollup
 from runs.models import Run
 from runs.setup import services
 from runs.swarm import verification
@@ -44,3 +44,9 @@ def sessions_close_silent_task() -> int:
 def stats_dump_task(day: str | None = None) -> str:
     """Daily: users, teams and per-run credit as gzip JSON and CSV under MEDIA_ROOT/stats/<day>/."""
     return str(exports.stats_dump(day=datetime.date.fromisoformat(day) if day else None))
+
+
+@shared_task(ignore_result=True)
+def milestones_refresh_task() -> int:
+    """Hourly: every badge checked against the totals (the rollup keeps them; this is the safety net)."""
+    return milestones.milestones_refresh_all()
