@@ -55,7 +55,7 @@ def profile(request: HttpRequest) -> HttpResponse:
 
 def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
     """A volunteer's runs and credit; their machines only to themselves. Hidden: only the owner."""
-    from runs.credit.volunteers import volunteer_for_profile, volunteer_machines, volunteer_runs
+    from runs.credit.volunteers import milestones_shown, volunteer_for_profile, volunteer_machines, volunteer_runs
     from runs.models import VolunteerCredit
 
     volunteer = volunteer_for_profile(key=key, viewer=request.user)
@@ -70,6 +70,7 @@ def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
         "totals": VolunteerCredit.objects.filter(user=volunteer).first(),
         "runs": volunteer_runs(user=volunteer, viewer=request.user),
         "machines": volunteer_machines(user=volunteer) if is_owner else None,
+        "milestones": milestones_shown(user=volunteer, viewer=request.user),
     }
     return render(request, "accounts/volunteer_detail.html", context)
 
@@ -93,6 +94,8 @@ def team_create(request: HttpRequest) -> HttpResponse:
 
 
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    from runs.credit.volunteers import milestones_shown
+
     team = get_object_or_404(Team, slug=slug)
     is_founder = request.user.is_authenticated and team.founder_id == request.user.pk
     context = {
@@ -102,6 +105,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "is_founder": is_founder,
         "is_member": request.user.is_authenticated and request.user.team_id == team.pk,
         "hand_over_form": HandOverForm(team=team, founder=request.user) if is_founder else None,
+        "milestones": milestones_shown(team=team, viewer=request.user),
     }
     return render(request, "accounts/team_detail.html", context)
 

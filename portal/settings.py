@@ -173,6 +173,8 @@ AGENT_TOKEN_MAX_LIVE_SESSIONS = env_int("AGENT_TOKEN_MAX_LIVE_SESSIONS", 8, mini
 VOLUNTEER_MAX_LIVE_SESSIONS = env_int("VOLUNTEER_MAX_LIVE_SESSIONS", 32, minimum=1)
 # Open agent sockets per token in one web process (an agent holds one; reconnects overlap briefly).
 AGENT_TOKEN_MAX_SOCKETS = env_int("AGENT_TOKEN_MAX_SOCKETS", 16, minimum=1)
+# Where the contribution certificates' PNG looks for its fonts (runs/credit/certificates.py).
+CERTIFICATE_FONT_DIRS = env_list("CERTIFICATE_FONT_DIRS", ["/usr/share/fonts", "/usr/local/share/fonts"])
 DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, minimum=60)
 # The coordinator's backbone peers: where they listen, the addresses they announce, their identities.
 COORDINATOR_HOST_MADDRS = env_list("COORDINATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])

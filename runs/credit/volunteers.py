@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from runs.credit.rollup import rac_now, run_credit_per_sample
-from runs.models import ContributionEvent, CreditHour, Run, RunCredit
+from runs.models import ContributionEvent, CreditHour, Milestone, Run, RunCredit
 
 
 def volunteer_for_profile(*, key: str, viewer) -> User | None:
@@ -66,3 +66,13 @@ def volunteer_daily(*, user: User) -> list[dict]:
         .order_by("day")
     )
     return [{"day": row["day"].isoformat(), "samples": row["samples"], "credit": row["credit"]} for row in days]
+
+
+def milestones_shown(*, viewer, **holder) -> list[Milestone]:
+    """The badges a volunteer (``user=``) or a team (``team=``) holds now that ``viewer`` may see:
+    those across all runs, and those of the runs the viewer may see (a members-only run's badge
+    would name the run)."""
+    from runs.access.rules import run_may_view
+
+    badges = Milestone.objects.filter(**holder, revoked_at=None).select_related("run").order_by("run_id", "measure", "threshold")
+    return [badge for badge in badges if badge.run is None or run_may_view(run=badge.run, user=viewer)]
