@@ -69,7 +69,7 @@ def board_rank(*, run: Run, user: User) -> tuple[int, int]:
     """The volunteer's rank on the run's board (all time, by confirmed credit, ties by who came
     first, as runs/credit/boards.py orders it) and how many volunteers the board ranks. Hidden
     volunteers are off the board: a hidden volunteer is ranked as if they were on it."""
-    total = RunCredit.objects.get(run=run, user=user)
+    total = RunCredit.objects.filter(run=run, user=user).first() or RunCredit(run=run, user=user)
     board = RunCredit.objects.filter(run=run, samples_verified__gt=0).exclude(user__visibility=User.Visibility.HIDDEN)
     ahead = Q(credit__gt=total.credit) | Q(credit=total.credit, user_id__lt=user.pk)
     counts = board.aggregate(ahead=Count("pk", filter=ahead), ranked=Count("pk"))
@@ -80,7 +80,8 @@ def board_rank(*, run: Run, user: User) -> tuple[int, int]:
 def certificate_facts(certificate: Certificate) -> CertificateFacts:
     """The certificate's statements recomputed from the run's totals now."""
     run, user = certificate.run, certificate.user
-    total = RunCredit.objects.get(run=run, user=user)
+    # A rebuild may have removed the totals since (work all rejected): the certificate then states none.
+    total = RunCredit.objects.filter(run=run, user=user).first() or RunCredit(run=run, user=user)
     rank, volunteers = board_rank(run=run, user=user)
     preset = RunConfig.model_validate(run.config).model.preset
     return CertificateFacts(

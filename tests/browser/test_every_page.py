@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from accounts.services import team_create
 from runs.credit.rollup import credit_rollup
-from runs.models import RunSample
+from runs.models import Certificate, RunSample
 from tests.browser.steps import log_in
 from tests.factories import NOW, RunFactory, report, session_for
 
@@ -27,10 +27,12 @@ AXE_RUN = """async () => {
 }"""
 OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
+CERTIFICATE = "bangla-amina-certificate"  # the code of amina's certificate for the run
 PUBLIC_PAGES = {
     "home": "/", "runs": "/runs/", "run": "/runs/bangla/", "run-health": "/runs/bangla/health/",
     "leaderboard": "/leaderboard/", "leaderboard-teams": "/leaderboard/?by=team&window=all",
     "teams": "/teams/", "team": "/teams/dhaka-compute/", "volunteer": "/volunteers/amina/", "stats": "/stats/",
+    "certificate": f"/certificates/{CERTIFICATE}/", "certificate-forged": "/certificates/forged0000000000000000/",
 }
 ROLE_PAGES = {
     "visitor": {**PUBLIC_PAGES, "login": "/accounts/login/", "signup": "/accounts/signup/",
@@ -53,6 +55,7 @@ def bangla_run(organizer, volunteer):
     report(session_for(run, volunteer, machine="home desktop"), samples=123456, at=NOW)
     credit_rollup()
     team_create(founder=volunteer, name="Dhaka Compute", description="We train Bengali models.")
+    Certificate.objects.create(run=run, user=volunteer, code=CERTIFICATE)
     now = timezone.now()
     for seconds, epoch in ((120, 3), (60, 4), (0, 5)):
         RunSample.objects.create(run=run, at=now - timezone.timedelta(seconds=seconds), global_epoch=epoch,
