@@ -69,10 +69,14 @@ def volunteer_daily(*, user: User) -> list[dict]:
 
 
 def milestones_shown(*, viewer, **holder) -> list[Milestone]:
-    """The badges a volunteer (``user=``) or a team (``team=``) holds now that ``viewer`` may see:
-    those across all runs, and those of the runs the viewer may see (a members-only run's badge
-    would name the run)."""
+    """The badges a volunteer (``user=``) or a team (``team=``) holds now that ``viewer`` may see,
+    the highest of each measure in each scope: across all runs first, then in each run the viewer
+    may see (a members-only run's badge would name the run)."""
     from runs.access.rules import run_may_view
 
-    badges = Milestone.objects.filter(**holder, revoked_at=None).select_related("run").order_by("run_id", "measure", "threshold")
-    return [badge for badge in badges if badge.run is None or run_may_view(run=badge.run, user=viewer)]
+    badges = Milestone.objects.filter(**holder, revoked_at=None).select_related("run").order_by("-threshold")
+    highest: dict[tuple, Milestone] = {}
+    for badge in badges:
+        highest.setdefault((badge.run_id or 0, badge.measure), badge)
+    shown = [badge for badge in highest.values() if badge.run is None or run_may_view(run=badge.run, user=viewer)]
+    return sorted(shown, key=lambda badge: (badge.run_id or 0, badge.measure))

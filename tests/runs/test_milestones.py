@@ -110,3 +110,25 @@ def test_a_badge_exists_once_per_holder_scope_and_threshold(clock, volunteer):
     Milestone.objects.create(user=volunteer, run=None, measure=SAMPLES, threshold=FIRST)
     with pytest.raises(IntegrityError), transaction.atomic():
         Milestone.objects.create(user=volunteer, run=None, measure=SAMPLES, threshold=FIRST)
+
+
+def test_a_profile_shows_the_highest_badge_of_each_measure_and_none_of_a_run_the_viewer_may_not_see(client, clock, outsider):
+    from runs.models import Run
+
+    amina = UserFactory(username="amina")
+    open_run, closed_run = RunFactory(name="Open run"), RunFactory(name="Members run")
+    report(session_for(open_run, amina), VOLUNTEER_THRESHOLDS[SAMPLES][1])
+    report(session_for(closed_run, amina), FIRST)
+    credit_rollup()
+    Run.objects.filter(pk=closed_run.pk).update(audience=Run.Audience.MEMBERS, visibility=Run.Visibility.ALLOWLIST)
+    closed_run.allowlist.add(amina)
+    client.force_login(outsider)
+    shown = client.get("/volunteers/amina/").context["milestones"]
+    scopes = [(badge.run_id, badge.measure, badge.threshold) for badge in shown]
+    assert (None, SAMPLES, VOLUNTEER_THRESHOLDS[SAMPLES][1]) in scopes
+    assert (open_run.pk, SAMPLES, VOLUNTEER_THRESHOLDS[SAMPLES][1]) in scopes
+    assert len(scopes) == len({scope[:2] for scope in scopes}), "one badge per scope and measure: the highest"
+    assert all(run_id != closed_run.pk for run_id, _, _ in scopes)
+    assert "Members run" not in client.get("/volunteers/amina/").content.decode()
+    client.force_login(amina)
+    assert any(badge.run_id == closed_run.pk for badge in client.get("/volunteers/amina/").context["milestones"])
