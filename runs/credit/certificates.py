@@ -112,7 +112,8 @@ def certificate_svg(facts: CertificateFacts, verify_url: str) -> str:
     lines = certificate_lines(facts, verify_url)
     return render_to_string("runs/certificate.svg", {
         "facts": facts, "lines": [(text, size, _line_y(index)) for index, (text, size) in enumerate(lines)],
-        "width": WIDTH, "height": HEIGHT, "center": WIDTH // 2, "lang": translation.get_language() or "en", "verify_url": verify_url,
+        "width": WIDTH, "height": HEIGHT, "center": WIDTH // 2, "lang": translation.get_language() or "en",
+        "verify_url": verify_url,
     })
 
 
