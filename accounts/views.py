@@ -246,8 +246,8 @@ def email_verify_resend(request: HttpRequest) -> HttpResponse:
     try:
         rate_limit_hit(name="verify_resend", key=str(request.user.pk))
     except RateLimited as exc:
-        messages.error(request, _("We sent several links already; try again in %(seconds)s s.") % {"seconds": exc.retry_after})
-        return rate_limited_page(redirect("tokens"), exc)
+        reason = _("We sent several links already; try again in %(seconds)s s.") % {"seconds": exc.retry_after}
+        return rate_limited_page(render(request, "accounts/email_verify_failed.html", {"reason": reason}), exc)
     verification_send(user=request.user)
     messages.success(request, _("We sent a new link to %(email)s.") % {"email": request.user.email})
     return redirect("tokens")
