@@ -372,14 +372,16 @@ def check_record(*, commitment: StepCommitment, distances: dict[int, float], tol
 def session_suspend(*, session: TrainingSession, reason: str) -> None:
     """Refuse the session's reports and send all of its epochs to the organizer: credit from a
     session caught faking work counts only where an organizer accepts it."""
+    newly = TrainingSession.objects.filter(pk=session.pk, suspended_at=None).exists()
     TrainingSession.objects.filter(pk=session.pk).update(suspended_at=timezone.now(), suspension_reason=reason[:500])
     session.refresh_from_db()
     for row in SessionEpoch.objects.select_for_update().filter(
             session=session, status__in=(_Status.PROVISIONAL, _Status.VERIFIED)):
         epoch_flag(row=row, reported=row.reported_samples, announced=row.announced_samples,
                    detail=f"epoch {row.epoch}: session suspended by spot checks: {reason}", notice=False)
-    _credit_notice(session.pk, Notification.Kind.SESSION_SUSPENDED,
-                   f"session-suspended:{session.pk}:{session.suspended_at.isoformat()}", session=session.pk)
+    if newly:  # suspended again with a new reason: the volunteer was told already
+        _credit_notice(session.pk, Notification.Kind.SESSION_SUSPENDED,
+                       f"session-suspended:{session.pk}:{session.suspended_at.isoformat()}", session=session.pk)
     run_event_record(run=session.run, actor=None, kind=RunEvent.Kind.SUSPENDED,
                      detail=f"{session.user.username}'s session {session.pk}: {reason}")
 
