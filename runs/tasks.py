@@ -17,6 +17,12 @@ def tokenizer_train_task(run_id: int) -> None:
         services.tokenizer_train(run_id=run_id)
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def run_event_notify_task(event_id: int) -> int:
+    """A run was paused, resumed or finished: notify the volunteers who trained for it."""
+    return services.run_event_notify(event_id=event_id)
+
+
 @shared_task(ignore_result=True)
 def credit_rollup_task() -> int:
     """Every ~10 s: contribution events into the leaderboards' aggregates (exactly once)."""

@@ -7,7 +7,9 @@ one); bruno: banned from both; olga: organizer of both; otto: organizer of anoth
 import pytest
 from django.core.files.base import ContentFile
 
+from accounts.notifications import unsubscribe_link
 from accounts.services import team_create, token_create, token_revoke
+from accounts.verification import verification_link
 from runs.access.sessions import session_link_token
 from runs.models import Certificate, Checkpoint, RunCredit, RunMembership, SessionEpoch
 from runs.setup.services import data_file_add, run_ban
@@ -50,6 +52,8 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
                                             status=SessionEpoch.Status.FLAGGED).pk,
         "vik": volunteer.username,
         "vik_certificate": certificate.code,
+        "vik_verify": verification_link(user=volunteer).rsplit("/verify/", 1)[1].strip("/"),
+        "vik_unsubscribe": unsubscribe_link(user=volunteer, kind="run_paused").rsplit("/unsubscribe/", 1)[1].strip("/"),
         "invite_data_link": f"{session_link_token(session=invite_session, kind='data', target=data_file)}/{data_file.pk}.txt",
         "invite_checkpoint_link": (f"{session_link_token(session=invite_session, kind='checkpoint', target=checkpoints[invite])}"
                                    f"/{checkpoints[invite].pk}.zip"),

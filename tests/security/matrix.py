@@ -34,6 +34,14 @@ PAGES = [
     ("/accounts/password_reset/done/",            "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/accounts/reset/MQ/bad-token/",             "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/accounts/reset/done/",                     "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/verify/resend/",                  "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/accounts/verify/{vik_verify}/",            "GET",  L,    L,     302,  L,     L,    L,    L),
+    ("/accounts/verify/forged-link/",             "GET",  400,  400,   400,  400,   400,  400,  400),
+    ("/notifications/",                           "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/notifications/read/",                      "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/notifications/unsubscribe/{vik_unsubscribe}/", "GET", 200, 200, 200,  200,   200,  200,  200),
+    ("/notifications/unsubscribe/{vik_unsubscribe}/", "POST", 200, 200, 200, 200,   200,  200,  200),
+    ("/notifications/unsubscribe/forged-link/",   "GET",  400,  400,   400,  400,   400,  400,  400),
     ("/tokens/",                                  "GET",  L,    200,   200,  200,   200,  200,  200),
     ("/tokens/",                                  "POST", L,    200,   200,  200,   200,  200,  200),
     ("/tokens/{vik_token}/revoke/",               "POST", L,    404,   302,  404,   404,  404,  404),
@@ -131,6 +139,7 @@ FORMS = {
     "/accounts/login/": {"username": "nobody", "password": "wrong"},
     "/accounts/password_reset/": {"email": "someone@example.org"},
     "/tokens/": {"name": "laptop", "lifetime_days": 30},
+    "/notifications/read/": {"all": "1"},
     "/teams/new/": {"name": "Sylhet Compute"},
     "/i18n/setlang/": {"language": "bn", "next": "/runs/"},
     "/runs/{public}/join/": {"action": "token"},
@@ -144,3 +153,7 @@ FORMS = {
 
 def post_data(template: str) -> dict:
     return {key: value() if callable(value) else value for key, value in FORMS.get(template, {}).items()}
+
+# POSTs that take no CSRF token, and why: the signed link in a notification e-mail is the credential
+# (never the session cookie), and mail clients' one-click unsubscribe (RFC 8058) posts without one.
+CSRF_EXEMPT = {"/notifications/unsubscribe/{vik_unsubscribe}/"}
