@@ -89,7 +89,21 @@ def notification_text(notification: Notification) -> str:
     if notification.kind == Kind.SESSION_SUSPENDED:
         return _("Spot checks suspended your training session %(session)s in run “%(run)s”: its work did not "
                  "recompute as reported. Its credit waits for an organizer's review.") % names
+    if c.get("measure") and c.get("threshold"):
+        # Badges (runs/credit/milestones.py) send their figures, so that each reader gets them in their language.
+        names["milestone"] = milestone_words(measure=c["measure"], threshold=int(c["threshold"]), run_name=c.get("run"))
     return _("You reached a milestone: %(milestone)s.") % names
+
+
+def milestone_words(*, measure: str, threshold: int, run_name: str | None) -> str:
+    """A milestone badge (runs/credit/milestones.py) in words, in the active language:
+    "1,000 confirmed samples in run “Bangla ALBERT”"."""
+    amount = formats.number_format(threshold, force_grouping=True)
+    words = (_("%(amount)s confirmed samples") if measure == "samples"
+             else _("%(amount)s GFLOP of confirmed credit")) % {"amount": amount}
+    if run_name:
+        return _("%(milestone)s in run “%(run)s”") % {"milestone": words, "run": run_name}
+    return _("%(milestone)s across all runs") % {"milestone": words}
 
 
 def notification_url(notification: Notification) -> str:

@@ -7,13 +7,13 @@ the badges it had earned (revoked, not deleted, so a badge given back keeps its 
 announced once)."""
 
 import datetime
-import logging
 from collections.abc import Iterable
 
-from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 
-from runs.models import Milestone, RunCredit, RunTeamCredit, TeamCredit, VolunteerCredit
+from accounts.models import Team
+from runs.models import Milestone, Run, RunCredit, RunTeamCredit, TeamCredit, VolunteerCredit
 
 # measure -> the totals' column it reads: confirmed samples, and confirmed credit in GFLOP.
 MEASURES = {Milestone.Measure.SAMPLES: "samples_verified", Milestone.Measure.CREDIT: "credit"}
@@ -27,7 +27,6 @@ TEAM_THRESHOLDS = {measure: tuple(10 * threshold for threshold in thresholds)
 # holder -> (its thresholds, its per-run totals, its all-runs totals)
 HOLDERS = {"user": (VOLUNTEER_THRESHOLDS, RunCredit, VolunteerCredit), "team": (TEAM_THRESHOLDS, RunTeamCredit, TeamCredit)}
 CHUNK = 2000
-logger = logging.getLogger(__name__)
 
 Key = tuple[int, int | None, str, int]  # holder id, run id (None: all runs), measure, threshold
 
@@ -72,8 +71,7 @@ def milestones_refresh(*, holder: str, ids: Iterable[int], now: datetime.datetim
         Milestone.objects.bulk_create(new, ignore_conflicts=True)
         # Restored badges keep their first date: the rows dated ``now`` are the ones this pass inserted.
         first += list(Milestone.objects.filter(**{f"{holder}_id__in": chunk}, reached_at=now)) if new else []
-    if first:
-        transaction.on_commit(lambda: milestones_announce(first))
+    milestones_announce(first)
     return first
 
 
@@ -89,10 +87,25 @@ def milestones_refresh_all() -> int:
 
 
 def milestones_announce(badges: list[Milestone]) -> None:
-    """Tell each volunteer about the badges they reached (a team's: each current member)."""
+    """Tell each volunteer about the badges they reached for the first time (a team's: each of its
+    current members), through the notifications service, in the transaction that awarded them:
+    each badge is announced once (its key), however often the rollup runs or a badge is restored."""
+    from accounts.models import User
+    from accounts.notifications import milestone_words, notify
+
+    runs = dict(Run.objects.filter(pk__in={badge.run_id for badge in badges if badge.run_id}).values_list("pk", "name"))
     for badge in badges:
-        logger.info("milestone reached: %s %s %s in run %s", badge.user_id or f"team {badge.team_id}", badge.threshold,
-                    badge.measure, badge.run_id or "all")
+        if badge.user_id is not None:
+            recipients, key = User.objects.filter(pk=badge.user_id), f"badge:{badge.pk}"
+            url = reverse("volunteer-detail", args=[recipients[0].username]) if recipients else "/"
+        else:
+            recipients, key = User.objects.filter(team_id=badge.team_id), f"team-badge:{badge.pk}"
+            url = reverse("team-detail", args=[Team.objects.values_list("slug", flat=True).get(pk=badge.team_id)])
+        run_name = runs.get(badge.run_id)
+        context = {"milestone": milestone_words(measure=badge.measure, threshold=badge.threshold, run_name=run_name),
+                   "measure": badge.measure, "threshold": badge.threshold, "run": run_name or "", "url": url}
+        for user in recipients:
+            notify(user=user, kind="milestone", key=key, context=context)
 
 
 def milestones_held(*, run_id: int | None, holder: str, ids: Iterable[int]) -> dict[int, list[dict]]:

@@ -132,3 +132,40 @@ def test_a_profile_shows_the_highest_badge_of_each_measure_and_none_of_a_run_the
     assert "Members run" not in client.get("/volunteers/amina/").content.decode()
     client.force_login(amina)
     assert any(badge.run_id == closed_run.pk for badge in client.get("/volunteers/amina/").context["milestones"])
+
+
+def test_a_milestone_reached_is_announced_once_to_the_volunteer_and_to_each_member_of_a_team(clock, volunteer):
+    from django.utils import translation
+
+    from accounts.models import Notification
+    from accounts.notifications import notification_text
+
+    run = RunFactory(name="Bangla ALBERT")
+    team = team_create(founder=volunteer, name="Dhaka Compute")
+    member = UserFactory()
+    team_join(user=member, team=team)
+    session = session_for(run, volunteer)
+    report(session, TEAM_THRESHOLDS[SAMPLES][0], epoch=1)
+    credit_rollup()
+    credit_rollup()
+    badge = Milestone.objects.get(user=volunteer, run=run, measure=SAMPLES, threshold=FIRST)
+    mine = Notification.objects.filter(user=volunteer, kind="milestone")
+    assert mine.filter(key=f"badge:{badge.pk}").count() == 1
+    assert mine.count() == Milestone.objects.filter(user=volunteer).count() + Milestone.objects.filter(team=team).count()
+    team_badge = Milestone.objects.get(team=team, run=run, measure=SAMPLES, threshold=TEAM_THRESHOLDS[SAMPLES][0])
+    assert Notification.objects.filter(user=member, key=f"team-badge:{team_badge.pk}").count() == 1
+    assert not Notification.objects.filter(user=member, key__startswith="badge:").exists()  # the member trained nothing
+    notice = mine.get(key=f"badge:{badge.pk}")
+    assert notification_text(notice) == f"You reached a milestone: {FIRST:,} confirmed samples in run “Bangla ALBERT”."
+    with translation.override("bn"):
+        assert "“Bangla ALBERT” রানে" in notification_text(notice) and "নিশ্চিত নমুনা" in notification_text(notice)
+    # Taken back and earned again: the same badge, not announced a second time.
+    row = SessionEpoch.objects.get(session=session, epoch=1)
+    clock.now += clock.now.resolution * 10**6
+    epoch_flag(row=row, reported=2 * FIRST, announced=1, detail="a mismatch")
+    credit_rollup()
+    assert Milestone.objects.get(pk=badge.pk).revoked_at is not None
+    report(session, FIRST, epoch=2)
+    credit_rollup()
+    assert Milestone.objects.get(pk=badge.pk).revoked_at is None
+    assert mine.filter(key=f"badge:{badge.pk}").count() == 1
