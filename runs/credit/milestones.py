@@ -49,40 +49,49 @@ def _due(holder: str, ids: list[int]) -> set[Key]:
     return due
 
 
-def milestones_refresh(*, holder: str, ids: Iterable[int], now: datetime.datetime | None = None) -> list[Milestone]:
+def milestones_refresh(*, holder: str, ids: Iterable[int], now: datetime.datetime | None = None,
+                       announce: bool = True) -> list[Milestone]:
     """Bring these volunteers' (``holder="user"``) or teams' (``"team"``) badges in step with their
     totals: award those newly reached, revoke those no longer held, give back revoked ones reached
-    again. Idempotent. Returns the badges reached for the first time (what to announce)."""
+    again. Idempotent. Returns the badges reached for the first time, announced unless ``announce``
+    is false."""
     now = now or timezone.now()
     ids = sorted(set(ids))
     first: list[Milestone] = []
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start:start + CHUNK]
         due = _due(holder, chunk)
-        held = {(getattr(badge, f"{holder}_id"), badge.run_id, badge.measure, badge.threshold): badge
-                for badge in Milestone.objects.filter(**{f"{holder}_id__in": chunk})}
-        revoke = [badge.pk for key, badge in held.items() if key not in due and badge.revoked_at is None]
-        restore = [badge.pk for key, badge in held.items() if key in due and badge.revoked_at is not None]
+        # Keys and ids only: building model instances (and their dates) was most of a pass's cost.
+        badges = Milestone.objects.filter(**{f"{holder}_id__in": chunk})
+        fields = (f"{holder}_id", "run_id", "measure", "threshold", "pk")
+        active = {row[:4]: row[4] for row in badges.filter(revoked_at=None).values_list(*fields)}
+        revoked = {row[:4]: row[4] for row in badges.exclude(revoked_at=None).values_list(*fields)}
+        held = active.keys() | revoked.keys()
+        revoke = [pk for key, pk in active.items() if key not in due]
+        restore = [pk for key, pk in revoked.items() if key in due]
         new = [Milestone(**{f"{holder}_id": key[0]}, run_id=key[1], measure=key[2], threshold=key[3], reached_at=now)
-               for key in sorted(due - held.keys(), key=str)]
+               for key in sorted(due - held, key=str)]
         Milestone.objects.filter(pk__in=revoke).update(revoked_at=now)
         Milestone.objects.filter(pk__in=restore).update(revoked_at=None)
         # A concurrent pass may insert the same badge first: the unique constraints keep one.
         Milestone.objects.bulk_create(new, ignore_conflicts=True)
         # Restored badges keep their first date: the rows dated ``now`` are the ones this pass inserted.
         first += list(Milestone.objects.filter(**{f"{holder}_id__in": chunk}, reached_at=now)) if new else []
-    milestones_announce(first)
+    if announce:
+        milestones_announce(first)
     return first
 
 
 def milestones_refresh_all() -> int:
     """Every volunteer's and team's badges from their totals (after a rebuild, and hourly as a
-    safety net). Returns the badges reached for the first time."""
+    safety net). Returns the badges reached for the first time. What it finds is not announced:
+    on a portal that had volunteers before badges existed, its first pass would otherwise notify
+    every one of them at once; the rollup announces what it awards as work is counted."""
     reached = 0
     for holder, (_, _, all_runs) in HOLDERS.items():
         held = set(Milestone.objects.filter(**{f"{holder}__isnull": False}).values_list(f"{holder}_id", flat=True))
         ids = held | set(all_runs.objects.values_list(f"{holder}_id", flat=True))
-        reached += len(milestones_refresh(holder=holder, ids=ids))
+        reached += len(milestones_refresh(holder=holder, ids=ids, announce=False))
     return reached
 
 

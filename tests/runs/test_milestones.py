@@ -169,3 +169,17 @@ def test_a_milestone_reached_is_announced_once_to_the_volunteer_and_to_each_memb
     credit_rollup()
     assert Milestone.objects.get(pk=badge.pk).revoked_at is None
     assert mine.filter(key=f"badge:{badge.pk}").count() == 1
+
+
+def test_the_hourly_check_awards_what_totals_hold_without_a_flood_of_notices(clock, volunteer):
+    from accounts.models import Notification
+    from runs.models import VolunteerCredit
+
+    # Totals from before badges existed (or rewritten by a rebuild): the check awards their badges.
+    VolunteerCredit.objects.create(user=volunteer, samples=FIRST, samples_verified=FIRST, credit=0.0)
+    assert milestones_refresh_all() == 1
+    assert held(volunteer) == {(SAMPLES, FIRST)}
+    assert not Notification.objects.exists()
+    VolunteerCredit.objects.filter(user=volunteer).update(samples_verified=FIRST - 1)
+    assert milestones_refresh_all() == 0
+    assert held(volunteer) == set()
