@@ -146,3 +146,13 @@ def test_without_a_bengali_font_the_png_still_renders_and_the_log_says_what_to_i
     finally:
         font_paths.cache_clear()
         font_for.cache_clear()
+
+
+def test_a_name_with_markup_is_text_in_the_svg_and_on_the_verify_page(client, board):
+    _, users = board
+    vik = users["vik"]
+    vik.display_name = '</text><script>alert(1)</script>'
+    vik.save()
+    svg = svg_of(client, vik).content.decode()
+    assert "<script>" not in svg and "&lt;/text&gt;&lt;script&gt;" in svg
+    assert "<script>alert(1)" not in client.get(verify_path(svg)).content.decode()
