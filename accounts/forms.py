@@ -5,7 +5,7 @@ from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 from django.utils.translation import gettext_lazy as _
 
 from accounts.auth import request_ip
-from accounts.models import Team, User
+from accounts.models import Notification, Team, User
 from portal.ratelimit import RateLimited, rate_limit_hit
 from runs.models import Run
 
@@ -53,11 +53,30 @@ class SignUpForm(UserCreationForm):
 
 
 class ProfileForm(forms.ModelForm):
+    emails = forms.MultipleChoiceField(
+        choices=Notification.Kind.choices, required=False, widget=forms.CheckboxSelectMultiple, label=_("E-mail me when"),
+        help_text=_("Every notification still appears under the bell; these choose which ones also come by e-mail."),
+    )
+
     class Meta:
         model = User
-        fields = ("display_name", "email", "visibility")
+        fields = ("display_name", "email", "visibility", "language")
         widgets = {"visibility": forms.RadioSelect}
-        labels = {"display_name": _("Display name"), "visibility": _("Visibility")}
+        labels = {"display_name": _("Display name"), "visibility": _("Visibility"), "language": _("Language of e-mails")}
+        help_texts = {"email": _("A new address must be confirmed again before you create agent tokens.")}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["emails"].initial = [kind for kind in Notification.Kind.values if kind not in self.instance.email_opt_outs]
+        self.fields["language"].required = False
+
+    def clean_language(self) -> str:
+        return self.cleaned_data.get("language") or self.instance.language
+
+    def save(self, commit: bool = True) -> User:
+        # Opt-outs are stored, so that a kind added later is e-mailed until the volunteer says otherwise.
+        self.instance.email_opt_outs = sorted(set(Notification.Kind.values) - set(self.cleaned_data["emails"]))
+        return super().save(commit)
 
     def clean_email(self) -> str:
         email = self.cleaned_data["email"]

@@ -30,6 +30,13 @@ class User(AbstractUser):
     )
     pseudonym = models.CharField(max_length=32, unique=True, default=_pseudonym, editable=False)
     team = models.ForeignKey("Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="members")
+    # None until the volunteer opens the link mailed to `email`; a new address is unverified again.
+    email_verified_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The language of the e-mails the portal sends: the switcher's choice of the moment this was saved.
+    language = models.CharField(_("language of e-mails"), max_length=8, choices=settings.LANGUAGES,
+                                default=settings.LANGUAGE_CODE)
+    # Notification kinds (Notification.Kind) the volunteer asked not to be e-mailed about.
+    email_opt_outs = models.JSONField(default=list, blank=True)
 
     class Meta:
         permissions = [("organize_runs", "Can create and organize training runs")]
@@ -46,6 +53,10 @@ class User(AbstractUser):
     @property
     def is_organizer(self) -> bool:
         return self.has_perm("accounts.organize_runs")
+
+    @property
+    def email_verified(self) -> bool:
+        return self.email_verified_at is not None
 
 
 class Team(models.Model):
@@ -120,3 +131,45 @@ class AgentToken(models.Model):
         if self.revoked_at:
             return "revoked"
         return "expired" if self.is_expired else "active"
+
+
+class Notification(models.Model):
+    """Something that happened to a volunteer, shown by the bell and perhaps e-mailed.
+
+    `key` names the event (e.g. `run-event:42`); one row per (user, kind, key) is the idempotency
+    guard: a task that runs twice for one event finds the row and sends nothing new.
+    """
+
+    class Kind(models.TextChoices):
+        TOKEN_EXPIRING = "token_expiring", _("An agent token of mine expires within 7 days")
+        RUN_PAUSED = "run_paused", _("A run I train for is paused")
+        RUN_RESUMED = "run_resumed", _("A run I train for is resumed")
+        RUN_FINISHED = "run_finished", _("A run I train for is finished")
+        CREDIT_FLAGGED = "credit_flagged", _("My credit is flagged for an organizer's review")
+        CREDIT_DECIDED = "credit_decided", _("An organizer decides on my flagged credit")
+        SESSION_SUSPENDED = "session_suspended", _("Spot checks suspend a training session of mine")
+        MILESTONE = "milestone", _("I reach a milestone")
+
+    class Email(models.TextChoices):
+        PENDING = "pending", _("waiting to be sent")
+        SENDING = "sending", _("being sent")
+        SENT = "sent", _("sent")
+        OPTED_OUT = "opted_out", _("not sent: you opted out")
+        THROTTLED = "throttled", _("not sent: too many e-mails this hour")
+        UNVERIFIED = "unverified", _("not sent: address not verified")
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    key = models.CharField(max_length=200)
+    context = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    read_at = models.DateTimeField(null=True, blank=True)
+    email_state = models.CharField(max_length=16, choices=Email.choices, default=Email.PENDING)
+    # When the e-mail was claimed for sending: what the hourly throttle counts.
+    emailed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["user", "kind", "key"], name="notification_once_per_event")]
+        indexes = [models.Index(fields=["user", "read_at"], name="notification_unread"),
+                   models.Index(fields=["user", "emailed_at"], name="notification_emailed")]

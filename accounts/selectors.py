@@ -2,7 +2,7 @@
 
 from django.db.models import QuerySet
 
-from accounts.models import AgentToken, Team, TeamEvent, User
+from accounts.models import AgentToken, Notification, Team, TeamEvent, User
 
 
 def volunteer_public_profile(*, token: AgentToken) -> dict:
@@ -32,3 +32,11 @@ def team_history(*, team: Team) -> QuerySet[TeamEvent]:
 
 def token_list(*, user: User) -> QuerySet[AgentToken]:
     return user.agent_tokens.select_related("run")
+
+
+def notification_list(*, user: User) -> QuerySet[Notification]:
+    return Notification.objects.filter(user=user)
+
+
+def notification_unread_count(*, user: User) -> int:
+    return Notification.objects.filter(user=user, read_at=None).count()

@@ -39,8 +39,15 @@ def token_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+class EmailUnverified(Exception):
+    """Agent tokens wait for a confirmed address (ACCOUNT_EMAIL_VERIFICATION_REQUIRED)."""
+
+
 def token_create(*, user: User, name: str, run=None, lifetime: datetime.timedelta | None = None) -> tuple[AgentToken, str]:
     """Create a token and return it with its secret, which is never stored and shown only now."""
+    if settings.ACCOUNT_EMAIL_VERIFICATION_REQUIRED and not user.email_verified:
+        # A throwaway address cannot train (and collect credit) in bulk: each account needs a mailbox.
+        raise EmailUnverified(f"{user.username} has not confirmed their e-mail address yet")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     lifetime = lifetime or datetime.timedelta(days=settings.AGENT_TOKEN_DEFAULT_DAYS)
     token = AgentToken.objects.create(

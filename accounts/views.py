@@ -4,15 +4,31 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from accounts import selectors, services
 from accounts.auth import request_ip
 from accounts.forms import AgentTokenForm, HandOverForm, LoginForm, ProfileForm, SignUpForm, TeamForm
-from accounts.models import AgentToken, Team
+from accounts.models import AgentToken, Notification, Team
+from accounts.notifications import (
+    email_opt_out,
+    notification_text,
+    notification_url,
+    notifications_mark_read,
+    unsubscribe_claim,
+)
+from accounts.verification import (
+    VerificationFailed,
+    email_change,
+    verification_check,
+    verification_required,
+    verification_send,
+)
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
 
 
@@ -36,9 +52,17 @@ def signup(request: HttpRequest) -> HttpResponse:
                            % {"seconds": exc.retry_after})
             return rate_limited_page(render(request, "accounts/signup.html", {"form": form}), exc)
     if request.method == "POST" and form.is_valid():
-        user = form.save()
+        user = form.save(commit=False)
+        user.language = request.LANGUAGE_CODE  # the language the volunteer signed up in is that of their e-mails
+        user.save()
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        messages.success(request, _("Welcome, %(name)s! Create an agent token to start contributing.") % {"name": user.username})
+        if verification_required(user):
+            verification_send(user=user)
+            messages.success(request, _("Welcome, %(name)s! We sent a link to %(email)s: open it to confirm your address, "
+                                        "then create an agent token.") % {"name": user.username, "email": user.email})
+        else:
+            messages.success(request, _("Welcome, %(name)s! Create an agent token to start contributing.")
+                             % {"name": user.username})
         return redirect("tokens")
     return render(request, "accounts/signup.html", {"form": form})
 
@@ -47,15 +71,18 @@ def signup(request: HttpRequest) -> HttpResponse:
 def profile(request: HttpRequest) -> HttpResponse:
     form = ProfileForm(request.POST or None, instance=request.user)
     if request.method == "POST" and form.is_valid():
-        form.save()
+        user = form.save()
         messages.success(request, _("Your profile was saved."))
+        if "email" in form.changed_data:
+            email_change(user=user)
+            messages.info(request, _("We sent a link to %(email)s: open it to confirm your new address.") % {"email": user.email})
         return redirect("profile")
     return render(request, "accounts/profile.html", {"form": form})
 
 
 def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
     """A volunteer's runs and credit; their machines only to themselves. Hidden: only the owner."""
-    from runs.credit.volunteers import volunteer_for_profile, volunteer_machines, volunteer_runs
+    from runs.credit.volunteers import milestones_shown, volunteer_for_profile, volunteer_machines, volunteer_runs
     from runs.models import VolunteerCredit
 
     volunteer = volunteer_for_profile(key=key, viewer=request.user)
@@ -70,6 +97,7 @@ def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
         "totals": VolunteerCredit.objects.filter(user=volunteer).first(),
         "runs": volunteer_runs(user=volunteer, viewer=request.user),
         "machines": volunteer_machines(user=volunteer) if is_owner else None,
+        "milestones": milestones_shown(user=volunteer, viewer=request.user),
     }
     return render(request, "accounts/volunteer_detail.html", context)
 
@@ -93,6 +121,8 @@ def team_create(request: HttpRequest) -> HttpResponse:
 
 
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    from runs.credit.volunteers import milestones_shown
+
     team = get_object_or_404(Team, slug=slug)
     is_founder = request.user.is_authenticated and team.founder_id == request.user.pk
     context = {
@@ -102,6 +132,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "is_founder": is_founder,
         "is_member": request.user.is_authenticated and request.user.team_id == team.pk,
         "hand_over_form": HandOverForm(team=team, founder=request.user) if is_founder else None,
+        "milestones": milestones_shown(team=team, viewer=request.user),
     }
     return render(request, "accounts/team_detail.html", context)
 
@@ -160,6 +191,10 @@ def team_hand_over(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def token_list(request: HttpRequest) -> HttpResponse:
     form = AgentTokenForm(request.POST or None)
+    if verification_required(request.user):
+        # The form stays hidden and a post is refused: the page says why and offers a new link.
+        context = {"form": form, "tokens": selectors.token_list(user=request.user), "unverified": True}
+        return render(request, "accounts/token_list.html", context, status=403 if request.method == "POST" else 200)
     if request.method == "POST":
         try:
             rate_limit_hit(name="token_create", key=str(request.user.pk))
@@ -192,3 +227,63 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     services.token_revoke(token=token)
     messages.success(request, _("Token “%(name)s” was revoked; agents using it are refused from now on.") % {"name": token.name})
     return redirect("tokens")
+
+
+def email_verify(request: HttpRequest, token: str) -> HttpResponse:
+    """The link mailed at sign-up: it works logged out too (the signature names the account)."""
+    try:
+        user = verification_check(token=token)
+    except VerificationFailed as exc:
+        return render(request, "accounts/email_verify_failed.html", {"reason": str(exc)}, status=400)
+    messages.success(request, _("Your e-mail address %(email)s is confirmed.") % {"email": user.email})
+    if request.user.is_authenticated and request.user.pk == user.pk:
+        return redirect("tokens")
+    return redirect("login")
+
+
+@login_required
+@require_POST
+def email_verify_resend(request: HttpRequest) -> HttpResponse:
+    if request.user.email_verified:
+        messages.info(request, _("Your e-mail address is already confirmed."))
+        return redirect("tokens")
+    try:
+        rate_limit_hit(name="verify_resend", key=str(request.user.pk))
+    except RateLimited as exc:
+        reason = _("We sent several links already; try again in %(seconds)s s.") % {"seconds": exc.retry_after}
+        return rate_limited_page(render(request, "accounts/email_verify_failed.html", {"reason": reason}), exc)
+    verification_send(user=request.user)
+    messages.success(request, _("We sent a new link to %(email)s.") % {"email": request.user.email})
+    return redirect("tokens")
+
+
+@login_required
+def notification_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(selectors.notification_list(user=request.user), 30).get_page(request.GET.get("page"))
+    items = [{"notification": n, "text": notification_text(n), "url": notification_url(n)} for n in page]
+    return render(request, "accounts/notification_list.html", {"page": page, "items": items})
+
+
+@login_required
+@require_POST
+def notification_read(request: HttpRequest) -> HttpResponse:
+    """Marks the posted notification ids read, or all with `all`; ids of others' notifications do nothing."""
+    ids = request.POST.getlist("id")
+    if not request.POST.get("all") and (not ids or not all(value.isdigit() and len(value) < 19 for value in ids)):
+        return HttpResponseBadRequest(_("Say which notifications to mark read."), content_type="text/plain; charset=utf-8")
+    notifications_mark_read(user=request.user, ids=None if request.POST.get("all") else [int(value) for value in ids])
+    return redirect(request.POST.get("next") if request.POST.get("next", "").startswith("/notifications/") else "notifications")
+
+
+@csrf_exempt  # the signed link is the credential; mail clients' one-click POST (RFC 8058) carries no CSRF token
+def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
+    """A notification e-mail's link: GET asks, POST stops that kind of e-mail; no log-in needed.
+    A GET changes nothing because mail scanners open links."""
+    claim = unsubscribe_claim(token=token)
+    if claim is None:
+        return render(request, "accounts/unsubscribe.html", {"invalid": True}, status=400)
+    user, kind = claim
+    label = Notification.Kind(kind).label
+    if request.method == "POST":
+        email_opt_out(user=user, kind=kind)
+    return render(request, "accounts/unsubscribe.html", {"kind": label, "done": request.method == "POST"})

@@ -526,6 +526,14 @@ def api_error(code: str, detail: str) -> dict[str, Any]:
     return ApiError(error=ErrorBody(code=code, detail=detail)).model_dump(mode="json")
 
 
+class MilestoneMark(_Schema):
+    """A milestone badge shown next to a name on a board: the highest threshold of one measure that
+    the volunteer's or team's confirmed work reached on that board (docs/volunteers.md)."""
+
+    measure: Literal["samples", "credit"] = Field(description="Confirmed samples, or confirmed credit in GFLOP.")
+    threshold: int = Field(ge=1, description="The threshold reached.")
+
+
 class LeaderboardRow(_Schema):
     """One volunteer or team on a board: rows of ``GET /api/v1/runs/{slug}/leaderboard`` and
     ``GET /api/v1/leaderboard``, and of the live frames. Credit is confirmed work in GFLOP of training
@@ -543,6 +551,8 @@ class LeaderboardRow(_Schema):
     last_seen: AwareDatetime | None = Field(description="Latest report, if any.")
     machines: int = Field(ge=0, description="Machines that contributed (a team's: of its members in the window).")
     members: int | None = Field(None, ge=0, description="Members who contributed in the window (teams only).")
+    milestones: list[MilestoneMark] = Field(
+        default_factory=list, max_length=2, description="Badges reached on this board, the highest of each measure.")
 
 
 class LiveTotals(_Schema):
@@ -565,6 +575,15 @@ class LiveSnapshot(_Schema):
     loss: float | None = Field(description="Recent loss of the collaboration, if known.")
     pace_source: Literal["monitor", "reports"] = Field(
         description="Where the pace comes from: the monitor's reading of the swarm, or the agents' reports of the last minute.")
+
+
+class BoardSnapshot(_Schema):
+    """A frame of ``/ws/leaderboard/live/``: the board across all runs, as ``/leaderboard/`` shows it."""
+
+    type: Literal["board"] = Field("board", description="Frame type.")
+    by: Literal["user", "team"] = Field(description="Volunteers or teams.")
+    window: Literal["24h", "7d", "all"] = Field(description="The window the board counts credit in.")
+    leaderboard: list[LeaderboardRow] = Field(description="The top of the board, best first.")
 
 
 class ProtocolError(Exception):

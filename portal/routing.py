@@ -5,7 +5,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
-from runs.credit.live import RunLiveConsumer
+from runs.credit.live import BoardLiveConsumer, RunLiveConsumer
 from runs.ingest.consumers import AgentConsumer
 
 
@@ -16,4 +16,5 @@ def for_browsers(consumer):
 websocket_urlpatterns = [
     path("ws/agent/", AgentConsumer.as_asgi()),
     path("ws/runs/<slug:slug>/live/", for_browsers(RunLiveConsumer.as_asgi())),
+    path("ws/leaderboard/live/", for_browsers(BoardLiveConsumer.as_asgi())),
 ]

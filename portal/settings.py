@@ -77,6 +77,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "portal.context_processors.site",
+                "accounts.context_processors.notifications",
             ],
         },
     },
@@ -151,6 +152,8 @@ CELERY_BEAT_SCHEDULE = {
     "sessions-close-silent": {"task": "runs.tasks.sessions_close_silent_task", "schedule": 60.0},
     "pending-expire": {"task": "runs.tasks.pending_expire_task", "schedule": 300.0},
     "stats-dump-daily": {"task": "runs.tasks.stats_dump_task", "schedule": crontab(minute=5, hour=0)},
+    "milestones-refresh": {"task": "runs.tasks.milestones_refresh_task", "schedule": 3600.0},
+    "tokens-expiring": {"task": "accounts.tasks.tokens_expiring_task", "schedule": 3600.0},
 }
 
 # --- auth --------------------------------------------------------------------------------------
@@ -165,6 +168,12 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "home"
 AGENT_TOKEN_DEFAULT_DAYS = env_int("AGENT_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+# Agent tokens only after the volunteer opened the link mailed at sign-up (accounts/verification.py).
+# A closed deployment whose accounts staff create can turn this off.
+ACCOUNT_EMAIL_VERIFICATION_REQUIRED = env_bool("ACCOUNT_EMAIL_VERIFICATION_REQUIRED", True)
+EMAIL_VERIFICATION_DAYS = env_int("EMAIL_VERIFICATION_DAYS", 3, minimum=1)
+# Notification e-mails per volunteer per hour (accounts/notifications.py); past it the bell still rings.
+NOTIFICATION_EMAILS_PER_HOUR = env_int("NOTIFICATION_EMAILS_PER_HOUR", 5, minimum=0)
 # Revocation and bans act by refusing refreshes, so hivemind access tokens are short-lived.
 HIVEMIND_ACCESS_MINUTES = env_int("HIVEMIND_ACCESS_MINUTES", 30, minimum=1)
 # Agents training at once on one agent token, and for one volunteer across their tokens.
@@ -172,6 +181,8 @@ AGENT_TOKEN_MAX_LIVE_SESSIONS = env_int("AGENT_TOKEN_MAX_LIVE_SESSIONS", 8, mini
 VOLUNTEER_MAX_LIVE_SESSIONS = env_int("VOLUNTEER_MAX_LIVE_SESSIONS", 32, minimum=1)
 # Open agent sockets per token in one web process (an agent holds one; reconnects overlap briefly).
 AGENT_TOKEN_MAX_SOCKETS = env_int("AGENT_TOKEN_MAX_SOCKETS", 16, minimum=1)
+# Where the contribution certificates' PNG looks for its fonts (runs/credit/certificates.py).
+CERTIFICATE_FONT_DIRS = env_list("CERTIFICATE_FONT_DIRS", ["/usr/share/fonts", "/usr/local/share/fonts"])
 DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, minimum=60)
 # The coordinator's backbone peers: where they listen, the addresses they announce, their identities.
 COORDINATOR_HOST_MADDRS = env_list("COORDINATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])
@@ -203,6 +214,7 @@ RATE_LIMITS = {
     "login": env_rate("RATE_LIMIT_LOGIN", "10/15m"),  # per client IP and username
     "signup": env_rate("RATE_LIMIT_SIGNUP", "10/1h"),  # per client IP
     "token_create": env_rate("RATE_LIMIT_TOKEN_CREATE", "30/1h"),  # per volunteer
+    "verify_resend": env_rate("RATE_LIMIT_VERIFY_RESEND", "5/1h"),  # verification e-mails, per volunteer
     "join": env_rate("RATE_LIMIT_JOIN", "60/10m"),  # per agent token
     # Per agent token. An agent holds two copies of its hivemind access, the DHT process's and the one
     # that signs its averaging membership proofs (peer_agent/averaging.py), and each is refreshed once

@@ -504,3 +504,60 @@ class CreditRollup(models.Model):
     pending_event_id = models.BigIntegerField(default=0, help_text="Events up to here were given their bounded time "
                                                                    "to be confirmed (runs.swarm.verification.pending_expire).")
     updated_at = models.DateTimeField(null=True, blank=True)
+
+
+class Milestone(models.Model):
+    """A badge: a volunteer's or a team's confirmed samples or credit reached a threshold
+    (runs/credit/milestones.py holds the thresholds), in one run or across all runs. Kept by the
+    rollup from the totals, which count confirmed work only: when rejected work takes a total back
+    below the threshold the badge is revoked (``revoked_at``), and given back if the total climbs
+    again. One row per holder, scope, measure and threshold, so that awarding is idempotent."""
+
+    class Measure(models.TextChoices):
+        SAMPLES = "samples", _("samples")
+        CREDIT = "credit", _("credit")
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="milestones")
+    team = models.ForeignKey("accounts.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="milestones")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="milestones",
+                            help_text="The run it was reached in; none for all runs together.")
+    measure = models.CharField(max_length=16, choices=Measure.choices)
+    threshold = models.PositiveBigIntegerField()
+    reached_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="When rejected work took the total back below the threshold.")
+
+    class Meta:
+        ordering = ["run_id", "measure", "threshold"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(user__isnull=True) ^ models.Q(team__isnull=True),
+                                   name="milestone_of_a_volunteer_or_a_team"),
+            models.UniqueConstraint(fields=["user", "run", "measure", "threshold"], name="one_volunteer_run_milestone",
+                                    condition=models.Q(user__isnull=False, run__isnull=False)),
+            models.UniqueConstraint(fields=["user", "measure", "threshold"], name="one_volunteer_milestone",
+                                    condition=models.Q(user__isnull=False, run__isnull=True)),
+            models.UniqueConstraint(fields=["team", "run", "measure", "threshold"], name="one_team_run_milestone",
+                                    condition=models.Q(team__isnull=False, run__isnull=False)),
+            models.UniqueConstraint(fields=["team", "measure", "threshold"], name="one_team_milestone",
+                                    condition=models.Q(team__isnull=False, run__isnull=True)),
+        ]
+
+
+def _certificate_code() -> str:
+    return secrets.token_urlsafe(16)
+
+
+class Certificate(models.Model):
+    """A volunteer's contribution certificate for one run. It stores no figures: its page and its
+    files recompute the name, confirmed credit and rank from the board each time, so a certificate
+    can neither be inflated nor go stale. ``code`` is random (128 bits): the verification link
+    cannot be guessed from a volunteer's or a run's name."""
+
+    code = models.CharField(max_length=32, unique=True, default=_certificate_code, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="certificates")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="certificates")
+    issued_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "user"], name="one_certificate_per_run_user")]

@@ -5,7 +5,7 @@ from django.conf import settings
 
 from portal.logs import log_context
 from runs.access import sessions
-from runs.credit import exports, rollup
+from runs.credit import exports, milestones, rollup
 from runs.models import Run
 from runs.setup import services
 from runs.swarm import verification
@@ -15,6 +15,12 @@ from runs.swarm import verification
 def tokenizer_train_task(run_id: int) -> None:
     with log_context(run=Run.objects.filter(pk=run_id).values_list("slug", flat=True).first()):
         services.tokenizer_train(run_id=run_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def run_event_notify_task(event_id: int) -> int:
+    """A run was paused, resumed or finished: notify the volunteers who trained for it."""
+    return services.run_event_notify(event_id=event_id)
 
 
 @shared_task(ignore_result=True)
@@ -44,3 +50,9 @@ def sessions_close_silent_task() -> int:
 def stats_dump_task(day: str | None = None) -> str:
     """Daily: users, teams and per-run credit as gzip JSON and CSV under MEDIA_ROOT/stats/<day>/."""
     return str(exports.stats_dump(day=datetime.date.fromisoformat(day) if day else None))
+
+
+@shared_task(ignore_result=True)
+def milestones_refresh_task() -> int:
+    """Hourly: every badge checked against the totals (the rollup keeps them; this is the safety net)."""
+    return milestones.milestones_refresh_all()

@@ -1,6 +1,6 @@
-from django.urls import path
+from django.urls import path, re_path
 
-from runs.views import health, organizer, pages
+from runs.views import certificates, health, organizer, pages
 
 urlpatterns = [
     path("runs/", pages.run_list, name="run-list"),
@@ -19,6 +19,9 @@ urlpatterns = [
     path("runs/<slug:slug>/tokenizer/train/", organizer.tokenizer_train, name="run-tokenizer-train"),
     path("runs/<slug:slug>/tokenizer/upload/", organizer.tokenizer_upload, name="run-tokenizer-upload"),
     path("runs/<slug:slug>/status/<str:action>/", organizer.run_action, name="run-action"),
+    re_path(r"^runs/(?P<slug>[-a-zA-Z0-9_]+)/certificate\.(?P<kind>svg|png)$", certificates.run_certificate,
+            name="run-certificate"),
+    path("certificates/<str:code>/", certificates.certificate_verify, name="certificate-verify"),
     path("leaderboard/", pages.leaderboard, name="leaderboard"),
     path("stats/", pages.stats_list, name="stats"),
     path("stats/<str:day>/<str:name>", pages.stats_file, name="stats-file"),

@@ -24,6 +24,8 @@ class UserFactory(factory.django.DjangoModelFactory):
 
     username = factory.Sequence(lambda n: f"volunteer{n}")
     email = factory.LazyAttribute(lambda user: f"{user.username}@example.org")
+    # Confirmed, as most accounts are; tests of verification pass email_verified_at=None.
+    email_verified_at = factory.LazyFunction(timezone.now)
     password = factory.PostGenerationMethodCall("set_password", PASSWORD)
 
     @factory.post_generation

@@ -8,8 +8,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import User
-from peer_agent.protocol import LiveSnapshot
+from peer_agent.protocol import BoardSnapshot, LiveSnapshot
 from runs.credit import columns
+from runs.credit.milestones import milestones_held
 from runs.credit.rollup import rac_now
 from runs.models import (
     ContributionEvent,
@@ -58,9 +59,12 @@ def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", 
     else:
         totals = _totals(run).filter(**{f"{samples_column}__gt": 0})
         rows = _user_rows(totals, samples_column, credit_column, limit=limit, offset=offset)
+    badges = milestones_held(run_id=run.pk if run is not None else None, holder=by,
+                             ids=[row["holder_id"] for row in rows])
     for rank, row in enumerate(rows, start=offset + 1):
         row["rank"] = rank
         row["share"] = row["credit"] / board if board else 0.0
+        row["milestones"] = badges.get(row.pop("holder_id"), [])
     return rows
 
 
@@ -89,7 +93,7 @@ def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, o
     visible = (
         totals.exclude(user__visibility=User.Visibility.HIDDEN)
         .select_related("user")
-        .only(samples_column, credit_column, "credit_verified", "recent_average_credit",
+        .only(samples_column, credit_column, "credit_verified", "recent_average_credit", "user_id",
               "rac_updated_at", "compute_seconds", "machines", "last_seen_at",
               "user__username", "user__display_name", "user__visibility", "user__pseudonym")
         .order_by(f"-{credit_column}", "user_id")[offset:offset + limit]
@@ -97,6 +101,7 @@ def _user_rows(totals, samples_column: str, credit_column: str, *, limit: int, o
     now = timezone.now()
     return [
         {
+            "holder_id": total.user_id,
             "name": total.user.public_name,
             "profile_url": reverse("volunteer-detail", args=[volunteer_profile_key(total.user)]),
             **_credit_fields(total, samples_column, credit_column, now),
@@ -120,6 +125,7 @@ def _team_rows(run: Run | None, window: str, *, limit: int, offset: int) -> list
     now = timezone.now()
     return [
         {
+            "holder_id": total.team_id,
             "name": total.team.name,
             "profile_url": reverse("team-detail", args=[total.team.slug]),
             **_credit_fields(total, samples_column, credit_column, now),
@@ -162,3 +168,10 @@ def run_snapshot(*, run: Run) -> dict:
         **_pace(run, timezone.now()),
     )
     return snapshot.model_dump(mode="json")
+
+
+def board_snapshot(*, by: str, window: str, limit: int = 100) -> dict:
+    """What the board across all runs shows, as the JSON form of ``peer_agent.protocol.BoardSnapshot``
+    (the frame ``WS /ws/leaderboard/live/`` sends)."""
+    rows = leaderboard_rows(run=None, by=by, window=window, limit=limit)
+    return BoardSnapshot(by=by, window=window, leaderboard=rows).model_dump(mode="json")

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from accounts.models import Team, User
 from runs.credit.columns import BUCKETED, WINDOWS
+from runs.credit.milestones import milestones_refresh_all
 from runs.credit.recount import TABLES, TEAM_COUNT_FIELDS, Figures, credit_recount
 from runs.credit.rollup import credit_rollup, rac_now, watermark_lock
 from runs.models import Run, SessionEpoch
@@ -53,6 +54,8 @@ def credit_rebuild(*, run: Run | None = None, now: datetime.datetime | None = No
         recounted, stored = credit_recount(run_id=run.pk if run else None, now=now, history=True)
         drifts = credit_drift(recounted, stored, now=now)
         _write(recounted, stored, drifts)
+        if drifts:
+            milestones_refresh_all()  # badges follow the rewritten totals
     return drifts
 
 

@@ -33,6 +33,7 @@ from runs.credit.columns import (
     TEAM_COUNTED,
     WINDOWS,
 )
+from runs.credit.milestones import milestones_refresh
 from runs.models import (
     ContributionEvent,
     CreditHour,
@@ -405,6 +406,9 @@ def run_credit_derive(*, pairs: set[tuple[int, int]], now: datetime.datetime, te
             change["rac"] = change.get("rac", 0.0) + rac_gained[key]
     run_team_credit_apply(changes=changes, now=now)
     team_members_refresh(team_ids={team_id for team_id in teams.values() if team_id is not None} | {t for _, t in changes})
+    # Badges follow the totals just written, in the same transaction (runs/credit/milestones.py).
+    milestones_refresh(holder="user", ids={user_id for _, user_id in pairs}, now=now)
+    milestones_refresh(holder="team", ids={team_id for _, team_id in changes}, now=now)
 
 
 def run_credit_total_apply(*, changes: dict[int, dict]) -> None:

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from runs.credit.rollup import rac_now, run_credit_per_sample
-from runs.models import ContributionEvent, CreditHour, Run, RunCredit
+from runs.models import ContributionEvent, CreditHour, Milestone, Run, RunCredit
 
 
 def volunteer_for_profile(*, key: str, viewer) -> User | None:
@@ -66,3 +66,17 @@ def volunteer_daily(*, user: User) -> list[dict]:
         .order_by("day")
     )
     return [{"day": row["day"].isoformat(), "samples": row["samples"], "credit": row["credit"]} for row in days]
+
+
+def milestones_shown(*, viewer, **holder) -> list[Milestone]:
+    """The badges a volunteer (``user=``) or a team (``team=``) holds now that ``viewer`` may see,
+    the highest of each measure in each scope: across all runs first, then in each run the viewer
+    may see (a members-only run's badge would name the run)."""
+    from runs.access.rules import run_may_view
+
+    badges = Milestone.objects.filter(**holder, revoked_at=None).select_related("run").order_by("-threshold")
+    highest: dict[tuple, Milestone] = {}
+    for badge in badges:
+        highest.setdefault((badge.run_id or 0, badge.measure), badge)
+    shown = [badge for badge in highest.values() if badge.run is None or run_may_view(run=badge.run, user=viewer)]
+    return sorted(shown, key=lambda badge: (badge.run_id or 0, badge.measure))

@@ -10,10 +10,11 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from accounts.models import User
+from accounts.models import Notification, User
+from accounts.notifications import notify
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
 from runs.access.authority import authority_generate
-from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership
+from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership, TrainingSession
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,30 @@ def run_transition(*, run: Run, actor: User, action: str) -> None:
         raise RunError("the run reads uploaded files: upload at least one text file before it starts")
     run.status = target
     run.save(update_fields=["status"])
-    run_event_record(run=run, actor=actor, kind=kind)
+    event = run_event_record(run=run, actor=actor, kind=kind)
+    if kind in RUN_EVENT_NOTICES:
+        from runs.tasks import run_event_notify_task
+
+        transaction.on_commit(lambda: run_event_notify_task.delay(event.pk))
+
+
+# The run's lifecycle events its volunteers are told about, and as what.
+RUN_EVENT_NOTICES = {RunEvent.Kind.PAUSED: Notification.Kind.RUN_PAUSED, RunEvent.Kind.RESUMED: Notification.Kind.RUN_RESUMED,
+                     RunEvent.Kind.FINISHED: Notification.Kind.RUN_FINISHED}
+
+
+def run_event_notify(*, event_id: int) -> int:
+    """Notify everyone who trained for the event's run (runs in the Celery worker). The event's id is
+    the idempotency key: a retried task notifies nobody twice. Returns the notifications made."""
+    event = RunEvent.objects.select_related("run").get(pk=event_id)
+    run = event.run
+    volunteers = User.objects.filter(pk__in=TrainingSession.objects.filter(run=run).values("user_id"), is_active=True)
+    made = 0
+    for volunteer in volunteers.iterator():
+        with transaction.atomic():
+            made += notify(user=volunteer, kind=RUN_EVENT_NOTICES[event.kind], key=f"run-event:{event.pk}",
+                           context={"run": run.name, "url": run.get_absolute_url()}) is not None
+    return made
 
 
 @transaction.atomic

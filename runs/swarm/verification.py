@@ -43,7 +43,8 @@ from django.db import transaction
 from django.db.models import Min, Sum
 from django.utils import timezone
 
-from accounts.models import User
+from accounts.models import Notification, User
+from accounts.notifications import notify
 from peer_agent.protocol import RunConfig
 from runs.ingest.reports import RUN_PACE_SLACK
 from runs.models import ContributionEvent, Run, RunEvent, SessionEpoch, StepCommitment, TrainingSession
@@ -216,12 +217,21 @@ def epoch_verify(*, row: SessionEpoch, reported: int, announced: int) -> None:
           checked_at=timezone.now())
 
 
-def epoch_flag(*, row: SessionEpoch, reported: int, announced: int | None, detail: str) -> None:
-    """Provisional, verified or flagged → flagged, with the figures for the organizer."""
+def epoch_flag(*, row: SessionEpoch, reported: int, announced: int | None, detail: str, notice: bool = True) -> None:
+    """Provisional, verified or flagged → flagged, with the figures for the organizer; the volunteer
+    is told when the epoch is newly flagged (unless `notice` is off: a suspension tells them once)."""
     if row.status not in (_Status.PROVISIONAL, _Status.VERIFIED, _Status.FLAGGED):
         raise CreditError(f"a {row.status} epoch cannot be flagged")
+    if notice and row.status != _Status.FLAGGED:
+        _credit_notice(row.session_id, Notification.Kind.CREDIT_FLAGGED, f"epoch-flagged:{row.pk}", epoch=row.epoch)
     _save(row, status=_Status.FLAGGED, reported_samples=reported, announced_samples=announced, detail=detail[:500],
           checked_at=timezone.now())
+
+
+def _credit_notice(session_id: int, kind: str, key: str, **context) -> None:
+    session = TrainingSession.objects.select_related("user", "run").get(pk=session_id)
+    notify(user=session.user, kind=kind, key=key,
+           context={"run": session.run.name, "url": session.run.get_absolute_url(), **context})
 
 
 def epoch_reject_unseen(*, row: SessionEpoch, reported: int, detail: str = NEVER_SEEN) -> None:
@@ -261,6 +271,8 @@ def _flag_decide(*, row: SessionEpoch, by: User, status: str, kind: str) -> None
         raise CreditError(f"epoch {locked.epoch} of this session is {locked.status}, not flagged: nothing to decide")
     _save(locked, status=status, decided_by=by, decided_at=timezone.now())
     session = locked.session
+    _credit_notice(session.pk, Notification.Kind.CREDIT_DECIDED, f"epoch-decided:{locked.pk}", epoch=locked.epoch,
+                   accepted=status == _Status.ACCEPTED)
     run_event_record(run=session.run, actor=by, kind=kind, detail=(
         f"{status} {session.user.username}'s epoch {locked.epoch} (session {session.pk}): "
         f"reported {locked.reported_samples}, announced {locked.announced_samples}; {locked.detail}"))
@@ -360,12 +372,16 @@ def check_record(*, commitment: StepCommitment, distances: dict[int, float], tol
 def session_suspend(*, session: TrainingSession, reason: str) -> None:
     """Refuse the session's reports and send all of its epochs to the organizer: credit from a
     session caught faking work counts only where an organizer accepts it."""
+    newly = TrainingSession.objects.filter(pk=session.pk, suspended_at=None).exists()
     TrainingSession.objects.filter(pk=session.pk).update(suspended_at=timezone.now(), suspension_reason=reason[:500])
     session.refresh_from_db()
     for row in SessionEpoch.objects.select_for_update().filter(
             session=session, status__in=(_Status.PROVISIONAL, _Status.VERIFIED)):
         epoch_flag(row=row, reported=row.reported_samples, announced=row.announced_samples,
-                   detail=f"epoch {row.epoch}: session suspended by spot checks: {reason}")
+                   detail=f"epoch {row.epoch}: session suspended by spot checks: {reason}", notice=False)
+    if newly:  # suspended again with a new reason: the volunteer was told already
+        _credit_notice(session.pk, Notification.Kind.SESSION_SUSPENDED,
+                       f"session-suspended:{session.pk}:{session.suspended_at.isoformat()}", session=session.pk)
     run_event_record(run=session.run, actor=None, kind=RunEvent.Kind.SUSPENDED,
                      detail=f"{session.user.username}'s session {session.pk}: {reason}")
 

@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
 
 from accounts.services import token_create
+from accounts.verification import verification_required
 from peer_agent.protocol import RunConfig
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
 from runs.access.rules import run_is_organizer, run_join_refusal, run_list_public, run_may_download_checkpoints, visible_run
@@ -109,6 +110,7 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
         "needs_code": refusal is not None and refusal.code == "invite_only",
         "install_command": _install_command(portal_url),
         "join_command": _join_command(portal_url, run),
+        "unverified": request.user.is_authenticated and verification_required(request.user),
     }
     if request.method == "POST" and request.POST.get("action") == "code":
         try:
@@ -116,6 +118,8 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
         except services.RunError as exc:
             messages.error(request, str(exc))
         return redirect("run-join", slug=run.slug)
+    if request.method == "POST" and request.POST.get("action") == "token" and context["unverified"]:
+        return render(request, "runs/run_join.html", context, status=403)  # the page says why
     if request.method == "POST" and request.POST.get("action") == "token" and refusal is None:
         try:
             rate_limit_hit(name="token_create", key=str(request.user.pk))

@@ -7,7 +7,7 @@
   const url = `${scheme}://${location.host}/ws/runs/${root.dataset.slug}/live/`;
   const body = document.querySelector("#leaderboard tbody");
   const figure = (id, value) => { document.getElementById(id).textContent = value; };
-  const { number, timeElement } = window.portalFormat;
+  const { number, timeElement, milestoneMarks } = window.portalFormat;
   const cell = (text) => { const td = document.createElement("td"); td.textContent = text; return td; };
 
   function render(snapshot) {
@@ -31,7 +31,7 @@
       const link = document.createElement("a");
       link.href = row.profile_url;
       link.textContent = row.name;
-      name.append(link);
+      name.append(link, ...milestoneMarks(row.milestones));
       const lastSeen = document.createElement("td");
       if (row.last_seen) lastSeen.append(timeElement(row.last_seen)); else lastSeen.textContent = "—";
       tr.append(cell(number(row.rank)), name, cell(number(row.samples)), cell(number(row.credit)),

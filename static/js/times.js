@@ -26,6 +26,21 @@
     return time;
   }
 
-  window.portalFormat = { time: formatTime, number: formatNumber, timeElement };
+  // The badges next to a name on a board, as runs/includes/milestone_marks.html writes them.
+  function milestoneMarks(marks) {
+    return (marks || []).map((mark) => {
+      const span = document.createElement("span");
+      const words = mark.measure === "samples"
+        ? gettext("Milestone: %(amount)s confirmed samples") : gettext("Milestone: %(amount)s GFLOP of confirmed credit");
+      span.className = `milestone milestone-${mark.measure}`;
+      span.setAttribute("role", "img");
+      span.title = interpolate(words, { amount: formatNumber(mark.threshold) }, true);
+      span.setAttribute("aria-label", span.title);
+      span.textContent = "★";
+      return span;
+    });
+  }
+
+  window.portalFormat = { time: formatTime, number: formatNumber, timeElement, milestoneMarks };
   for (const time of document.querySelectorAll("time.local")) time.textContent = formatTime(time.dateTime);
 })();

@@ -3,11 +3,20 @@ over `WS /ws/agent/` of a live server as an agent does."""
 
 import datetime
 import json
+from pathlib import Path
 
 from playwright.sync_api import expect
 from websockets.sync.client import connect
 
 from tests.factories import PASSWORD
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
+# The violations of serious and critical impact axe finds on the page, with up to three elements each.
+AXE_RUN = """async () => {
+  const result = await axe.run(document, { resultTypes: ["violations"] });
+  return result.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(" | ")}`);
+}"""
 
 
 def log_in(page, username: str) -> None:

@@ -3,40 +3,35 @@ no page scrolls sideways, axe-core finds no serious or critical accessibility vi
 screenshot of each lands in artifacts/screenshots/phone-<role>-<page>.png. One browser session per
 role visits every page, and the test reports every problem it met at once."""
 
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from accounts.notifications import notify
 from accounts.services import team_create
 from runs.credit.rollup import credit_rollup
-from runs.models import RunSample
-from tests.browser.steps import log_in
+from runs.models import Certificate, RunSample
+from tests.browser.steps import AXE, AXE_RUN, log_in
 from tests.factories import NOW, RunFactory, report, session_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
 PHONE = {"width": 360, "height": 780}
-# The violations of serious and critical impact axe finds on the page, with up to three elements each.
-AXE_RUN = """async () => {
-  const result = await axe.run(document, { resultTypes: ["violations"] });
-  return result.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
-    .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(" | ")}`);
-}"""
 OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
+CERTIFICATE = "bangla-amina-certificate"  # the code of amina's certificate for the run
 PUBLIC_PAGES = {
     "home": "/", "runs": "/runs/", "run": "/runs/bangla/", "run-health": "/runs/bangla/health/",
     "leaderboard": "/leaderboard/", "leaderboard-teams": "/leaderboard/?by=team&window=all",
     "teams": "/teams/", "team": "/teams/dhaka-compute/", "volunteer": "/volunteers/amina/", "stats": "/stats/",
+    "certificate": f"/certificates/{CERTIFICATE}/", "certificate-forged": "/certificates/forged0000000000000000/",
 }
 ROLE_PAGES = {
     "visitor": {**PUBLIC_PAGES, "login": "/accounts/login/", "signup": "/accounts/signup/",
                 "password-reset": "/accounts/password_reset/"},
     "volunteer": {**PUBLIC_PAGES, "join": "/runs/bangla/join/", "tokens": "/tokens/", "profile": "/accounts/profile/",
-                  "team-new": "/teams/new/", "password-change": "/accounts/password_change/"},
+                  "notifications": "/notifications/", "team-new": "/teams/new/", "password-change": "/accounts/password_change/"},
     "organizer": {"run": "/runs/bangla/", "run-new": "/runs/new/", "run-edit": "/runs/bangla/edit/",
                   "participants": "/runs/bangla/participants/", "flags": "/runs/bangla/flags/",
                   "run-health": "/runs/bangla/health/"},
@@ -53,6 +48,9 @@ def bangla_run(organizer, volunteer):
     report(session_for(run, volunteer, machine="home desktop"), samples=123456, at=NOW)
     credit_rollup()
     team_create(founder=volunteer, name="Dhaka Compute", description="We train Bengali models.")
+    Certificate.objects.create(run=run, user=volunteer, code=CERTIFICATE)
+    # The bell shows a count on every page of the volunteer's, and the notifications page has a row.
+    notify(user=volunteer, kind="run_resumed", key="run-event:1", context={"run": run.name, "url": run.get_absolute_url()})
     now = timezone.now()
     for seconds, epoch in ((120, 3), (60, 4), (0, 5)):
         RunSample.objects.create(run=run, at=now - timezone.timedelta(seconds=seconds), global_epoch=epoch,

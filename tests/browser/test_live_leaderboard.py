@@ -46,3 +46,31 @@ def test_a_report_updates_the_leaderboard_without_a_reload(browser, asgi_server,
     assert page.evaluate("window.__not_reloaded") is True
     screenshot(page, "live-leaderboard")
     page.close()
+
+
+def test_the_board_across_runs_updates_without_a_reload_and_shows_a_milestone(browser, asgi_server, volunteer, screenshot,
+                                                                             settings):
+    from runs.credit.milestones import VOLUNTEER_THRESHOLDS
+    from tests.factories import report, session_for
+
+    settings.CREDIT_ROLLUP_SETTLE_SECONDS = 0
+    session = session_for(RunFactory(slug="global-live", name="Global live"), volunteer)
+    page = browser.new_page(base_url=asgi_server)
+    page.goto("/leaderboard/")
+    expect(page.locator("#board")).to_contain_text("No contributions yet")
+    expect(page.locator("#board-live")).to_have_class("connected")
+    page.evaluate("window.__not_reloaded = true")
+
+    milestone = VOLUNTEER_THRESHOLDS["samples"][0]
+    report(session, milestone - 1, epoch=1)  # stored and confirmed by the monitor
+    assert credit_rollup() == 1
+    row = page.locator("#board tr[data-name='vik']")
+    expect(row).to_be_visible()
+    expect(row.locator(".milestone-samples")).to_have_count(0)
+    report(session, 1, epoch=2)
+    assert credit_rollup() == 1
+    mark = row.locator(".milestone-samples")
+    expect(mark).to_have_attribute("aria-label", f"Milestone: {milestone:,} confirmed samples")
+    assert page.evaluate("window.__not_reloaded") is True
+    screenshot(page, "live-leaderboard-all-runs")
+    page.close()

@@ -107,3 +107,74 @@ def test_the_live_feed_refuses_foreign_origins_and_hidden_drafts():
     assert not async_to_sync(connects)("/ws/runs/draft-run/live/", b"http://127.0.0.1")
     RunFactory(slug="open-run")
     assert not async_to_sync(connects)("/ws/runs/open-run/live/", b"http://evil.example")
+
+
+async def _board_frames(path: str, count: int, between) -> list[dict]:
+    """The first ``count`` frames of ``path``, calling ``between`` (in a thread) after each but the last."""
+    from channels.db import database_sync_to_async
+
+    communicator = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://127.0.0.1")])
+    connected, _ = await communicator.connect()
+    assert connected
+    frames = []
+    try:
+        for index in range(count):
+            frames.append(json.loads(await communicator.receive_from(timeout=10)))
+            if index < count - 1:
+                await database_sync_to_async(between, thread_sensitive=False)()
+    finally:
+        await communicator.disconnect()
+    return frames
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_board_across_runs_is_live_and_pushes_confirmed_work_as_it_is_counted():
+    from peer_agent.protocol import BoardSnapshot
+    from runs.credit.milestones import VOLUNTEER_THRESHOLDS
+
+    first, second = RunFactory(slug="first-run"), RunFactory(slug="second-run")
+    amina, rahim = UserFactory(username="amina"), UserFactory(username="rahim")
+    contribute(first, amina, 64)
+    credit_rollup()
+    milestone = VOLUNTEER_THRESHOLDS["samples"][0]
+
+    def rahim_trains_in_another_run():
+        contribute(second, rahim, milestone, seq=2)
+        credit_rollup()
+
+    before, after = async_to_sync(_board_frames)("/ws/leaderboard/live/?by=user&window=all", 2, rahim_trains_in_another_run)
+    assert [(row["name"], row["samples"]) for row in before["leaderboard"]] == [("amina", 64)]
+    assert [(row["name"], row["samples"]) for row in after["leaderboard"]] == [("rahim", milestone), ("amina", 64)]
+    assert {"measure": "samples", "threshold": milestone} in after["leaderboard"][0]["milestones"]
+    assert after["leaderboard"][1]["milestones"] == []
+    assert BoardSnapshot.model_validate(after).model_dump(mode="json") == after, "the frame is the protocol's BoardSnapshot"
+    teams = async_to_sync(_board_frames)("/ws/leaderboard/live/?by=team&window=24h", 1, None)[0]
+    assert (teams["by"], teams["window"], teams["leaderboard"]) == ("team", "24h", [])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("query", ["by=robots", "window=1y", "by=user&window=forever"])
+def test_the_live_board_refuses_a_choice_it_does_not_have(query):
+    async def close_code() -> int:
+        communicator = WebsocketCommunicator(application, f"/ws/leaderboard/live/?{query}",
+                                             headers=[(b"origin", b"http://127.0.0.1")])
+        connected, code = await communicator.connect()
+        await communicator.disconnect()
+        assert not connected
+        return code
+
+    assert async_to_sync(close_code)() == 4400
+
+
+def test_the_page_and_the_api_show_a_badge_next_to_a_name_that_reached_a_milestone(client, board):
+    from runs.credit.milestones import VOLUNTEER_THRESHOLDS
+
+    run, _ = board
+    milestone = VOLUNTEER_THRESHOLDS["samples"][0]  # vik's 1,200 confirmed samples passed it; amina's 300 did not
+    rows = {row["name"]: row for row in client.get("/api/v1/runs/board-run/leaderboard").json()}
+    assert rows["Vik the Brave"]["milestones"][0] == {"measure": "samples", "threshold": milestone}
+    assert rows["amina"]["milestones"] == []
+    page = client.get("/leaderboard/").content.decode()
+    vik_row = page.split('data-name="Vik the Brave"')[1].split("</tr>")[0]
+    assert 'class="milestone milestone-samples"' in vik_row
+    assert "milestone" not in page.split('data-name="amina"')[1].split("</tr>")[0]

@@ -7,9 +7,11 @@ one); bruno: banned from both; olga: organizer of both; otto: organizer of anoth
 import pytest
 from django.core.files.base import ContentFile
 
+from accounts.notifications import unsubscribe_link
 from accounts.services import team_create, token_create, token_revoke
+from accounts.verification import verification_link
 from runs.access.sessions import session_link_token
-from runs.models import Checkpoint, RunMembership, SessionEpoch
+from runs.models import Certificate, Checkpoint, RunCredit, RunMembership, SessionEpoch
 from runs.setup.services import data_file_add, run_ban
 from tests.factories import UserFactory
 from tests.security.world import World, world_run, world_session
@@ -39,6 +41,9 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
                    for run in (public, invite)}
     (settings.MEDIA_ROOT / "agent").mkdir(parents=True, exist_ok=True)
     (settings.MEDIA_ROOT / "agent" / "peer_agent-0.1.0-py3-none-any.whl").write_bytes(b"PK")
+    # vik's confirmed work in the public run, and the certificate it earned (its page recomputes it from here).
+    RunCredit.objects.create(run=public, user=volunteer, samples=64, samples_verified=64, credit_verified=112.0, credit=112.0)
+    certificate = Certificate.objects.create(run=public, user=volunteer)
     values = {
         "public": public.slug, "invite": invite.slug, "team": team.slug, "vik_token": vik_token[0].pk,
         "data_file": data_file.pk, "wheel": "peer_agent-0.1.0-py3-none-any.whl",
@@ -46,6 +51,9 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
         "flag": SessionEpoch.objects.create(session=public_session, epoch=1, reported_samples=64, announced_samples=32,
                                             status=SessionEpoch.Status.FLAGGED).pk,
         "vik": volunteer.username,
+        "vik_certificate": certificate.code,
+        "vik_verify": verification_link(user=volunteer).rsplit("/verify/", 1)[1].strip("/"),
+        "vik_unsubscribe": unsubscribe_link(user=volunteer, kind="run_paused").rsplit("/unsubscribe/", 1)[1].strip("/"),
         "invite_data_link": f"{session_link_token(session=invite_session, kind='data', target=data_file)}/{data_file.pk}.txt",
         "invite_checkpoint_link": (f"{session_link_token(session=invite_session, kind='checkpoint', target=checkpoints[invite])}"
                                    f"/{checkpoints[invite].pk}.zip"),

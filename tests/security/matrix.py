@@ -34,6 +34,14 @@ PAGES = [
     ("/accounts/password_reset/done/",            "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/accounts/reset/MQ/bad-token/",             "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/accounts/reset/done/",                     "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/verify/resend/",                  "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/accounts/verify/{vik_verify}/",            "GET",  L,    L,     302,  L,     L,    L,    L),
+    ("/accounts/verify/forged-link/",             "GET",  400,  400,   400,  400,   400,  400,  400),
+    ("/notifications/",                           "GET",  L,    200,   200,  200,   200,  200,  200),
+    ("/notifications/read/",                      "POST", L,    302,   302,  302,   302,  302,  302),
+    ("/notifications/unsubscribe/{vik_unsubscribe}/", "GET", 200, 200, 200,  200,   200,  200,  200),
+    ("/notifications/unsubscribe/{vik_unsubscribe}/", "POST", 200, 200, 200, 200,   200,  200,  200),
+    ("/notifications/unsubscribe/forged-link/",   "GET",  400,  400,   400,  400,   400,  400,  400),
     ("/tokens/",                                  "GET",  L,    200,   200,  200,   200,  200,  200),
     ("/tokens/",                                  "POST", L,    200,   200,  200,   200,  200,  200),
     ("/tokens/{vik_token}/revoke/",               "POST", L,    404,   302,  404,   404,  404,  404),
@@ -76,6 +84,10 @@ PAGES = [
     ("/runs/{public}/flags/{flag}/reject/",       "GET",  405,  405,   405,  405,   405,  405,  405),
     ("/runs/{public}/suspended/{public_session}/lift/", "POST", L, 403,   403,  403,   302,  403,  302),
     ("/leaderboard/",                             "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{public}/certificate.svg",            "GET",  L,    404,   200,  404,   404,  404,  404),
+    ("/runs/{invite}/certificate.png",            "GET",  L,    404,   404,  404,   404,  404,  404),
+    ("/certificates/{vik_certificate}/",          "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/certificates/forged0000000000000000/",     "GET",  404,  404,   404,  404,   404,  404,  404),
     ("/runs/",                                    "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/i18n/setlang/",                            "POST", 302,  302,   302,  302,   302,  302,  302),
     ("/jsi18n/",                                  "GET",  200,  200,   200,  200,   200,  200,  200),
@@ -127,6 +139,7 @@ FORMS = {
     "/accounts/login/": {"username": "nobody", "password": "wrong"},
     "/accounts/password_reset/": {"email": "someone@example.org"},
     "/tokens/": {"name": "laptop", "lifetime_days": 30},
+    "/notifications/read/": {"all": "1"},
     "/teams/new/": {"name": "Sylhet Compute"},
     "/i18n/setlang/": {"language": "bn", "next": "/runs/"},
     "/runs/{public}/join/": {"action": "token"},
@@ -140,3 +153,7 @@ FORMS = {
 
 def post_data(template: str) -> dict:
     return {key: value() if callable(value) else value for key, value in FORMS.get(template, {}).items()}
+
+# POSTs that take no CSRF token, and why: the signed link in a notification e-mail is the credential
+# (never the session cookie), and mail clients' one-click unsubscribe (RFC 8058) posts without one.
+CSRF_EXEMPT = {"/notifications/unsubscribe/{vik_unsubscribe}/"}

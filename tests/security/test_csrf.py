@@ -9,7 +9,7 @@ from django.test import Client
 from accounts.models import AgentToken
 from runs.models import TrainingSession
 from tests.factories import join_body
-from tests.security.matrix import API, PAGES, PERSONAS, post_data
+from tests.security.matrix import API, CSRF_EXEMPT, PAGES, PERSONAS, post_data
 
 REFUSED = {403, 404, 405, "login", "admin-login"}
 
@@ -21,7 +21,7 @@ def _allowed_persona(statuses: tuple) -> str:
 
 FORM_POSTS = [
     pytest.param(path, _allowed_persona(statuses), id=path)
-    for path, method, *statuses in PAGES if method == "POST"
+    for path, method, *statuses in PAGES if method == "POST" and path not in CSRF_EXEMPT
 ]
 
 
@@ -71,3 +71,15 @@ def test_the_agent_api_does_not_take_a_session_cookie_for_a_state_change(world, 
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "token_missing"
     assert TrainingSession.objects.count() == sessions_before
+
+
+@pytest.mark.parametrize("template", sorted(CSRF_EXEMPT))
+def test_a_form_exempt_from_csrf_acts_on_its_signed_link_and_never_on_the_session(world, template):
+    """A forged cross-site post carries the victim's cookie but not a link only their mailbox holds:
+    logged in as oscar, vik's link still acts for vik alone, and oscar's settings stay as they were."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(world.users["oscar"])
+    assert client.post(template.format(**world.values)).status_code == 200
+    world.users["oscar"].refresh_from_db()
+    world.users["vik"].refresh_from_db()
+    assert world.users["oscar"].email_opt_outs == [] and world.users["vik"].email_opt_outs == ["run_paused"]

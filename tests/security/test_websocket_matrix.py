@@ -7,7 +7,8 @@ itself is refused (an error frame, then the socket closed with 4401).
 
 LIVE: `WS /ws/runs/{slug}/live/` with each persona's session cookie. The cell is "snapshot" (the
 feed opened and pushed the board), 4404 (no such run for this viewer) or DENIED (a foreign
-`Origin`: the handshake is refused before any run is looked up).
+`Origin`: the handshake is refused before any run is looked up). `WS /ws/leaderboard/live/` (the board
+across runs) is everyone's, as its page is; a choice of board it does not have is 4400.
 
 A websocket route with no row fails `test_every_websocket_route_has_a_row`.
 """
@@ -51,6 +52,9 @@ LIVE = [
     ("/ws/runs/no-such-run/live/",      "http://127.0.0.1",    4404, 4404, 4404, 4404, 4404, 4404, 4404),
     ("/ws/runs/{public}/live/",         "http://evil.example", DENIED, DENIED, DENIED, DENIED, DENIED, DENIED, DENIED),
     ("/ws/runs/{draft}/live/",          "http://evil.example", DENIED, DENIED, DENIED, DENIED, DENIED, DENIED, DENIED),
+    ("/ws/leaderboard/live/",           "http://127.0.0.1",    "snapshot", "snapshot", "snapshot", "snapshot", "snapshot", "snapshot", "snapshot"),  # noqa: E501
+    ("/ws/leaderboard/live/?by=robots", "http://127.0.0.1",    4400, 4400, 4400, 4400, 4400, 4400, 4400),
+    ("/ws/leaderboard/live/",           "http://evil.example", DENIED, DENIED, DENIED, DENIED, DENIED, DENIED, DENIED),
 ]
 
 
@@ -131,6 +135,7 @@ def test_live_socket(sockets_world, template, origin, expected):
 
 
 def test_every_websocket_route_has_a_row():
-    paths = ["ws/agent/", *(template.lstrip("/").format_map(collections.defaultdict(lambda: "slug")) for template, *_ in LIVE)]
+    paths = ["ws/agent/", *(template.lstrip("/").split("?")[0].format_map(collections.defaultdict(lambda: "slug"))
+                            for template, *_ in LIVE)]
     missing = [str(route.pattern) for route in websocket_urlpatterns if not any(route.pattern.match(path) for path in paths)]
     assert not missing, f"websocket routes with no row in the permission matrix: {missing}"

@@ -1,0 +1,20 @@
+"""Celery tasks of the accounts app: entry points that call one service each."""
+
+import smtplib
+
+from celery import shared_task
+
+from accounts import notifications
+
+
+@shared_task(acks_late=True, ignore_result=True, autoretry_for=(smtplib.SMTPException, OSError),
+             retry_backoff=30, max_retries=6)
+def notification_email_task(notification_id: int) -> str:
+    """Send one notification's e-mail; a retry or a duplicate of this task sends nothing new."""
+    return notifications.notification_email_send(notification_id=notification_id)
+
+
+@shared_task(ignore_result=True)
+def tokens_expiring_task() -> int:
+    """Hourly: tell volunteers whose agent tokens expire within 7 days."""
+    return notifications.tokens_expiring_notify()

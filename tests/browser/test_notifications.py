@@ -1,0 +1,82 @@
+"""The bell, the notifications page, the verification and the unsubscribe links in a real Chromium:
+the unread count follows what the volunteer reads, the e-mails' links work from a logged-out
+browser, and axe-core finds no serious or critical violation on the pages they lead to."""
+
+import re
+
+import pytest
+from django.core import mail
+from playwright.sync_api import expect
+
+from accounts.models import User
+from accounts.notifications import notify
+from tests.browser.steps import AXE, AXE_RUN, log_in
+from tests.factories import PASSWORD, UserFactory
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def axe_problems(page) -> list[str]:
+    page.add_script_tag(path=str(AXE))
+    return page.evaluate(AXE_RUN)
+
+
+def link_from(message, pattern: str) -> str:
+    return re.search(rf"https?://[^/\s]+(/{pattern}/[^\s\"<>]+/)", message.body).group(1)
+
+
+def test_the_bell_counts_unread_notifications_until_they_are_read(page, live_server, screenshot):
+    amina = UserFactory(username="amina")
+    for key, run in (("run-event:1", "Bangla ALBERT"), ("run-event:2", "Hindi BERT")):
+        notify(user=amina, kind="run_paused", key=key, context={"run": run, "url": "/runs/"})
+    log_in(page, "amina")
+    bell = page.locator("#bell")
+    expect(bell).to_have_accessible_name("Notifications: 2 unread")
+    expect(bell.locator(".bell-count")).to_have_text("2")
+
+    bell.click()
+    expect(page).to_have_url(re.compile(r"/notifications/$"))
+    expect(page.locator("#notification-list li.unread")).to_have_count(2)
+    assert axe_problems(page) == []
+    screenshot(page, "notifications")
+
+    page.locator("#notification-list li", has_text="Hindi BERT").get_by_role("button", name="Mark read").click()
+    expect(bell).to_have_accessible_name("Notifications: 1 unread")
+    expect(page.locator("#notification-list li.unread")).to_contain_text("Bangla ALBERT")
+    page.get_by_role("button", name="Mark all read").click()
+    expect(bell.locator(".bell-count")).to_have_count(0)
+    expect(bell).to_have_accessible_name("Notifications")
+
+
+def test_the_unsubscribe_link_of_an_email_works_in_a_logged_out_browser(page, live_server, screenshot):
+    amina = UserFactory(username="amina")
+    notify(user=amina, kind="run_finished", key="run-event:3", context={"run": "Bangla ALBERT"})
+    page.goto(link_from(mail.outbox[-1], "notifications/unsubscribe"))
+    expect(page.get_by_text("Stop e-mails about “A run I train for is finished”?")).to_be_visible()
+    assert axe_problems(page) == []
+    page.get_by_role("button", name="Unsubscribe").click()
+    expect(page.locator("#unsubscribe-result")).to_contain_text("no more e-mails")
+    screenshot(page, "unsubscribed")
+    amina.refresh_from_db()
+    assert amina.email_opt_outs == ["run_finished"]
+
+
+def test_sign_up_verify_by_the_mailed_link_then_create_a_token(page, live_server, screenshot):
+    page.goto("/accounts/signup/")
+    page.fill("#id_username", "rumana")
+    page.fill("#id_email", "rumana@example.org")
+    page.fill("#id_password1", PASSWORD)
+    page.fill("#id_password2", PASSWORD)
+    page.get_by_role("button", name="Create account").click()
+    blocked = page.locator("#token-blocked")
+    expect(blocked).to_contain_text("rumana@example.org")
+    expect(page.get_by_role("button", name="Create token")).to_have_count(0)
+    assert axe_problems(page) == []
+    screenshot(page, "tokens-before-verification")
+
+    page.goto(link_from(mail.outbox[-1], "accounts/verify"))
+    expect(page.get_by_text("Your e-mail address rumana@example.org is confirmed.")).to_be_visible()
+    page.fill("#id_name", "home desktop")
+    page.get_by_role("button", name="Create token").click()
+    expect(page.locator("#new-token-secret")).to_contain_text("dlp_")
+    assert User.objects.get(username="rumana").agent_tokens.count() == 1
