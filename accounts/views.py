@@ -1,5 +1,6 @@
 import datetime
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
@@ -10,11 +11,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+from django.views.i18n import set_language
 
 from accounts import selectors, services
 from accounts.auth import request_ip
 from accounts.forms import AgentTokenForm, HandOverForm, LoginForm, ProfileForm, SignUpForm, TeamForm
-from accounts.models import AgentToken, Notification, Team
+from accounts.models import AgentToken, Notification, Team, User
 from accounts.notifications import (
     email_opt_out,
     notification_text,
@@ -283,3 +285,14 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     if request.method == "POST":
         email_opt_out(user=user, kind=kind)
     return render(request, "accounts/unsubscribe.html", {"kind": label, "done": request.method == "POST"})
+
+
+@require_POST
+def language_set(request: HttpRequest) -> HttpResponse:
+    """The footer's switcher (Django's set_language), remembered on the account too: the
+    volunteer's e-mails are written in the language they last chose."""
+    response = set_language(request)
+    language = request.POST.get("language")
+    if request.user.is_authenticated and language in dict(settings.LANGUAGES) and language != request.user.language:
+        User.objects.filter(pk=request.user.pk).update(language=language)
+    return response

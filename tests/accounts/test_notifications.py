@@ -296,3 +296,16 @@ def test_emails_are_plain_text_and_html_in_the_volunteers_language(volunteer, co
 def test_notify_refuses_an_unknown_kind_or_a_link_off_the_site(volunteer, kind, context):
     with pytest.raises(ValueError):
         notify(user=volunteer, kind=kind, key="k", context=context)
+
+
+def test_the_language_switcher_sets_the_language_of_a_volunteers_emails(volunteer, client_for, committed):
+    response = client_for(volunteer).post("/i18n/setlang/", {"language": "bn", "next": "/runs/"})
+    assert response.status_code == 302 and response.cookies["django_language"].value == "bn"
+    volunteer.refresh_from_db()
+    assert volunteer.language == "bn"
+    with committed():
+        notify(user=volunteer, kind="run_resumed", key="run-event:5", context={"run": "Bangla ALBERT"})
+    assert "আবার চালু" in mail.outbox[0].body
+    client_for(volunteer).post("/i18n/setlang/", {"language": "xx"})
+    volunteer.refresh_from_db()
+    assert volunteer.language == "bn", "a language the portal does not speak is ignored"
