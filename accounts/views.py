@@ -72,6 +72,14 @@ def signup(request: HttpRequest) -> HttpResponse:
 @login_required
 def profile(request: HttpRequest) -> HttpResponse:
     form = ProfileForm(request.POST or None, instance=request.user)
+    if request.method == "POST" and form.is_valid() and "email" in form.changed_data:
+        try:  # each new address gets a mail: the limit keeps the form from mailing strangers in bulk
+            rate_limit_hit(name="verify_resend", key=str(request.user.pk))
+        except RateLimited as exc:
+            form.add_error("email", _("We sent several links already; try again in %(seconds)s s.")
+                           % {"seconds": exc.retry_after})
+            request.user.refresh_from_db()
+            return rate_limited_page(render(request, "accounts/profile.html", {"form": form}), exc)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         messages.success(request, _("Your profile was saved."))
