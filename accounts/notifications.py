@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 Kind = Notification.Kind
 TOKEN_NOTICE = datetime.timedelta(days=7)
+PENDING_SWEEP_AFTER = datetime.timedelta(minutes=5)
 _UNSUBSCRIBE_SALT = "accounts.notifications.unsubscribe"
 
 
@@ -74,7 +75,24 @@ def notify_many(*, user_ids: list[int], kind: str, key: str, context: dict | Non
 def _email_queue(notification_id: int) -> None:
     from accounts.tasks import notification_email_task
 
-    notification_email_task.delay(notification_id)
+    try:
+        notification_email_task.delay(notification_id)
+    except Exception:  # a broker outage must not fail the event that was just committed
+        logger.warning("could not queue the e-mail of notification %s; the pending sweep will", notification_id,
+                       exc_info=True)
+
+
+def notification_emails_pending(*, now: datetime.datetime | None = None) -> int:
+    """Queue again the e-mails still pending a while after their notification (the broker was down,
+    a message was lost); the claim keeps any that was queued twice to one e-mail. Notifications
+    older than two days are left unsent: news that late is noise. Returns how many were queued."""
+    now = now or timezone.now()
+    stale = Notification.objects.filter(email_state=Notification.Email.PENDING, created_at__lt=now - PENDING_SWEEP_AFTER,
+                                        created_at__gte=now - datetime.timedelta(days=2))
+    ids = list(stale.order_by("pk").values_list("pk", flat=True)[:1000])
+    for notification_id in ids:
+        _email_queue(notification_id)
+    return len(ids)
 
 
 def notification_text(notification: Notification) -> str:

@@ -153,6 +153,7 @@ CELERY_BEAT_SCHEDULE = {
     "pending-expire": {"task": "runs.tasks.pending_expire_task", "schedule": 300.0},
     "stats-dump-daily": {"task": "runs.tasks.stats_dump_task", "schedule": crontab(minute=5, hour=0)},
     "tokens-expiring": {"task": "accounts.tasks.tokens_expiring_task", "schedule": 3600.0},
+    "notification-emails-pending": {"task": "accounts.tasks.notification_emails_pending_task", "schedule": 600.0},
 }
 
 # --- auth --------------------------------------------------------------------------------------

@@ -13,10 +13,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts import notifications
 from accounts.models import Notification
 from accounts.notifications import notify
 from accounts.services import token_create
-from accounts.tasks import notification_email_task, tokens_expiring_task
+from accounts.tasks import notification_email_task, notification_emails_pending_task, tokens_expiring_task
 from runs.models import RunEvent, SessionEpoch
 from runs.setup.services import run_transition
 from runs.swarm import verification
@@ -309,3 +310,31 @@ def test_the_language_switcher_sets_the_language_of_a_volunteers_emails(voluntee
     client_for(volunteer).post("/i18n/setlang/", {"language": "xx"})
     volunteer.refresh_from_db()
     assert volunteer.language == "bn", "a language the portal does not speak is ignored"
+
+
+def test_a_broker_outage_neither_fails_the_event_nor_loses_the_email(trained, organizer, committed, monkeypatch):
+    from kombu.exceptions import OperationalError
+
+    run, session = trained
+
+    def broker_down(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to redis:6379. Connection refused.")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(notification_email_task, "delay", broker_down)
+        with committed():
+            run_transition(run=run, actor=organizer, action="pause")
+    run.refresh_from_db()
+    assert run.status == "paused" and mail.outbox == []
+    assert Notification.objects.get(user=session.user).email_state == "pending"
+
+    assert notification_emails_pending_task.delay().get() == 0, "a fresh notification waits for its own task"
+    later = timezone.now() + datetime.timedelta(minutes=6)
+    assert notifications.notification_emails_pending(now=later) == 1
+    assert notifications.notification_emails_pending(now=later) == 0
+    assert len(mail.outbox) == 1 and "was paused" in mail.outbox[0].body
+
+
+def test_the_beat_runs_the_expiry_scan_and_the_pending_sweep(settings):
+    tasks = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert {tokens_expiring_task.name, notification_emails_pending_task.name} <= tasks
