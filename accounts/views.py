@@ -275,7 +275,9 @@ def notification_list(request: HttpRequest) -> HttpResponse:
 def notification_read(request: HttpRequest) -> HttpResponse:
     """Marks the posted notification ids read, or all with `all`; ids of others' notifications do nothing."""
     ids = request.POST.getlist("id")
-    if not request.POST.get("all") and (not ids or not all(value.isdigit() and len(value) < 19 for value in ids)):
+    # ASCII digits only: "²" passes str.isdigit() and then fails int().
+    well_formed = ids and all(value.isascii() and value.isdigit() and len(value) < 19 for value in ids)
+    if not request.POST.get("all") and not well_formed:
         return HttpResponseBadRequest(_("Say which notifications to mark read."), content_type="text/plain; charset=utf-8")
     notifications_mark_read(user=request.user, ids=None if request.POST.get("all") else [int(value) for value in ids])
     return redirect(request.POST.get("next") if request.POST.get("next", "").startswith("/notifications/") else "notifications")

@@ -267,7 +267,7 @@ def test_an_outsider_can_neither_read_nor_mark_anothers_notifications(volunteer,
     assert 'class="bell-count"' in client_for(volunteer).get("/").content.decode()
 
 
-@pytest.mark.parametrize("ids", [[], ["abc"], ["1e9"], ["9" * 40]])
+@pytest.mark.parametrize("ids", [[], ["abc"], ["1e9"], ["9" * 40], ["²"], ["-1"]])
 def test_marking_read_without_valid_ids_is_refused_with_a_reason(volunteer, client_for, ids):
     response = client_for(volunteer).post(reverse("notifications-read"), {"id": ids})
     assert response.status_code == 400 and b"notifications" in response.content
