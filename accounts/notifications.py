@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 Kind = Notification.Kind
 TOKEN_NOTICE = datetime.timedelta(days=7)
+PENDING_SWEEP_AFTER = datetime.timedelta(minutes=5)
 _UNSUBSCRIBE_SALT = "accounts.notifications.unsubscribe"
 
 
@@ -54,10 +55,44 @@ def notify(*, user: User, kind: str, key: str, context: dict | None = None) -> N
     return notification
 
 
+def notify_many(*, user_ids: list[int], kind: str, key: str, context: dict | None = None) -> int:
+    """:func:`notify` for many volunteers at once, about one event (a run paused): one insert that
+    skips those told already. Returns the notifications made. Two copies of a task racing here may
+    both queue an e-mail for a row; the e-mail task's claim sends it once."""
+    if kind not in Kind.values:
+        raise ValueError(f"unknown notification kind {kind!r}")
+    context = dict(context or {})
+    told = set(Notification.objects.filter(kind=kind, key=key, user_id__in=user_ids).values_list("user_id", flat=True))
+    fresh = [user_id for user_id in user_ids if user_id not in told]
+    Notification.objects.bulk_create([Notification(user_id=user_id, kind=kind, key=key[:200], context=context)
+                                      for user_id in fresh], ignore_conflicts=True)
+    made = list(Notification.objects.filter(kind=kind, key=key, user_id__in=fresh, email_state=Notification.Email.PENDING)
+                .values_list("pk", flat=True))
+    transaction.on_commit(lambda: [_email_queue(pk) for pk in made])
+    return len(made)
+
+
 def _email_queue(notification_id: int) -> None:
     from accounts.tasks import notification_email_task
 
-    notification_email_task.delay(notification_id)
+    try:
+        notification_email_task.delay(notification_id)
+    except Exception:  # a broker outage must not fail the event that was just committed
+        logger.warning("could not queue the e-mail of notification %s; the pending sweep will", notification_id,
+                       exc_info=True)
+
+
+def notification_emails_pending(*, now: datetime.datetime | None = None) -> int:
+    """Queue again the e-mails still pending a while after their notification (the broker was down,
+    a message was lost); the claim keeps any that was queued twice to one e-mail. Notifications
+    older than two days are left unsent: news that late is noise. Returns how many were queued."""
+    now = now or timezone.now()
+    stale = Notification.objects.filter(email_state=Notification.Email.PENDING, created_at__lt=now - PENDING_SWEEP_AFTER,
+                                        created_at__gte=now - datetime.timedelta(days=2))
+    ids = list(stale.order_by("pk").values_list("pk", flat=True)[:1000])
+    for notification_id in ids:
+        _email_queue(notification_id)
+    return len(ids)
 
 
 def notification_text(notification: Notification) -> str:
