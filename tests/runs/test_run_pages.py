@@ -31,7 +31,7 @@ def test_an_organizer_creates_a_draft_run_from_a_preset(client_for, organizer):
 @pytest.mark.parametrize(
     ("change", "field", "message"),
     [
-        ({"training__target_batch_size": "4"}, "training__target_batch_size", "must be at least one peer"),
+        ({"training__target_batch_size": "4"}, "training__target_batch_size", "Must be at least one peer"),
         ({"training__warmup_steps": "9000", "training__total_steps": "5000"}, "training__warmup_steps", ""),
         ({"model__preset": "gigantic"}, "model__preset", "Select a valid choice"),
         ({"model__preset": "custom"}, "model__hidden_size", ""),
