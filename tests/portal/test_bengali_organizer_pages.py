@@ -94,3 +94,23 @@ def test_the_health_page_reads_bengali_with_bengali_digits(bengali_organizer, ba
 @pytest.mark.parametrize("path", ["/runs/bangla/edit/", "/runs/new/", "/runs/bangla/participants/", "/runs/bangla/flags/"])
 def test_the_other_organizer_pages_read_bengali(bengali_organizer, bangla, path):
     assert english_words(main_of(bengali_organizer.get(path))) == set()
+
+
+def test_a_refused_lifecycle_action_is_explained_in_bengali(bengali_organizer, bangla):
+    bangla.status = Run.Status.FINISHED
+    bangla.save()
+    page = main_of(bengali_organizer.post("/runs/bangla/status/resume/", follow=True))
+    assert "সমাপ্ত অবস্থার রান আবার চালু করা যায় না" in page
+
+
+def test_an_allowlist_naming_nobody_is_refused_in_bengali(bengali_organizer, bangla):
+    page = main_of(bengali_organizer.post("/runs/bangla/allowlist/", {"usernames": "amina, nobody"}, follow=True))
+    assert "nobody নামে কোনো স্বেচ্ছাসেবক নেই" in page
+
+
+def test_a_refused_team_action_is_explained_in_bengali(client_for, volunteer):
+    client = client_for(volunteer)
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = "bn"
+    client.post("/teams/new/", {"name": "Dhaka Compute"})
+    page = main_of(client.post("/teams/dhaka-compute/leave/", follow=True))
+    assert "আপনি “Dhaka Compute” প্রতিষ্ঠা করেছেন; আগে এটি অন্য সদস্যের কাছে হস্তান্তর করুন বা ভেঙে দিন" in page
