@@ -18,6 +18,11 @@
     return numbers[digits].format(value);
   }
 
+  // The digits of a text the code composed ("09:15:30") in the reader's: ০৯:১৫:৩০ in Bengali.
+  function formatDigits(text) {
+    return String(text).replace(/[0-9]/g, (digit) => formatNumber(Number(digit)));
+  }
+
   function timeElement(iso) {
     const time = document.createElement("time");
     time.className = "local";
@@ -26,6 +31,6 @@
     return time;
   }
 
-  window.portalFormat = { time: formatTime, number: formatNumber, timeElement };
+  window.portalFormat = { time: formatTime, number: formatNumber, digits: formatDigits, timeElement };
   for (const time of document.querySelectorAll("time.local")) time.textContent = formatTime(time.dateTime);
 })();

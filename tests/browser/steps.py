@@ -1,8 +1,10 @@
-"""What the browser tests do on the way to what they check: log in through the form, and report
-over `WS /ws/agent/` of a live server as an agent does."""
+"""What the browser tests do on the way to what they check: log in through the form, report over
+`WS /ws/agent/` of a live server as an agent does, and check a page for sideways scrolling and for
+axe-core's serious and critical violations."""
 
 import datetime
 import json
+from pathlib import Path
 
 from playwright.sync_api import expect
 from websockets.sync.client import connect
@@ -28,3 +30,23 @@ def send_report(server: str, secret: str, session_id: int, seq: int, samples: in
     with connect(server.replace("http", "ws") + "/ws/agent/", additional_headers={"Authorization": f"Bearer {secret}"}) as socket:
         socket.send(json.dumps(frame))
         return json.loads(socket.recv(timeout=10))
+
+
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
+PHONE = {"width": 360, "height": 780}
+# The violations of serious and critical impact axe finds on the page, with up to three elements each.
+AXE_RUN = """async () => {
+  const result = await axe.run(document, { resultTypes: ["violations"] });
+  return result.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(" | ")}`);
+}"""
+OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+def page_problems(page, label: str) -> list[str]:
+    """What is wrong with the loaded page: sideways scrolling, and axe-core's serious or critical findings."""
+    problems = []
+    if (overflow := page.evaluate(OVERFLOW)) > 0:
+        problems.append(f"{label}: scrolls {overflow} px sideways")
+    page.add_script_tag(path=str(AXE))
+    return problems + [f"{label}: {violation}" for violation in page.evaluate(AXE_RUN)]
