@@ -52,3 +52,9 @@ def since(moment: datetime.datetime | None) -> str:
     if not moment:
         return "—"
     return digits_localize(timesince(moment, time_strings=TIME_STRINGS))
+
+
+@register.filter
+def digits(value) -> str:
+    """``value`` as Python writes it (a rate, 0.00176), in the reader's digits."""
+    return digits_localize(str(value))

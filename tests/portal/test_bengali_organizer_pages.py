@@ -80,6 +80,7 @@ def test_a_draft_runs_data_and_tokenizer_controls_read_bengali(bengali_organizer
     panel = main_of(bengali_organizer.get("/runs/draft/"))
     assert "১২,৩৪৫" in panel, "lines in Bengali digits"
     assert "৪,০০০ টোকেনের একটি ইউনিগ্রাম টোকেনাইজার" in panel
+    assert "LAMB, লার্নিং রেট ০.০০১৭৬, ৫,০০০টি ধাপের মধ্যে ২০টি ওয়ার্ম-আপ" in panel, "the configuration in Bengali digits"
     assert english_words(panel) == set()
 
 
