@@ -1,7 +1,7 @@
 """Every word a template shows is marked for translation: text between tags, the attributes a reader
-sees or hears (aria-label, placeholder, title, alt) and the questions of `confirm()` must come from
-`{% translate %}` or `{% blocktranslate %}`, so that no page slips back into English in Bengali
-(docs/translating.md). Code samples (`<code>`), scripts and a few names are left as they are."""
+sees or hears (aria-label, placeholder, title, alt, a button's value) and the questions of `confirm()`
+must come from `{% translate %}` or `{% blocktranslate %}`, so that no page slips back into English in
+Bengali (docs/translating.md). Code samples (`<code>`), scripts and a few names are left as they are."""
 
 import re
 from pathlib import Path
@@ -21,6 +21,7 @@ SKIPPED_BLOCKS = {"blocktranslate": "endblocktranslate", "blocktrans": "endblock
 UNSHOWN = re.compile(r"<(script|style|code)\b[^>]*>.*?</\1>|<!--.*?-->", re.S | re.I)
 HEARD = re.compile(r"""\b(?:aria-label|placeholder|title|alt)\s*=\s*(["'])([^"']*)\1""", re.I)
 ASKED = re.compile(r"""\bconfirm\(\s*(["'])((?:(?!\1).)*)\1""")
+BUTTON = re.compile(r"""<input\b(?=[^>]*\btype\s*=\s*["']?(?:submit|button|reset)\b)[^>]*\bvalue\s*=\s*(["'])([^"']*)\1""", re.I)
 TAG = re.compile(r"<[^>]*>", re.S)
 ENTITY = re.compile(r"&#?\w+;")
 LETTER = re.compile(r"[^\W\d_]")
@@ -51,7 +52,7 @@ def unmarked_text(source: str, *, markup: bool = True) -> list[str]:
     found = []
     if markup:
         text = UNSHOWN.sub(HOLE, text)
-        for pattern in (HEARD, ASKED):
+        for pattern in (HEARD, ASKED, BUTTON):
             found += [match.group(2) for match in pattern.finditer(text)]
         text = TAG.sub(HOLE, text)
     found += [fragment for fragment in re.split(HOLE, ENTITY.sub(" ", text))]
@@ -69,6 +70,7 @@ def test_every_word_a_template_shows_is_marked_for_translation(path):
     ("<h1>Health of {{ run.name }}</h1>", ["Health of"]),
     ('<input placeholder="usernames" aria-label="{% translate \'Allowlist\' %}">', ["usernames"]),
     ("""<form onsubmit="return confirm('Finish this run?');">""", ["Finish this run?"]),
+    ('<input type="submit" value="Save"><input type="hidden" name="next" value="runs">', ["Save"]),
     ("{% block title %}Edit {{ name }}{% endblock %}", ["Edit"]),
     ("<p>{% translate 'Saved' %} <code>python manage.py run_coordinator</code> &middot; API</p>", []),
     ("<p>{% blocktranslate %}Edit {{ name }}{% endblocktranslate %}</p>{# a note #}", []),
