@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.utils.translation import gettext_lazy as _
 
 from accounts import services
 from accounts.models import AgentToken, Notification, Team, TeamEvent, User
@@ -54,7 +55,7 @@ class AgentTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False  # a secret can only be shown to its owner, on the tokens page
 
-    @admin.action(description="Revoke the selected tokens")
+    @admin.action(description=_("Revoke the selected tokens"))
     def revoke(self, request, queryset) -> None:
         for token in queryset:
             services.token_revoke(token=token)

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
+from django.utils.translation import gettext as _
 
 from accounts.models import AgentToken, Team, TeamEvent, User
 from portal.ratelimit import rate_limit_check, rate_limit_hit
@@ -132,7 +133,8 @@ def _team_event(team: Team, user: User, kind: str) -> None:
 @transaction.atomic
 def team_create(*, founder: User, name: str, description: str = "") -> Team:
     if founder.team_id and founder.team.founder_id == founder.pk:
-        raise TeamError(f"you founded “{founder.team.name}”; hand it over or disband it before founding another")
+        raise TeamError(_("you founded “%(team)s”; hand it over or disband it before founding another")
+                        % {"team": founder.team.name})
     slug = slugify(name)[:64] or f"team-{secrets.token_hex(3)}"
     if Team.objects.filter(slug=slug).exists():
         slug = f"{slug[:57]}-{secrets.token_hex(3)}"
@@ -145,7 +147,7 @@ def team_create(*, founder: User, name: str, description: str = "") -> Team:
 @transaction.atomic
 def team_join(*, user: User, team: Team) -> None:
     if not team.is_active:
-        raise TeamError(f"“{team.name}” was disbanded")
+        raise TeamError(_("“%(team)s” was disbanded") % {"team": team.name})
     if user.team_id == team.pk:
         return
     if user.team_id:
@@ -159,9 +161,10 @@ def team_join(*, user: User, team: Team) -> None:
 def team_leave(*, user: User) -> None:
     team = user.team
     if team is None:
-        raise TeamError("you are not in a team")
+        raise TeamError(_("you are not in a team"))
     if team.founder_id == user.pk:
-        raise TeamError(f"you founded “{team.name}”; hand it over to another member or disband it first")
+        raise TeamError(_("you founded “%(team)s”; hand it over to another member or disband it first")
+                        % {"team": team.name})
     user.team = None
     user.save(update_fields=["team"])
     _team_event(team, user, TeamEvent.Kind.LEFT)
@@ -170,9 +173,9 @@ def team_leave(*, user: User) -> None:
 @transaction.atomic
 def team_hand_over(*, team: Team, founder: User, successor: User) -> None:
     if team.founder_id != founder.pk:
-        raise TeamError("only the founder can hand the team over")
+        raise TeamError(_("only the founder can hand the team over"))
     if successor.team_id != team.pk or successor.pk == founder.pk:
-        raise TeamError(f"{successor.username} is not another member of “{team.name}”")
+        raise TeamError(_("%(name)s is not another member of “%(team)s”") % {"name": successor.username, "team": team.name})
     team.founder = successor
     team.save(update_fields=["founder"])
     _team_event(team, successor, TeamEvent.Kind.HANDED_OVER)
@@ -181,7 +184,7 @@ def team_hand_over(*, team: Team, founder: User, successor: User) -> None:
 @transaction.atomic
 def team_disband(*, team: Team, founder: User) -> None:
     if team.founder_id != founder.pk:
-        raise TeamError("only the founder can disband the team")
+        raise TeamError(_("only the founder can disband the team"))
     for member in team.members.all():
         member.team = None
         member.save(update_fields=["team"])

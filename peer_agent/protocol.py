@@ -80,7 +80,13 @@ StrictFiniteFloat = Annotated[FiniteFloat, Field(strict=True)]
 OpenSSHPublicKey = Annotated[str, StringConstraints(max_length=4096, pattern=r"^ssh-rsa [A-Za-z0-9+/]+={0,2}$")]
 
 
-def _raise_field_errors(model: BaseModel, problems: dict[str, str]) -> None:
+def _problem(kind: str, template: str, **context: Any) -> PydanticCustomError:
+    """A cross-field problem of type ``kind``: a reader's language can word it again from the type
+    and the context (runs/setup/forms.py), as it does pydantic's own errors."""
+    return PydanticCustomError(kind, template, context)
+
+
+def _raise_field_errors(model: BaseModel, problems: dict[str, str | PydanticCustomError]) -> None:
     """Raise one ValidationError whose entries sit at the dotted paths in ``problems``.
 
     pydantic keeps the ``loc`` of a ValidationError raised inside a validator and prefixes the
@@ -94,7 +100,8 @@ def _raise_field_errors(model: BaseModel, problems: dict[str, str]) -> None:
         for part in path.split("."):
             value = getattr(value, part)
         line_errors.append(InitErrorDetails(
-            type=PydanticCustomError("config_conflict", "{reason}", {"reason": reason}),
+            type=reason if isinstance(reason, PydanticCustomError)
+            else PydanticCustomError("config_conflict", "{reason}", {"reason": reason}),
             loc=tuple(path.split(".")),
             input=value,
         ))
@@ -123,20 +130,21 @@ class ModelConfig(_Schema):
         if self.preset == "custom":
             for name in MODEL_DIMENSIONS:
                 if getattr(self, name) is None:
-                    problems[name] = 'required when the preset is "custom"'
+                    problems[name] = _problem("custom_preset_required", 'required when the preset is "custom"')
         else:
             for name, preset_value in MODEL_PRESETS[self.preset].items():
                 value = getattr(self, name)
                 if value is not None and value != preset_value:
-                    problems[name] = (f'preset "{self.preset}" has {name} {preset_value}; '
-                                      f'choose preset "custom" to change it')
+                    problems[name] = _problem("preset_fixed", 'preset "{preset}" has {name} {value}; choose preset '
+                                              '"custom" to change it', preset=self.preset, name=name, value=preset_value)
                 # Stored configs name the shape through the preset only, so equal configs compare equal.
                 setattr(self, name, None)
         if not problems:
             dims = self.dimensions()
             if dims["hidden_size"] % dims["num_attention_heads"]:
-                problems["hidden_size"] = (f"hidden_size {dims['hidden_size']} is not divisible by "
-                                           f"num_attention_heads {dims['num_attention_heads']}")
+                problems["hidden_size"] = _problem(
+                    "heads_divide", "hidden_size {hidden} is not divisible by num_attention_heads {heads}",
+                    hidden=dims["hidden_size"], heads=dims["num_attention_heads"])
         _raise_field_errors(self, problems)
         return self
 
@@ -175,7 +183,7 @@ class DataConfig(_Schema):
     @model_validator(mode="after")
     def _check_source(self) -> "DataConfig":
         if self.source == "hub" and not self.path:
-            _raise_field_errors(self, {"path": 'required when the source is "hub"'})
+            _raise_field_errors(self, {"path": _problem("hub_path_required", 'required when the source is "hub"')})
         return self
 
 
@@ -200,11 +208,12 @@ class TrainingConfig(_Schema):
         problems = {}
         peer_batch = self.per_device_batch_size * self.gradient_accumulation_steps
         if self.target_batch_size < peer_batch:
-            problems["target_batch_size"] = (
-                f"must be at least one peer's batch (per_device_batch_size × "
-                f"gradient_accumulation_steps = {peer_batch})")
+            problems["target_batch_size"] = _problem(
+                "batch_below_peer", "must be at least one peer's batch (per_device_batch_size × "
+                "gradient_accumulation_steps = {peer_batch})", peer_batch=peer_batch)
         if self.warmup_steps >= self.total_steps:
-            problems["warmup_steps"] = f"must be less than total_steps ({self.total_steps})"
+            problems["warmup_steps"] = _problem("warmup_too_long", "must be less than total_steps ({total})",
+                                                total=self.total_steps)
         _raise_field_errors(self, problems)
         return self
 
@@ -233,9 +242,10 @@ class AveragingConfig(_Schema):
     def _check_timing(self) -> "AveragingConfig":
         problems = {}
         if self.averaging_timeout <= self.matchmaking_time:
-            problems["averaging_timeout"] = f"must exceed matchmaking_time ({self.matchmaking_time:g} s)"
+            problems["averaging_timeout"] = _problem("timeout_too_short", "must exceed matchmaking_time ({seconds} s)",
+                                                     seconds=f"{self.matchmaking_time:g}")
         if self.checkpoint_every_epochs is None and self.checkpoint_every_minutes is None:
-            problems["checkpoint_every_minutes"] = "set this or checkpoint_every_epochs"
+            problems["checkpoint_every_minutes"] = _problem("checkpoint_needed", "set this or checkpoint_every_epochs")
         _raise_field_errors(self, problems)
         return self
 
@@ -266,21 +276,28 @@ class RunConfig(_Schema):
     def _check_sequence_length(self) -> "RunConfig":
         positions = self.model.dimensions()["max_position_embeddings"]
         if self.data.max_seq_length > positions:
-            _raise_field_errors(self, {"data.max_seq_length": (
-                f"must not exceed the model's max_position_embeddings ({positions})")})
+            _raise_field_errors(self, {"data.max_seq_length": _problem(
+                "sequence_too_long", "must not exceed the model's max_position_embeddings ({positions})",
+                positions=positions)})
         return self
 
 
 def config_errors(data: Any) -> dict[str, list[str]]:
     """Validate a config and return its errors by dotted field path ("__all__" for the whole);
     an empty dict when it is valid."""
+    return {path: [error["msg"] for error in errors] for path, errors in config_error_details(data).items()}
+
+
+def config_error_details(data: Any) -> dict[str, list[dict[str, Any]]]:
+    """As `config_errors`, each error as pydantic details it (``type``, ``msg``, ``ctx``), for a
+    reader who needs it worded in their own language."""
     try:
         RunConfig.model_validate(data)
     except ValidationError as exc:
-        errors: dict[str, list[str]] = {}
+        errors: dict[str, list[dict[str, Any]]] = {}
         for error in exc.errors():
             path = ".".join(str(part) for part in error["loc"]) or "__all__"
-            errors.setdefault(path, []).append(error["msg"])
+            errors.setdefault(path, []).append({"type": error["type"], "msg": error["msg"], "ctx": error.get("ctx", {})})
         return errors
     return {}
 

@@ -33,14 +33,14 @@ class Run(models.Model):
         ALLOWLIST = "allowlist", _("Allowlist: only the listed usernames may join")
 
     class Audience(models.TextChoices):
-        EVERYONE = "everyone", "Everyone: the run, its boards and charts are public (listed if the run is public)"
-        MEMBERS = "members", "Members only: invisible to everyone but its organizers and those who may train in it"
+        EVERYONE = "everyone", _("Everyone: the run, its boards and charts are public (listed if the run is public)")
+        MEMBERS = "members", _("Members only: invisible to everyone but its organizers and those who may train in it")
 
     class TokenizerStatus(models.TextChoices):
-        MISSING = "missing"
-        TRAINING = "training"
-        READY = "ready"
-        FAILED = "failed"
+        MISSING = "missing", _("Missing")
+        TRAINING = "training", _("Training")
+        READY = "ready", _("Ready")
+        FAILED = "failed", _("Failed")
 
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=64, unique=True, help_text="The run's address and the name agents join by.")
@@ -107,20 +107,20 @@ class RunEvent(models.Model):
     """The run's audit log: every lifecycle change, config edit and moderation, with who and when."""
 
     class Kind(models.TextChoices):
-        CREATED = "created"
-        ACTIVATED = "activated"
-        PAUSED = "paused"
-        RESUMED = "resumed"
-        FINISHED = "finished"
-        CONFIG_CHANGED = "config_changed", "configuration changed"
-        BANNED = "banned"
-        UNBANNED = "unbanned"
-        TOKENIZER = "tokenizer", "tokenizer changed"
-        DATA = "data", "data changed"
-        CREDIT_ACCEPTED = "credit_accepted", "flagged credit accepted"
-        CREDIT_REJECTED = "credit_rejected", "flagged credit rejected"
-        SUSPENDED = "suspended", "session suspended by spot checks"
-        UNSUSPENDED = "unsuspended", "session suspension lifted"
+        CREATED = "created", _("Created")
+        ACTIVATED = "activated", _("Activated")
+        PAUSED = "paused", _("Paused")
+        RESUMED = "resumed", _("Resumed")
+        FINISHED = "finished", _("Finished")
+        CONFIG_CHANGED = "config_changed", _("configuration changed")
+        BANNED = "banned", _("Banned")
+        UNBANNED = "unbanned", _("Unbanned")
+        TOKENIZER = "tokenizer", _("tokenizer changed")
+        DATA = "data", _("data changed")
+        CREDIT_ACCEPTED = "credit_accepted", _("flagged credit accepted")
+        CREDIT_REJECTED = "credit_rejected", _("flagged credit rejected")
+        SUSPENDED = "suspended", _("session suspended by spot checks")
+        UNSUSPENDED = "unsuspended", _("session suspension lifted")
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -258,11 +258,11 @@ class SessionEpoch(models.Model):
     monitor compares the two; only verified or accepted epochs earn verified credit."""
 
     class Status(models.TextChoices):
-        PROVISIONAL = "provisional"  # reported; the monitor has not compared it yet
-        VERIFIED = "verified"  # the DHT record confirms the reported samples
-        FLAGGED = "flagged"  # the figures disagree: waits for an organizer's decision
-        ACCEPTED = "accepted"  # an organizer accepted a flagged epoch: counts as verified
-        REJECTED = "rejected"  # an organizer rejected it, or it can never be verified: no credit
+        PROVISIONAL = "provisional", _("Provisional")  # reported; the monitor has not compared it yet
+        VERIFIED = "verified", _("Verified")  # the DHT record confirms the reported samples
+        FLAGGED = "flagged", _("Flagged")  # the figures disagree: waits for an organizer's decision
+        ACCEPTED = "accepted", _("Accepted")  # an organizer accepted a flagged epoch: counts as verified
+        REJECTED = "rejected", _("Rejected")  # an organizer rejected it, or it can never be verified: no credit
 
     session = models.ForeignKey(TrainingSession, on_delete=models.CASCADE, related_name="epochs")
     epoch = models.PositiveIntegerField()

@@ -6,25 +6,57 @@ import typing
 from typing import Any, Literal
 
 from django import forms
-from django.utils.text import capfirst
+from django.utils.translation import gettext_lazy as _
 
-from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, config_errors, config_from_preset
+from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, config_error_details, config_from_preset
+from portal.formats import digits_localize
 from runs.models import Run
+from runs.setup.config_labels import FIELDS
 
 SECTIONS = {
-    "model": "Model",
-    "tokenizer": "Tokenizer",
-    "data": "Data",
-    "training": "Training",
-    "averaging": "Averaging and checkpoints",
-    "verification": "Credit verification",
+    "model": _("Model"),
+    "tokenizer": _("Tokenizer"),
+    "data": _("Data"),
+    "training": _("Training"),
+    "averaging": _("Averaging and checkpoints"),
+    "verification": _("Credit verification"),
 }
 PRESETS = {
-    "tiny": "tiny: a ~2M-parameter ALBERT that trains on laptop CPUs (demo)",
-    "base": "base: ALBERT-base shape",
-    "large": "large: sahajBERT, ALBERT-large with shared layers, ~18M parameters",
-    "xlarge": "xlarge: ALBERT-xlarge shape",
+    "tiny": _("tiny: a ~2M-parameter ALBERT that trains on laptop CPUs (demo)"),
+    "base": _("base: ALBERT-base shape"),
+    "large": _("large: sahajBERT, ALBERT-large with shared layers, ~18M parameters"),
+    "xlarge": _("xlarge: ALBERT-xlarge shape"),
 }
+# The configuration's errors in the reader's words, by pydantic's error type (with its context); an
+# error of another type keeps pydantic's English.
+ERRORS = {
+    "greater_than_equal": _("Must be at least %(ge)s."),
+    "greater_than": _("Must be more than %(gt)s."),
+    "less_than_equal": _("Must be at most %(le)s."),
+    "less_than": _("Must be less than %(lt)s."),
+    "string_too_short": _("Must have at least %(min_length)s characters."),
+    "string_too_long": _("Must have at most %(max_length)s characters."),
+    "finite_number": _("Must be a finite number."),
+    "custom_preset_required": _("Required when the preset is “custom”."),
+    "preset_fixed": _("Preset “%(preset)s” has %(name)s %(value)s; choose the preset “custom” to change it."),
+    "heads_divide": _("Hidden size %(hidden)s is not divisible by the number of attention heads, %(heads)s."),
+    "hub_path_required": _("Required when the source is “hub”."),
+    "batch_below_peer": _("Must be at least one peer's batch (per device batch size × gradient accumulation steps "
+                          "= %(peer_batch)s)."),
+    "warmup_too_long": _("Must be less than the total steps (%(total)s)."),
+    "timeout_too_short": _("Must exceed the matchmaking time (%(seconds)s s)."),
+    "checkpoint_needed": _("Set this or the checkpoint every n epochs."),
+    "sequence_too_long": _("Must not exceed the model's max position embeddings (%(positions)s)."),
+}
+
+
+def error_message(error: dict) -> str:
+    """One configuration error (`config_error_details`) in the reader's language."""
+    template = ERRORS.get(error["type"])
+    if template is None:
+        return error["msg"]
+    shown = {key: f"{value:g}" if isinstance(value, float) else str(value) for key, value in error["ctx"].items()}
+    return str(template) % {key: digits_localize(value) for key, value in shown.items()}
 # A tiny run should show progress within minutes on CPUs, on text the organizer uploads.
 _TINY_OVERRIDES = {
     "tokenizer": {"vocab_size": 4000, "sample_size": 20000},
@@ -44,7 +76,7 @@ def _form_field(annotation: Any, info) -> forms.Field:
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
         optional, annotation = True, args[0]
-    options = {"required": not optional, "help_text": info.description or "", "label": capfirst(info.title or "")}
+    options = {"required": not optional}
     if typing.get_origin(annotation) is Literal:
         choices = [(value, value) for value in typing.get_args(annotation)]
         return forms.ChoiceField(choices=([("", "—")] if optional else []) + choices, **options)
@@ -64,20 +96,24 @@ def _config_fields() -> dict[str, tuple[str, forms.Field]]:
         section_model = RunConfig.model_fields[section].annotation
         for name, info in section_model.model_fields.items():
             field = _form_field(info.annotation, info)
-            field.label = capfirst(name.replace("_", " "))
+            field.label, field.help_text = FIELDS[f"{section}.{name}"]
             fields[f"{section}__{name}"] = (f"{section}.{name}", field)
     return fields
 
 
 class RunForm(forms.Form):
-    name = forms.CharField(max_length=100, help_text="What volunteers will see, e.g. “sahajBERT: Bengali ALBERT”.")
-    slug = forms.SlugField(max_length=64, help_text="The run's address, and the name agents join by: peer-agent join <slug>.")
+    name = forms.CharField(max_length=100, label=_("Name"),
+                           help_text=_("What volunteers will see, e.g. “sahajBERT: Bengali ALBERT”."))
+    slug = forms.SlugField(max_length=64, label=_("Slug"),
+                           help_text=_("The run's address, and the name agents join by: peer-agent join <slug>."))
     description = forms.CharField(
-        required=False, max_length=10000, widget=forms.Textarea(attrs={"rows": 4}), help_text="What the run trains and why."
+        required=False, max_length=10000, widget=forms.Textarea(attrs={"rows": 4}), label=_("Description"),
+        help_text=_("What the run trains and why."),
     )
-    visibility = forms.ChoiceField(choices=Run.Visibility.choices, help_text="Who may join the run, and whether it is listed.")
+    visibility = forms.ChoiceField(choices=Run.Visibility.choices, label=_("Visibility"),
+                                   help_text=_("Who may join the run, and whether it is listed."))
     audience = forms.ChoiceField(choices=Run.Audience.choices, initial=Run.Audience.EVERYONE, required=False,
-                                 help_text="Who may see the run: its pages, API, live board and charts.")
+                                 label=_("Audience"), help_text=_("Who may see the run: its pages, API, live board and charts."))
 
     def clean_audience(self) -> str:
         return self.cleaned_data.get("audience") or (self.run.audience if self.run else Run.Audience.EVERYONE)
@@ -114,7 +150,7 @@ class RunForm(forms.Form):
     def clean_slug(self) -> str:
         slug = self.cleaned_data["slug"]
         if self.run is None and Run.objects.filter(slug=slug).exists():
-            raise forms.ValidationError("Another run already has this address.")
+            raise forms.ValidationError(_("Another run already has this address."))
         return slug
 
     def clean(self) -> dict:
@@ -126,10 +162,10 @@ class RunForm(forms.Form):
             section, key = path.split(".")
             value = cleaned.get(name)
             data[section][key] = None if value == "" else value
-        for path, messages in config_errors(data).items():
+        for path, errors in config_error_details(data).items():
             field = path.replace(".", "__", 1)
-            for message in messages:
-                self.add_error(field if field in self.fields else None, message)
+            for error in errors:
+                self.add_error(field if field in self.fields else None, error_message(error))
         if not self.errors:
             self.config = RunConfig.model_validate(data)
         return cleaned

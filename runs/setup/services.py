@@ -9,6 +9,7 @@ from django.core.files.base import ContentFile
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import pgettext_lazy
 
 from accounts.models import Notification, User
 from accounts.notifications import notify_many
@@ -25,6 +26,15 @@ class RunError(Exception):
     """A run action that is not allowed; the message is meant for the person who tried it."""
 
 
+# A refused transition in the reader's words: "a finished run cannot resume".
+STATUS_WORDS = {
+    Run.Status.DRAFT: pgettext_lazy("a … run", "draft"), Run.Status.ACTIVE: pgettext_lazy("a … run", "active"),
+    Run.Status.PAUSED: pgettext_lazy("a … run", "paused"), Run.Status.FINISHED: pgettext_lazy("a … run", "finished"),
+}
+ACTION_WORDS = {
+    "activate": pgettext_lazy("a run cannot …", "activate"), "pause": pgettext_lazy("a run cannot …", "pause"),
+    "resume": pgettext_lazy("a run cannot …", "resume"), "finish": pgettext_lazy("a run cannot …", "finish"),
+}
 # action: (allowed from, to, event kind)
 TRANSITIONS = {
     "activate": ({Run.Status.DRAFT}, Run.Status.ACTIVE, RunEvent.Kind.ACTIVATED),
@@ -64,7 +74,7 @@ def run_update(*, run: Run, actor: User, name: str, description: str, visibility
     changed = changed_fields(RunConfig.model_validate(run.config), config)
     if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
         locked = ", ".join(sorted(changed - MID_RUN_EDITABLE))
-        raise RunError(f"these settings cannot change once the run has started: {locked}")
+        raise RunError(_("these settings cannot change once the run has started: %(locked)s") % {"locked": locked})
     run.name, run.description, run.visibility = name, description, visibility
     run.audience = audience or run.audience
     run.config = config.model_dump(mode="json")
@@ -79,11 +89,12 @@ def run_transition(*, run: Run, actor: User, action: str) -> None:
     allowed_from, target, kind = TRANSITIONS[action]
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status not in allowed_from:
-        raise RunError(f"a {run.status} run cannot {action}")
+        raise RunError(_("a %(status)s run cannot %(action)s")
+                       % {"status": STATUS_WORDS[run.status], "action": ACTION_WORDS[action]})
     if action == "activate" and run.tokenizer_status != Run.TokenizerStatus.READY:
-        raise RunError("the run needs a tokenizer before it starts: train one or upload tokenizer.json")
+        raise RunError(_("the run needs a tokenizer before it starts: train one or upload tokenizer.json"))
     if action == "activate" and RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
-        raise RunError("the run reads uploaded files: upload at least one text file before it starts")
+        raise RunError(_("the run reads uploaded files: upload at least one text file before it starts"))
     run.status = target
     run.save(update_fields=["status"])
     event = run_event_record(run=run, actor=actor, kind=kind)
@@ -117,8 +128,8 @@ def run_event_notify(*, event_id: int) -> int:
 @transaction.atomic
 def run_ban(*, run: Run, actor: User, user: User, reason: str = "") -> None:
     if run.organizers.filter(pk=user.pk).exists():
-        raise RunError("an organizer of the run cannot be banned from it")
-    _, created = RunBan.objects.get_or_create(run=run, user=user, defaults={"banned_by": actor, "reason": reason})
+        raise RunError(_("an organizer of the run cannot be banned from it"))
+    created = RunBan.objects.get_or_create(run=run, user=user, defaults={"banned_by": actor, "reason": reason})[1]
     if created:
         # Open sessions end now; their access tokens expire within minutes and are not refreshed.
         run.sessions.filter(user=user, ended_at=None).update(ended_at=timezone.now())
@@ -144,7 +155,7 @@ def run_allowlist_set(*, run: Run, actor: User, usernames: list[str]) -> None:
     users = list(User.objects.filter(username__in=usernames))
     missing = sorted(set(usernames) - {user.username for user in users})
     if missing:
-        raise RunError(f"no volunteer is called {', '.join(missing)}")
+        raise RunError(_("no volunteer is called %(names)s") % {"names": ", ".join(missing)})
     run.allowlist.set(users)
 
 
@@ -152,18 +163,19 @@ def _utf8_lines(content: bytes) -> int:
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RunError(f"the file is not UTF-8 text (byte {exc.start} cannot be decoded)") from None
+        raise RunError(_("the file is not UTF-8 text (byte %(byte)d cannot be decoded)") % {"byte": exc.start}) from None
     if "\x00" in text:
-        raise RunError("the file contains NUL bytes; upload plain text, one sentence per line")
+        raise RunError(_("the file contains NUL bytes; upload plain text, one sentence per line"))
     return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
 
 
 @transaction.atomic
 def data_file_add(*, run: Run, actor: User, name: str, content: bytes) -> DataFile:
     if len(content) > MAX_DATA_FILE_BYTES:
-        raise RunError(f"the file is {len(content) // 2**20} MiB; the limit is {MAX_DATA_FILE_BYTES // 2**20} MiB per file")
+        raise RunError(_("the file is %(size)d MiB; the limit is %(limit)d MiB per file")
+                       % {"size": len(content) // 2**20, "limit": MAX_DATA_FILE_BYTES // 2**20})
     if not content.strip():
-        raise RunError("the file is empty")
+        raise RunError(_("the file is empty"))
     lines = _utf8_lines(content)
     data_file = DataFile(run=run, name=name[:200], size=len(content), lines=lines, uploaded_by=actor)
     data_file.file.save(f"run-{run.pk}.txt", ContentFile(content), save=False)
@@ -176,7 +188,7 @@ def data_file_add(*, run: Run, actor: User, name: str, content: bytes) -> DataFi
 def data_file_remove(*, data_file: DataFile, actor: User) -> None:
     run = data_file.run
     if run.status != Run.Status.DRAFT:
-        raise RunError("data files cannot be removed once the run has started")
+        raise RunError(_("data files cannot be removed once the run has started"))
     data_file.file.delete(save=False)
     data_file.delete()
     run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"removed {data_file.name}")
@@ -212,7 +224,7 @@ def _tokenizer_store(*, run: Run, json_text: str) -> None:
 
 def _tokenizer_changeable(run: Run) -> None:
     if run.status != Run.Status.DRAFT:
-        raise RunError("the tokenizer cannot change once the run has started: peers' vocabularies must agree")
+        raise RunError(_("the tokenizer cannot change once the run has started: peers' vocabularies must agree"))
 
 
 @transaction.atomic
@@ -234,7 +246,7 @@ def tokenizer_train_start(*, run: Run, actor: User) -> None:
 
     _tokenizer_changeable(run)
     if RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
-        raise RunError("upload the run's text files first: the tokenizer learns its vocabulary from them")
+        raise RunError(_("upload the run's text files first: the tokenizer learns its vocabulary from them"))
     with transaction.atomic():
         Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.TRAINING, tokenizer_error="")
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.TOKENIZER, detail="training started")

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from django.db.models import Count
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
+from portal.formats import number_localize
 from runs.models import Backbone, Checkpoint, Run, RunEvent, RunSample, SessionEpoch, TrainingSession
 from runs.swarm.series import series_latest
 
@@ -75,19 +77,21 @@ def flags_url(*, run: Run) -> str | None:
 
 
 def timeline_markers(*, run: Run, moderation: bool) -> list[Marker]:
-    """Joins and leaves (never who), lifecycle changes, checkpoints; bans only for organizers."""
+    """Joins and leaves (never who), lifecycle changes, checkpoints; bans only for organizers. The labels
+    are in the reader's language: call it while answering their request."""
     markers = []
     sessions = TrainingSession.objects.filter(run=run)
     for started_at in sessions.order_by("-started_at").values_list("started_at", flat=True)[:MARKERS_PER_KIND]:
-        markers.append(Marker(started_at, "join", "a peer joined"))
+        markers.append(Marker(started_at, "join", _("a peer joined")))
     for ended_at in sessions.exclude(ended_at=None).order_by("-ended_at").values_list("ended_at", flat=True)[:MARKERS_PER_KIND]:
-        markers.append(Marker(ended_at, "leave", "a peer left"))
+        markers.append(Marker(ended_at, "leave", _("a peer left")))
     kinds = LIFECYCLE + (MODERATION if moderation else [])
     for event in run.events.filter(kind__in=kinds)[:MARKERS_PER_KIND]:
         label = event.get_kind_display() + (f" {event.detail}" if event.kind in MODERATION else "")
         markers.append(Marker(event.at, event.kind, label))
     for checkpoint in Checkpoint.objects.filter(run=run)[:MARKERS_PER_KIND]:
-        markers.append(Marker(checkpoint.created_at, "checkpoint", f"checkpoint of epoch {checkpoint.epoch}"))
+        label = _("checkpoint of epoch %(epoch)s") % {"epoch": number_localize(checkpoint.epoch)}
+        markers.append(Marker(checkpoint.created_at, "checkpoint", label))
     return sorted(markers, key=lambda marker: marker.at)
 
 

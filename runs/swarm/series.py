@@ -9,6 +9,7 @@ from django.db.models.functions import Cast, Floor, Least
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from portal.formats import digits_localize, number_localize
 from runs.models import Run, RunSample
 
 FIELDS = ["global_epoch", "samples_per_second", "alive_peers", "client_peers", "samples_accumulated", "loss"]
@@ -98,8 +99,8 @@ class Chart:
         if sample is None:
             return _("No readings yet.")
         value = getattr(sample, self.field)
-        figure = "—" if value is None else f"{value:.{self.digits}f}" + (f" {self.unit}" if self.unit else "")
-        time = f"{sample.at.astimezone(datetime.UTC):%H:%M:%S} UTC"
+        figure = number_localize(value, self.digits) + (f" {self.unit}" if self.unit and value is not None else "")
+        time = digits_localize(f"{sample.at.astimezone(datetime.UTC):%H:%M:%S}") + " UTC"
         return _("Latest: %(figure)s at %(time)s") % {"figure": figure, "time": time}
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import Min, Sum
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from accounts.models import Notification, User
 from accounts.notifications import notify
@@ -268,7 +269,8 @@ def flag_reject(*, row: SessionEpoch, by: User) -> None:
 def _flag_decide(*, row: SessionEpoch, by: User, status: str, kind: str) -> None:
     locked = SessionEpoch.objects.select_for_update().select_related("session__run", "session__user").get(pk=row.pk)
     if locked.status != _Status.FLAGGED:
-        raise CreditError(f"epoch {locked.epoch} of this session is {locked.status}, not flagged: nothing to decide")
+        raise CreditError(_("epoch %(epoch)d of this session is %(status)s, not flagged: nothing to decide")
+                          % {"epoch": locked.epoch, "status": locked.get_status_display()})
     _save(locked, status=status, decided_by=by, decided_at=timezone.now())
     session = locked.session
     _credit_notice(session.pk, Notification.Kind.CREDIT_DECIDED, f"epoch-decided:{locked.pk}", epoch=locked.epoch,
@@ -391,7 +393,7 @@ def session_unsuspend(*, session: TrainingSession, by: User) -> None:
     """An organizer lifts a suspension: the session may report again; its flagged epochs still wait
     for decisions."""
     if session.suspended_at is None:
-        raise CreditError(f"session {session.pk} is not suspended")
+        raise CreditError(_("session %(session)d is not suspended") % {"session": session.pk})
     TrainingSession.objects.filter(pk=session.pk).update(suspended_at=None, suspension_reason="")
     session.refresh_from_db()
     run_event_record(run=session.run, actor=by, kind=RunEvent.Kind.UNSUSPENDED,

@@ -17,6 +17,7 @@ from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
 from runs.access.rules import run_is_organizer
 from runs.models import DataFile, Run, SessionEpoch, TrainingSession
 from runs.setup import services
+from runs.setup.config_labels import FIELDS
 from runs.setup.forms import PRESETS, RunForm, preset_config
 from runs.swarm import verification
 
@@ -88,10 +89,11 @@ def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
         except services.RunError as exc:
             form.add_error(None, str(exc))
         else:
-            fields = ", ".join(sorted(changed)) or _("no configuration")
+            fields = ", ".join(sorted(str(FIELDS[path][0]) for path in changed)) or _("no configuration")
             messages.success(request, _("Saved. Changed: %(fields)s.") % {"fields": fields})
             return redirect(run)
-    context = {"form": form, "run": run, "mid_run_editable": sorted(MID_RUN_EDITABLE)}
+    context = {"form": form, "run": run,
+               "mid_run_editable": sorted(str(FIELDS[path][0]) for path in MID_RUN_EDITABLE)}
     return render(request, "runs/run_form.html", context)
 
 

@@ -17,7 +17,9 @@
   // Only fields that the live snapshot has always carried (runs/leaderboard.py run_snapshot).
   const SNAPSHOT_FIELDS = { samples_per_second: "samples_per_second", alive_peers: "alive_peers", loss: "loss", global_epoch: "epoch" };
 
-  const utcTime = (seconds) => new Date(seconds * 1000).toISOString().slice(11, 19) + " UTC";
+  // Figures and times in the reader's digits and grouping (static/js/times.js), as the server writes them.
+  const utcTime = (seconds) => window.portalFormat.digits(new Date(seconds * 1000).toISOString().slice(11, 19)) + " UTC";
+  const figureText = (value, digits) => window.portalFormat.number(value, digits);
   const utcDate = (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC");
   const widthOf = (element) => Math.max(element.clientWidth, 240);
   // Axis times in UTC and 24 hours, as the figures' text reads; with the day when the span needs it.
@@ -32,7 +34,7 @@
   // The same words as runs/series.py Chart.latest_text, so that the text reads alike before and after JS.
   function latestText(figure, value, at) {
     const unit = figure.dataset.unit;
-    const shown = value === null || value === undefined ? "—" : value.toFixed(Number(figure.dataset.digits)) + (unit ? ` ${unit}` : "");
+    const shown = value === null || value === undefined ? "—" : figureText(value, Number(figure.dataset.digits)) + (unit ? ` ${unit}` : "");
     return interpolate(gettext("Latest: %(figure)s at %(time)s"), { figure: shown, time: utcTime(at) }, true);
   }
 
@@ -45,8 +47,8 @@
     const unit = figure.dataset.unit ? ` ${figure.dataset.unit}` : "";
     return interpolate(gettext("Since %(start)s: lowest %(lowest)s, highest %(highest)s."), {
       start: utcTime(at[0]),
-      lowest: Math.min(...known).toFixed(digits) + unit,
-      highest: Math.max(...known).toFixed(digits) + unit,
+      lowest: figureText(Math.min(...known), digits) + unit,
+      highest: figureText(Math.max(...known), digits) + unit,
     }, true);
   }
 

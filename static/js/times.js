@@ -18,6 +18,11 @@
     return numbers[digits].format(value);
   }
 
+  // The digits of a text the code composed ("09:15:30") in the reader's: ০৯:১৫:৩০ in Bengali.
+  function formatDigits(text) {
+    return String(text).replace(/[0-9]/g, (digit) => formatNumber(Number(digit)));
+  }
+
   function timeElement(iso) {
     const time = document.createElement("time");
     time.className = "local";
@@ -41,6 +46,6 @@
     });
   }
 
-  window.portalFormat = { time: formatTime, number: formatNumber, timeElement, milestoneMarks };
+  window.portalFormat = { time: formatTime, number: formatNumber, digits: formatDigits, timeElement, milestoneMarks };
   for (const time of document.querySelectorAll("time.local")) time.textContent = formatTime(time.dateTime);
 })();

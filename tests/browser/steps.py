@@ -1,5 +1,6 @@
-"""What the browser tests do on the way to what they check: log in through the form, and report
-over `WS /ws/agent/` of a live server as an agent does."""
+"""What the browser tests do on the way to what they check: log in through the form, report over
+`WS /ws/agent/` of a live server as an agent does, and check a page for sideways scrolling and for
+axe-core's serious and critical violations."""
 
 import datetime
 import json
@@ -19,6 +20,8 @@ AXE_RUN = """async () => {
   return result.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
     .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(" | ")}`);
 }"""
+PHONE = {"width": 360, "height": 780}
+OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
 
 def log_in(page, username: str) -> None:
@@ -45,3 +48,11 @@ def open_mailed_link(page, kind: str = "accounts/verify") -> None:
     """Open the link of kind ``kind`` in the last e-mail the portal sent, as its reader would."""
     page.goto(re.search(rf"https?://[^/\s]+(/{kind}/[^\s\"<>]+/)", mail.outbox[-1].body).group(1))
 
+
+def page_problems(page, label: str) -> list[str]:
+    """What is wrong with the loaded page: sideways scrolling, and axe-core's serious or critical findings."""
+    problems = []
+    if (overflow := page.evaluate(OVERFLOW)) > 0:
+        problems.append(f"{label}: scrolls {overflow} px sideways")
+    page.add_script_tag(path=str(AXE))
+    return problems + [f"{label}: {violation}" for violation in page.evaluate(AXE_RUN)]

@@ -3,7 +3,6 @@ no page scrolls sideways, axe-core finds no serious or critical accessibility vi
 screenshot of each lands in artifacts/screenshots/phone-<role>-<page>.png. One browser session per
 role visits every page, and the test reports every problem it met at once."""
 
-
 import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
@@ -12,13 +11,10 @@ from accounts.notifications import notify
 from accounts.services import team_create
 from runs.credit.rollup import credit_rollup
 from runs.models import Certificate, RunSample
-from tests.browser.steps import AXE, AXE_RUN, log_in
+from tests.browser.steps import PHONE, log_in, page_problems
 from tests.factories import NOW, RunFactory, report, session_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-PHONE = {"width": 360, "height": 780}
-OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
 CERTIFICATE = "bangla-amina-certificate"  # the code of amina's certificate for the run
 PUBLIC_PAGES = {
@@ -63,10 +59,7 @@ def visit_every_page(page, role: str, screenshot) -> list[str]:
     for name, path in ROLE_PAGES[role].items():
         page.goto(path)
         page.wait_for_load_state("load")
-        if (overflow := page.evaluate(OVERFLOW)) > 0:
-            problems.append(f"{role} {path}: scrolls {overflow} px sideways")
-        page.add_script_tag(path=str(AXE))
-        problems += [f"{role} {path}: {violation}" for violation in page.evaluate(AXE_RUN)]
+        problems += page_problems(page, f"{role} {path}")
         screenshot(page, f"phone-{role}-{name}")
     return problems
 
@@ -104,7 +97,7 @@ def test_a_bengali_reader_sees_bengali_words_digits_and_local_times_on_the_live_
     expect(row.locator("time")).to_contain_text("৬:৩০")
     expect(page.locator("#chart-loss-latest")).to_contain_text("সর্বশেষ")
     # Each chart in words next to it, and in the plot's accessible name: its span, lowest and highest figure.
-    expect(page.locator("#chart-loss-range")).to_contain_text("সর্বনিম্ন 5.750, সর্বোচ্চ 5.950")
+    expect(page.locator("#chart-loss-range")).to_contain_text("সর্বনিম্ন ৫.৭৫০, সর্বোচ্চ ৫.৯৫০")
     expect(page.locator("figure[data-field=loss] .chart-plot")).to_have_attribute(
         "aria-labelledby", "chart-loss-caption chart-loss-latest chart-loss-range")
     screenshot(page, "bengali-run-page")

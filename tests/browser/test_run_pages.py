@@ -29,7 +29,7 @@ def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_comma
     page.fill("#id_training__target_batch_size", "4")
     page.fill("#id_tokenizer__vocab_size", "600")
     page.get_by_role("button", name="Create draft run").click()
-    expect(page.locator("#training__target_batch_size-errors")).to_contain_text("must be at least one peer")
+    expect(page.locator("#training__target_batch_size-errors")).to_contain_text("Must be at least one peer")
     screenshot(page, "run-form-error")
     page.fill("#id_training__target_batch_size", "64")
     page.get_by_role("button", name="Create draft run").click()

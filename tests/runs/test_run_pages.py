@@ -31,7 +31,7 @@ def test_an_organizer_creates_a_draft_run_from_a_preset(client_for, organizer):
 @pytest.mark.parametrize(
     ("change", "field", "message"),
     [
-        ({"training__target_batch_size": "4"}, "training__target_batch_size", "must be at least one peer"),
+        ({"training__target_batch_size": "4"}, "training__target_batch_size", "Must be at least one peer"),
         ({"training__warmup_steps": "9000", "training__total_steps": "5000"}, "training__warmup_steps", ""),
         ({"model__preset": "gigantic"}, "model__preset", "Select a valid choice"),
         ({"model__preset": "custom"}, "model__hidden_size", ""),
@@ -135,9 +135,9 @@ def test_an_organizer_cannot_be_banned_from_their_run(client_for, organizer):
 def test_the_run_page_summarizes_the_config_for_everyone(client, db):
     run = RunFactory(description="<b>Bengali</b> for everyone", config=preset_config("large").model_dump(mode="json"))
     page = client.get(run.get_absolute_url()).content.decode()
-    assert "hidden 1024, 24 layers sharing weights, 16 heads" in page
+    assert "hidden 1,024, 24 layers sharing weights, 16 heads" in page
     assert "&lt;b&gt;Bengali&lt;/b&gt;" in page
-    assert "4096 samples per collaborative step" in page
+    assert "4,096 samples per collaborative step" in page
 
 
 def test_drafts_are_hidden_from_everyone_but_organizers(client_for, organizer, volunteer):
