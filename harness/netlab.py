@@ -3,7 +3,7 @@ its own upload and download rate (a tc token bucket on each end of its link). Fo
 crosses a network, such as hivemind averaging between hosts of different bandwidths. Needs root and
 iproute2 (``ip``, ``tc``); rates only (no delay or loss emulation); ``iptables`` for hosts behind NAT.
 
-Host i is the namespace ``<prefix><i>`` at 10.77.0.(i + 1)/24; the bridge is in the namespace
+Host i is the namespace ``<prefix><i>`` at 10.77.0.(i + 1)/24 (``subnet`` chooses another /24); the bridge is in the namespace
 ``<prefix>br``. Host i's link is a veth pair: ``<prefix><i>h`` in the host (its token bucket limits
 what the host sends) and ``<prefix><i>b`` on the bridge (limits what it receives).
 
@@ -37,6 +37,10 @@ import sys
 from collections.abc import Sequence
 
 SUBNET = "10.77.0"
+# What libp2p counts as a public address (go-multiaddr's manet.IsPublicAddr): a lab about NAT puts its
+# bridge there, since libp2p keeps private addresses out of what it announces through relays. The
+# namespaces have no route out of the lab, so no packet reaches the block's real owner.
+PUBLIC_SUBNET = "11.77.0"
 NAT_SUBNET = "10.78"  # host i behind NAT: 10.78.(i + 1).2, its router 10.78.(i + 1).1
 BURST = "64kb"
 LATENCY = "400ms"
@@ -77,14 +81,16 @@ class NetLab:
     are each behind a NAT of their own."""
 
     def __init__(self, hosts: int, rates: Sequence[str | float | None] = (), *, prefix: str = "lab",
-                 nat: Sequence[int] = ()) -> None:
+                 nat: Sequence[int] = (), subnet: str = SUBNET) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", prefix):
             raise ValueError(f"prefix {prefix!r}: 1-6 lowercase letters and digits (interface names are short)")
         if not 1 <= hosts <= 200:
             raise ValueError(f"{hosts} hosts: 1 to 200")
         if any(not 0 <= index < hosts for index in nat):
             raise ValueError(f"hosts behind NAT {list(nat)}: indices from 0 to {hosts - 1}")
-        self.hosts, self.prefix, self.nat = hosts, prefix, frozenset(nat)
+        if not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", subnet):
+            raise ValueError(f"subnet {subnet!r}: the first three numbers of a /24, such as {SUBNET}")
+        self.hosts, self.prefix, self.nat, self.subnet = hosts, prefix, frozenset(nat), subnet
         self.rates = [rate_text(rates[i]) if i < len(rates) else None for i in range(hosts)]
         self.bridge = f"{prefix}br"
 
@@ -101,7 +107,7 @@ class NetLab:
 
     def address(self, index: int) -> str:
         """Where the other hosts see host ``index``: behind NAT, its router's address."""
-        return f"{SUBNET}.{index + 1}"
+        return f"{self.subnet}.{index + 1}"
 
     def inner_address(self, index: int) -> str:
         """Host ``index``'s own address: behind NAT, a private one no other host can reach."""
