@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from peer_agent.i18n import _
 from peer_agent.protocol import MAX_DIALBACK_MADDRS, DialBackAnswer, DialBackRequest
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,14 @@ class Reachability:
     @property
     def reachable(self) -> bool:
         return self.path != "none"
+
+    def describe(self) -> str:
+        """One line for the volunteer, in their language (the reason's details stay as the daemon said them)."""
+        if self.path == "direct":
+            return _("reachable directly ({reason})").format(reason=self.reason)
+        if self.path == "relayed":
+            return _("reachable through a backbone peer's relay ({reason})").format(reason=self.reason)
+        return _("not reachable, neither directly nor through a relay ({reason})").format(reason=self.reason)
 
 
 def static_relays_enable() -> None:
@@ -181,10 +190,10 @@ async def _dial(targets: list[str], caller) -> str | None:
         dial = [_daemon_maddr(target.removesuffix(f"/p2p/{caller}")) for target in targets]
         await asyncio.wait_for(prober._client.connect(caller, dial), DIAL_TIMEOUT_S)
         return None
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return f"no answer within {DIAL_TIMEOUT_S:g} s"
     except Exception as exc:  # the daemon's dial error, whatever it says
-        return str(exc).splitlines()[0][:300] or type(exc).__name__
+        return _first_line(exc)
     finally:
         await prober.shutdown()
 
@@ -192,6 +201,10 @@ async def _dial(targets: list[str], caller) -> str | None:
 def dialback_install(dht) -> None:
     """Serve dial-back requests on ``dht``'s p2p daemon (a backbone peer's)."""
     dht.run_coroutine(dialback_serve)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
 
 
 def _daemon_maddr(maddr: str):
@@ -269,7 +282,7 @@ async def _ask(p2p, backbones: list[str], maddrs: list[str]) -> DialBackAnswer:
                 PeerID.from_base58(backbone), DIALBACK_HANDLER, request, StringValue), CALL_TIMEOUT_S)
             return DialBackAnswer.model_validate_json(answer.value)
         except Exception as exc:  # an older backbone without the handler, or one that is down: the next
-            problems.append(f"{backbone[-8:]}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+            problems.append(f"{backbone[-8:]}: {_first_line(exc)}")
     return DialBackAnswer(reachable=False, detail="no backbone peer answered: " + "; ".join(problems)[:1900])
 
 
@@ -309,6 +322,15 @@ async def reachability_probe_async(initial_peers: list[str], *, host_maddrs: lis
     it through itself as a relay; else none (client mode)."""
     if not initial_peers:
         return Reachability("none", "no backbone peer to dial this machine back")
+    try:
+        return await _paths_probe(initial_peers, host_maddrs=host_maddrs, announce_maddrs=announce_maddrs)
+    except Exception as exc:  # the p2p daemon did not start, or none of the backbone peers answered
+        logger.debug("dial-back failed", exc_info=True)
+        return Reachability("none", f"the check itself failed: {_first_line(exc)}")
+
+
+async def _paths_probe(initial_peers: list[str], *, host_maddrs: list[str],
+                       announce_maddrs: list[str] | None) -> Reachability:
     direct, tried = await _probe_path(initial_peers, relayed=False, host_maddrs=host_maddrs,
                                       announce_maddrs=announce_maddrs)
     if direct.reachable:

@@ -9,7 +9,8 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent import __version__
-from peer_agent.bandwidth import Reachability, client_mode_choose, reachable
+from peer_agent.bandwidth import client_mode_choose
+from peer_agent.reachability import Reachability
 from peer_agent.portal import AccessRefresher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
 from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
 
@@ -170,16 +171,15 @@ def test_a_refused_download_leaves_no_file(tmp_path):
     assert not (tmp_path / "tokenizer.json").exists()
 
 
-def test_reachability_and_client_mode():
-    assert reachable(["/ip4/203.0.113.5/tcp/31337"]).public is False  # documentation range: not global
-    assert reachable(["/ip4/8.8.8.8/tcp/31337"]).public is True
-    assert reachable(["/ip4/192.168.1.10/tcp/0"], ["/ip4/8.8.4.4/tcp/31337"]).public is True
-    assert reachable(["/ip4/10.0.0.2/tcp/0"]).public is False
-    public, private = Reachability("8.8.8.8", True, "public"), Reachability("10.0.0.2", False, "private")
-    assert client_mode_choose("auto", "auto", private)[0] is True
-    assert client_mode_choose("auto", "auto", public)[0] is False
-    assert client_mode_choose("off", "auto", private)[0] is False
-    assert client_mode_choose("off", "always", public)[0] is True  # the organizer's policy wins
+def test_client_mode_follows_the_dial_back_unless_the_run_or_the_volunteer_decides():
+    direct, relayed = Reachability("direct", "dialed"), Reachability("relayed", "through a relay")
+    nowhere = Reachability("none", "neither")
+    assert client_mode_choose("auto", "auto", nowhere)[0] is True
+    assert client_mode_choose("auto", "auto", direct)[0] is False
+    assert client_mode_choose("auto", "auto", relayed)[0] is False, "a relayed path is enough to aggregate"
+    assert client_mode_choose("auto", "auto", None) == (True, "reachability not checked")
+    assert client_mode_choose("off", "auto", nowhere)[0] is False
+    assert client_mode_choose("off", "always", direct)[0] is True  # the organizer's policy wins
 
 
 def test_the_access_refresher_hands_out_the_joins_token_first_then_refreshes(monkeypatch):
