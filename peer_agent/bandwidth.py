@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from peer_agent.i18n import _
 from peer_agent.portal import PortalClient, PortalRefused, Transfer
-from peer_agent.reachability import Reachability
+from peer_agent.reachability import RELAY_DATA_LIMIT_BYTES, RELAYED_VECTOR_MAX_BYTES, Reachability
 
 PROBE_DOWNLOAD_BYTES = 4 << 20
 PROBE_UPLOAD_BYTES = 2 << 20
@@ -116,13 +116,19 @@ def declared_bandwidth(override_mbps: float | None, measurement: BandwidthMeasur
     return floor_mbps, "the run's expected bandwidth, since upload is not measured (set --bandwidth to declare yours)"
 
 
-def client_mode_choose(setting: str, run_policy: str, reach: Reachability | None) -> tuple[bool, str]:
+def client_mode_choose(setting: str, run_policy: str, reach: Reachability | None,
+                       vector_bytes: int | None = None) -> tuple[bool, str]:
     """Decide client mode: the organizer's "always" wins, then the volunteer's on/off, then whether a
-    backbone peer could dial this machine, directly or through its relay (``reach``; None: not checked)."""
+    backbone peer could dial this machine, directly or through its relay (``reach``; None: not checked).
+    Through a relay only if a round's gradients (``vector_bytes``) fit what a relayed connection carries."""
     if run_policy == "always":
         return True, _("the run asks every volunteer to join in client mode")
     if setting in ("on", "off"):
         return setting == "on", f"--client-mode {setting}"
     if reach is None:
         return True, _("reachability not checked")
+    if reach.path == "relayed" and vector_bytes is not None and vector_bytes > RELAYED_VECTOR_MAX_BYTES:
+        return True, _("{reach}; but a relayed connection carries at most {limit} KiB, and this run averages "
+                       "{size:.1f} MB a round").format(reach=reach.describe(), limit=RELAY_DATA_LIMIT_BYTES >> 10,
+                                                       size=vector_bytes / 1e6)
     return (not reach.reachable), reach.describe()

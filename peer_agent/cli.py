@@ -142,7 +142,7 @@ def check_command(args: argparse.Namespace, console: Console) -> int:
     import tempfile
 
     from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe
-    from peer_agent.model import precision_choose, precision_describe
+    from peer_agent.model import averaged_bytes, precision_choose, precision_describe
     from peer_agent.reachability import reachability_probe
 
     settings = settings_from_args(args)
@@ -166,7 +166,8 @@ def check_command(args: argparse.Namespace, console: Console) -> int:
         print(_("Asking the backbone peer to dial this machine back (directly, then through its relay)..."), flush=True)
         reach = reachability_probe([settings.backbone], host_maddrs=[settings.host],
                                    announce_maddrs=[settings.announce] if settings.announce else None)
-    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach)
+    vector_bytes = averaged_bytes(config) if reach is not None and reach.path == "relayed" else None
+    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach, vector_bytes)
     bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
     memory = f", {info.memory_gb:.1f} GB" if info.memory_gb else ""
     print(f"Device:       {info.kind} ({info.name}{memory})")

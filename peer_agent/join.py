@@ -238,7 +238,7 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
 
     from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
     from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe
-    from peer_agent.model import precision_choose, precision_describe
+    from peer_agent.model import averaged_bytes, precision_choose, precision_describe
     from peer_agent.spotcheck import data_seed
     from peer_agent.training import SwarmUnreachable, Trainer, TrainerSetup
 
@@ -268,7 +268,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
     announce = [settings.announce] if settings.announce else None
     reach = _reachability(settings, config, joined.initial_peers, announce)
-    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach)
+    vector_bytes = averaged_bytes(config) if reach is not None and reach.path == "relayed" else None
+    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach, vector_bytes)
     relayed = not client_mode and reach is not None and reach.path == "relayed"
     logger.info(_("Bandwidth: %s; declaring %.1f Mbit/s: %s"), measurement.describe() if measurement else _("not measured"),
                 bandwidth, source)

@@ -12,7 +12,9 @@ any, unless relay discovery is off, which hivemind's ``P2P.create`` cannot say
 (:func:`static_relays_enable`); and it keeps private addresses out of relayed ones, so a relay must
 have a public address (``harness.netlab.PUBLIC_SUBNET`` in tests). Its AutoNAT service also enables
 hole punching (DCUtR) on every peer, which may turn a relayed connection into a direct one where
-both NATs allow it; nothing here depends on that.
+both NATs allow it; nothing here depends on that. And its relays are *limited*
+(:data:`RELAY_DATA_LIMIT_BYTES`): fine for the DHT and a small model's rounds, too small for a real
+model's, so an agent whose rounds would not fit averages in client mode (``peer_agent.bandwidth``).
 
 **Dial-back.** Whether an agent is reachable is not guessed from its address: the agent asks a
 backbone peer (:data:`DIALBACK_HANDLER`) to dial it back, first at its direct addresses, then at its
@@ -44,6 +46,13 @@ PROBE_STARTUP_S = 60.0
 RELAY_WAIT_S = 20.0
 CALL_TIMEOUT_S = DIAL_TIMEOUT_S + PROBE_STARTUP_S
 ELSEWHERE = "not the IP address the request came from"
+# What one relayed connection carries, each way, before the relay resets it: the p2p daemon of
+# hivemind 1.1.12 serves relays with go-libp2p's default limits (128 KiB, 2 min), whatever its
+# -relayDataLimit says (it starts a second, default relay service after the configured one). Measured
+# in the NAT lab: a 100 kB message crossed, a 1 MB one was reset. Averaging through a relay is used
+# only for a vector of at most a quarter of it, so that a few rounds cross before a reset.
+RELAY_DATA_LIMIT_BYTES = 128 << 10
+RELAYED_VECTOR_MAX_BYTES = RELAY_DATA_LIMIT_BYTES // 4
 
 
 @dataclass(frozen=True)
@@ -287,11 +296,12 @@ async def _ask(p2p, backbones: list[str], maddrs: list[str]) -> DialBackAnswer:
 
 
 def _dialable(maddrs: list[str], *, relayed: bool) -> list[str]:
-    """This peer's addresses worth a dial-back: relayed ones, or direct ones off loopback."""
+    """This peer's addresses worth a dial-back: relayed ones, or direct ones, off loopback unless
+    that is all there is (a peer listening on loopback only, as in tests)."""
     if relayed:
         return [maddr for maddr in maddrs if "/p2p-circuit" in maddr]
-    return [maddr for maddr in maddrs if "/p2p-circuit" not in maddr
-            and not maddr.startswith(("/ip4/127.", "/ip6/::1/"))]
+    direct = [maddr for maddr in maddrs if "/p2p-circuit" not in maddr]
+    return [maddr for maddr in direct if not maddr.startswith(("/ip4/127.", "/ip6/::1/"))] or direct
 
 
 async def _probe_path(initial_peers: list[str], *, relayed: bool, host_maddrs: list[str],

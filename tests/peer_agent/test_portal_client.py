@@ -10,9 +10,9 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent import __version__
 from peer_agent.bandwidth import client_mode_choose
-from peer_agent.reachability import Reachability
 from peer_agent.portal import AccessRefresher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
 from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
+from peer_agent.reachability import Reachability
 
 PORTAL = "http://portal.test"
 TOKEN = "agt_secret"
@@ -196,3 +196,16 @@ def test_the_access_refresher_hands_out_the_joins_token_first_then_refreshes(mon
     with pytest.raises(PortalRefused):
         refresher()
     assert calls == [7] and refusals.get() == ("run_paused", "run “r” is paused by its organizer")
+
+
+def test_a_relayed_path_is_used_only_for_rounds_a_relayed_connection_carries():
+    """hivemind 1.1.12's daemon resets a relayed connection after 128 KiB: a run with bigger rounds
+    puts an agent only a relay reaches in client mode, where it dials out for every round."""
+    from peer_agent.model import averaged_bytes
+    from peer_agent.protocol import config_from_preset
+    from peer_agent.reachability import RELAYED_VECTOR_MAX_BYTES
+
+    relayed = Reachability("relayed", "through a relay")
+    assert client_mode_choose("auto", "auto", relayed, RELAYED_VECTOR_MAX_BYTES)[0] is False
+    client, why = client_mode_choose("auto", "auto", relayed, averaged_bytes(config_from_preset("tiny")))
+    assert client is True and "at most 128 KiB" in why and "10.2 MB" in why
