@@ -42,6 +42,9 @@ PEERS = (1, 2)
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.relay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny", help="model preset whose gradients are averaged")
+    parser.add_argument("--elements", type=int, default=None,
+                        help="average a vector of this many values instead of the preset's gradients (a relayed "
+                             "connection carries 128 KiB each way: peer_agent.reachability)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per mode")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--rate", type=float, default=100.0, help="Mbit/s of each peer's link")
@@ -105,7 +108,7 @@ def peer_main(args: argparse.Namespace) -> None:
             bandwidth=args.rate, target_group_size=2,
             request_timeout=min(3.0, mm / 2))
         _barrier(work, "ready", args.index, 180)
-        records = []
+        records, first_round = [], {}
         for round_number in range(args.total_rounds):
             averager.accumulate_grads_(batch_size=1)
             control = averager.schedule_step(scheduled_time=get_dht_time() + mm, timeout=args.averaging_timeout)
@@ -120,8 +123,11 @@ def peer_main(args: argparse.Namespace) -> None:
             except Exception:  # a failed round is recorded as such
                 group = 0
             records.append(dict(started=started, ended=time.time(), group=group))
+            if round_number == 0:  # the path of the first round, while its connection is open
+                first_round = dht.run_coroutine(_state)["connections"]
             _barrier(work, f"done{round_number}", args.index, args.averaging_timeout)
         state = dht.run_coroutine(_state)
+        state["connections"] = {**first_round, **state["connections"]}
         (work / f"peer{args.index}.json").write_text(json.dumps(dict(records=records, peer_id=str(dht.peer_id), **state)))
         averager.shutdown()
     finally:
@@ -191,10 +197,11 @@ def coordinator_main(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from bench.averaging import _numel, _shapes
 
-    shapes = _shapes(args.preset)
+    shapes = [[args.elements]] if args.elements else _shapes(args.preset)
     size = sum(_numel(shape) for shape in shapes) * 2  # fp16
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"{args.preset}: S = {size / 1e6:.2f} MB on the wire (fp16); peers at {args.rate:g} Mbit/s, the relay at "
+    what = f"{args.elements} values" if args.elements else args.preset
+    print(f"{what}: S = {size / 1e6:.3f} MB on the wire (fp16); peers at {args.rate:g} Mbit/s, the relay at "
           f"{args.relay_rate:g} Mbit/s; {args.warmup} warm-up + {args.rounds} timed rounds\nuptime before: {uptime}")
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as directory:
