@@ -246,16 +246,27 @@ async def dialback_serve(dht, node) -> None:
     from google.protobuf.wrappers_pb2 import StringValue
 
     p2p = node.p2p
-    one_at_a_time = asyncio.Lock()
+    queue = DialQueue()
 
     async def handle(request: StringValue, context) -> StringValue:
-        answer = await _dialback_answer(p2p, request.value, context.remote_id, one_at_a_time)
+        answer = await _dialback_answer(p2p, request.value, context.remote_id, queue)
         return StringValue(value=answer.model_dump_json())
 
     await p2p.add_protobuf_handler(DIALBACK_HANDLER, handle, StringValue)
 
 
-async def _dialback_answer(p2p, text: str, caller, lock: asyncio.Lock) -> DialBackAnswer:
+class DialQueue:
+    """One dial at a time, and at most ``waiting`` callers waiting for it: a flood of requests costs
+    the backbone one short-lived daemon at a time, and the rest are told to come back."""
+
+    def __init__(self, waiting: int = 4) -> None:
+        self.lock, self.waiting, self.limit = asyncio.Lock(), 0, waiting
+
+    def full(self) -> bool:
+        return self.waiting >= self.limit
+
+
+async def _dialback_answer(p2p, text: str, caller, queue: DialQueue, dial=None) -> DialBackAnswer:
     try:
         request = DialBackRequest.model_validate_json(text)
     except ValidationError as exc:
@@ -265,8 +276,14 @@ async def _dialback_answer(p2p, text: str, caller, lock: asyncio.Lock) -> DialBa
     if not targets:
         return DialBackAnswer(reachable=False, refused=refused,
                               detail=f"no address this backbone may dial ({'; '.join(refused)})"[:2000])
-    async with lock:
-        problem = await _dial(targets, caller)
+    if queue.full():
+        return DialBackAnswer(reachable=False, refused=refused, detail="busy: too many dial-backs waiting; ask again later")
+    queue.waiting += 1
+    try:
+        async with queue.lock:
+            problem = await (dial or _dial)(targets, caller)
+    finally:
+        queue.waiting -= 1
     logger.info("dial-back to %s: %s", caller, problem or "reachable")
     return DialBackAnswer(reachable=problem is None, dialed=targets, refused=refused, detail=problem or "")
 

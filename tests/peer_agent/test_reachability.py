@@ -82,3 +82,54 @@ def test_only_an_agent_behind_nat_uses_the_backbones_as_static_relays():
     args = P2P._make_process_args("p2pd", trustedRelays="/ip4/11.77.0.1/tcp/4001/p2p/X", autoRelay=True)
     assert "-relayDiscovery=0" in args, "with discovery on, the daemon waits minutes before using them"
     assert "-relayDiscovery=0" not in P2P._make_process_args("p2pd", autoRelay=True)
+
+
+class FakeP2P:
+    """What the dial-back handler reads of the backbone's daemon: its id and the caller's connections."""
+
+    peer_id = BACKBONE
+
+    async def list_peers(self):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(peer_id=CALLER, addrs=["/ip4/11.77.0.2/tcp/50000"])]
+
+
+def test_a_garbled_or_oversized_request_is_answered_with_a_reason_and_nothing_is_dialed():
+    import asyncio
+
+    from peer_agent.reachability import DialQueue, _dialback_answer
+
+    dialed = []
+
+    async def dial(targets, caller):
+        dialed.append(targets)
+
+    for text in ("not json", '{"maddrs": []}', '{"maddrs": ["/ip4/1.2.3.4/tcp/1"], "extra": 1}',
+                 '{"maddrs": ["' + "/x" * 300 + '"]}'):
+        answer = asyncio.run(_dialback_answer(FakeP2P(), text, CALLER, DialQueue(), dial))
+        assert not answer.reachable and answer.detail.startswith("invalid request"), text
+    assert dialed == []
+
+
+def test_the_dial_back_dials_the_caller_where_it_connected_from_and_a_flood_is_turned_away():
+    import asyncio
+
+    from peer_agent.reachability import DialQueue, _dialback_answer
+
+    dialed = []
+
+    async def dial(targets, caller):
+        dialed.append(targets)
+        await asyncio.sleep(0.05)
+        return None
+
+    async def flood():
+        queue = DialQueue(waiting=2)
+        request = '{"maddrs": ["/ip4/10.78.3.2/tcp/4001"]}'
+        return await asyncio.gather(*(_dialback_answer(FakeP2P(), request, CALLER, queue, dial) for _ in range(5)))
+
+    answers = asyncio.run(flood())
+    assert [answer.reachable for answer in answers] == [True, True, False, False, False]
+    assert all("busy" in answer.detail for answer in answers[2:])
+    assert dialed == [[f"/ip4/11.77.0.2/tcp/4001/p2p/{CALLER}"]] * 2  # at its router's address, not its own
