@@ -18,20 +18,18 @@ how fast each peer can send its share, is the measured upload, capped by ``--ban
 without a measured upload it is ``--bandwidth``, else the run's ``min_bandwidth_mbps`` floor lowered
 to a slower measured download (home connections rarely upload faster than they download).
 
-- **reachability**: whether the listen (or announced) address is a public IP. No connection is
-  tried from outside, so a firewall or an unforwarded port still goes unnoticed: pass
-  ``--client-mode on`` if peers cannot connect to you.
+Whether other peers can reach this machine is learned by a dial-back from the run's backbone
+(:mod:`peer_agent.reachability`), not from its address.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from peer_agent.i18n import _
 from peer_agent.portal import PortalClient, PortalRefused, Transfer
+from peer_agent.reachability import RELAY_DATA_LIMIT_BYTES, RELAYED_VECTOR_MAX_BYTES, Reachability
 
 PROBE_DOWNLOAD_BYTES = 4 << 20
 PROBE_UPLOAD_BYTES = 2 << 20
@@ -118,56 +116,19 @@ def declared_bandwidth(override_mbps: float | None, measurement: BandwidthMeasur
     return floor_mbps, "the run's expected bandwidth, since upload is not measured (set --bandwidth to declare yours)"
 
 
-@dataclass(frozen=True)
-class Reachability:
-    """Whether other peers could dial this machine, as far as its own addresses tell."""
-
-    address: str | None
-    public: bool
-    reason: str
-
-
-def _maddr_ip(maddr: str) -> tuple[str, str] | None:
-    match = re.match(r"^/(ip4|ip6)/([^/]+)", maddr)
-    return (match[1], match[2]) if match else None
-
-
-def _outbound_ip(family: str) -> str | None:
-    """The local address the OS would use to reach the internet (a UDP connect sends no packet)."""
-    af, probe = (socket.AF_INET, "192.0.2.1") if family == "ip4" else (socket.AF_INET6, "2001:db8::1")
-    try:
-        with socket.socket(af, socket.SOCK_DGRAM) as sock:
-            sock.connect((probe, 9))
-            return sock.getsockname()[0]
-    except OSError:
-        return None
-
-
-def reachable(host_maddrs: list[str], announce_maddrs: list[str] | None = None) -> Reachability:
-    """Best effort: is the announced, listen or outbound address a public (global) IP?"""
-    for maddr in [*(announce_maddrs or []), *host_maddrs]:
-        parsed = _maddr_ip(maddr)
-        if parsed is None:
-            continue
-        family, ip = parsed
-        where = "announced" if maddr in (announce_maddrs or []) else "listen"
-        if ip in ("0.0.0.0", "::"):
-            ip = _outbound_ip(family)
-            where = "outbound"
-            if ip is None:
-                continue
-        if ipaddress.ip_address(ip).is_global:
-            return Reachability(ip, True, f"the {where} address {ip} is public")
-        return Reachability(ip, False, f"the {where} address {ip} is not public (behind NAT?): other peers cannot dial it")
-    return Reachability(None, False, "no usable address found")
-
-
-def client_mode_choose(setting: str, run_policy: str, reach: Reachability) -> tuple[bool, str]:
-    """Decide client mode: the organizer's "always" wins, then the volunteer's on/off, then reachability."""
+def client_mode_choose(setting: str, run_policy: str, reach: Reachability | None,
+                       vector_bytes: int | None = None) -> tuple[bool, str]:
+    """Decide client mode: the organizer's "always" wins, then the volunteer's on/off, then whether a
+    backbone peer could dial this machine, directly or through its relay (``reach``; None: not checked).
+    Through a relay only if a round's gradients (``vector_bytes``) fit what a relayed connection carries."""
     if run_policy == "always":
-        return True, "the run asks every volunteer to join in client mode"
+        return True, _("the run asks every volunteer to join in client mode")
     if setting in ("on", "off"):
         return setting == "on", f"--client-mode {setting}"
-    if run_policy == "never" and reach.public:
-        return False, reach.reason
-    return (not reach.public), reach.reason
+    if reach is None:
+        return True, _("reachability not checked")
+    if reach.path == "relayed" and vector_bytes is not None and vector_bytes > RELAYED_VECTOR_MAX_BYTES:
+        return True, _("{reach}; but a relayed connection carries at most {limit} KiB, and this run averages "
+                       "{size:.1f} MB a round").format(reach=reach.describe(), limit=RELAY_DATA_LIMIT_BYTES >> 10,
+                                                       size=vector_bytes / 1e6)
+    return (not reach.reachable), reach.describe()

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", parents=[common], help=_("Show the device, precision, bandwidth and client mode."),
                                 description=_("What `join` would use on this machine, without joining."))
     add_arguments(check, positional_run=True, only=("portal", "run", "token", "device", "client_mode", "host",
-                                                    "announce", "bandwidth_mbps"))
+                                                    "announce", "bandwidth_mbps", "backbone"))
 
     status = commands.add_parser("status", parents=[common], help=_("Show your contribution recorded on this machine."),
                                  description=_("Sessions, samples reported, acknowledged by the portal and still pending."))
@@ -141,8 +141,9 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
 def check_command(args: argparse.Namespace, console: Console) -> int:
     import tempfile
 
-    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe, reachable
-    from peer_agent.model import precision_choose, precision_describe
+    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe
+    from peer_agent.model import averaged_bytes, precision_choose, precision_describe
+    from peer_agent.reachability import reachability_probe
 
     settings = settings_from_args(args)
     config, measurement = RunConfig(), None
@@ -160,15 +161,21 @@ def check_command(args: argparse.Namespace, console: Console) -> int:
     device = device_resolve(settings.device)
     precision = precision_choose(device, config.training.precision)
     info = device_info(device, precision)
-    reach = reachable([settings.host], [settings.announce] if settings.announce else None)
-    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach)
+    reach = None
+    if settings.backbone:
+        print(_("Asking the backbone peer to dial this machine back (directly, then through its relay)..."), flush=True)
+        reach = reachability_probe([settings.backbone], host_maddrs=[settings.host],
+                                   announce_maddrs=[settings.announce] if settings.announce else None)
+    vector_bytes = averaged_bytes(config) if reach is not None and reach.path == "relayed" else None
+    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach, vector_bytes)
     bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
     memory = f", {info.memory_gb:.1f} GB" if info.memory_gb else ""
     print(f"Device:       {info.kind} ({info.name}{memory})")
     print(f"Precision:    {precision_describe(precision)}")
     print(f"Bandwidth:    {measurement.describe() if measurement else 'not measured (give a portal, run and token)'}")
     print(f"Declared:     {bandwidth:.1f} Mbit/s, {source}")
-    print(f"Reachability: {reach.reason}")
+    unchecked = _("not checked (pass --backbone MADDR, a backbone peer of the run, for a dial-back)")
+    print(f"Reachability: {reach.describe() if reach else unchecked}")
     print(f"Client mode:  {'on' if client_mode else 'off'} ({why})")
     return EXIT_OK
 

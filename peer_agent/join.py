@@ -237,8 +237,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     from hivemind.utils.crypto import RSAPrivateKey
 
     from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
-    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe, reachable
-    from peer_agent.model import precision_choose, precision_describe
+    from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe
+    from peer_agent.model import averaged_bytes, precision_choose, precision_describe
     from peer_agent.spotcheck import data_seed
     from peer_agent.training import SwarmUnreachable, Trainer, TrainerSetup
 
@@ -267,8 +267,10 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     data_files = _data_files(portal, joined.data_files, files / "data") if config.data.source == "files" else None
     bandwidth, source = declared_bandwidth(settings.bandwidth_mbps, measurement, config.averaging.min_bandwidth_mbps)
     announce = [settings.announce] if settings.announce else None
-    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode,
-                                          reachable([settings.host], announce))
+    reach = _reachability(settings, config, joined.initial_peers, announce)
+    vector_bytes = averaged_bytes(config) if reach is not None and reach.path == "relayed" else None
+    client_mode, why = client_mode_choose(settings.client_mode, config.averaging.client_mode, reach, vector_bytes)
+    relayed = not client_mode and reach is not None and reach.path == "relayed"
     logger.info(_("Bandwidth: %s; declaring %.1f Mbit/s: %s"), measurement.describe() if measurement else _("not measured"),
                 bandwidth, source)
     logger.info(_("Client mode %s: %s"), _("on") if client_mode else _("off"), why)
@@ -279,7 +281,9 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
                                 joined.hivemind_access.model_dump(mode="json"), refusals)
     authorizer = PortalAuthorizer(key, rsa_public_key_parse(joined.authority_public_key), refresher)
     extra = {}
-    if announce and "announce_maddrs" in TrainerSetup.__dataclass_fields__:
+    if relayed:
+        extra["relayed"] = True  # its addresses are the relays' now: an announced one would hide them
+    elif announce and "announce_maddrs" in TrainerSetup.__dataclass_fields__:
         extra["announce_maddrs"] = announce
     elif announce:
         logger.warning(_("--announce only decides client mode here: this trainer cannot announce the address to peers"))
@@ -316,6 +320,17 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     finally:
         logger.info(_("Leaving the swarm"))
         trainer.shutdown()
+
+
+def _reachability(settings: AgentSettings, config: RunConfig, initial_peers: list[str],
+                  announce: list[str] | None):
+    """Ask a backbone peer to dial this machine back, unless client mode is decided without it."""
+    from peer_agent.reachability import reachability_probe
+
+    if config.averaging.client_mode == "always" or settings.client_mode != "auto":
+        return None
+    logger.info(_("Asking a backbone peer to dial this machine back (directly, then through its relay)"))
+    return reachability_probe(initial_peers, host_maddrs=[settings.host], announce_maddrs=announce)
 
 
 def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher], refusals: object,

@@ -50,6 +50,17 @@ def parameter_count(model: torch.nn.Module) -> int:
     return sum(param.numel() for param in model.parameters())
 
 
+WIRE_BYTES = {"none": 4, "fp16": 2, "uniform8bit": 1}  # per gradient value averaged, by compression
+
+
+def averaged_bytes(config: RunConfig) -> int:
+    """About how many bytes of gradients one averaging round moves per peer (the model counted on
+    the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        model = model_build(config, config.tokenizer.vocab_size)
+    return parameter_count(model) * WIRE_BYTES.get(config.averaging.grad_compression, 2)
+
+
 def precision_choose(device: torch.device, policy: str) -> str:
     """The precision to train in on ``device`` under the run's policy: "fp32", "fp16" or "bf16".
 

@@ -449,6 +449,29 @@ class JoinResponse(_Schema):
         "download the collaboration's state from starts from it."))
 
 
+MAX_DIALBACK_MADDRS = 8
+DialBackMaddr = Annotated[str, StringConstraints(pattern=r"^/\S+$", max_length=400)]
+
+
+class DialBackRequest(_Schema):
+    """An agent asks a backbone peer to dial it back at ``maddrs`` (peer_agent.reachability): its own
+    addresses, direct or through this backbone as a relay; the backbone dials nothing else."""
+
+    maddrs: list[DialBackMaddr] = Field(min_length=1, max_length=MAX_DIALBACK_MADDRS,
+                                        description="The caller's addresses, each ending in its own /p2p/ id or none.")
+
+
+class DialBackAnswer(_Schema):
+    """Whether a fresh peer on the backbone's host reached the caller at one of the addresses."""
+
+    reachable: bool
+    dialed: list[DialBackMaddr] = Field(default_factory=list, max_length=MAX_DIALBACK_MADDRS,
+                                        description="The addresses tried, as dialed.")
+    refused: list[str] = Field(default_factory=list, max_length=MAX_DIALBACK_MADDRS,
+                               description="Addresses not dialed, each with the reason.")
+    detail: str = Field("", max_length=2000, description="Why the dial failed, or what refused the request.")
+
+
 class RefreshResponse(_Schema):
     """Answer to ``POST /api/v1/sessions/{id}/refresh``."""
 

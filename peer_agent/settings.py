@@ -111,9 +111,9 @@ class AgentSettings:
     per_device_batch_size: int | None = _option("Samples per forward pass, overriding the run's setting "
                                                 "(lower it if you run out of memory).", _positive(int), "N")
     threads: int | None = _option("CPU threads torch may use (default: torch's choice).", _positive(int), "N")
-    client_mode: str = _option('Accept connections from other peers? "auto" (decide from your address), "on" '
-                               '(client mode: outgoing connections only) or "off".', _choice("auto", "on", "off"),
-                               "MODE", "auto")
+    client_mode: str = _option('Accept connections from other peers? "auto" (decide by asking a backbone peer of the '
+                               'run to dial you back, directly or through its relay), "on" (client mode: outgoing '
+                               'connections only) or "off".', _choice("auto", "on", "off"), "MODE", "auto")
     bandwidth_mbps: float | None = _option("Your upload bandwidth in Mbit/s, declared to the swarm for load "
                                            "balancing (default: measured or the run's floor).", _positive(float), "MBPS",
                                            aliases=("--bandwidth",))
@@ -122,6 +122,8 @@ class AgentSettings:
     host: str = _option("Multiaddress to listen on for other peers.", _multiaddr, "MADDR", "/ip4/0.0.0.0/tcp/0")
     announce: str | None = _option("Public multiaddress other peers should dial, if you forward a port "
                                    "(e.g. /ip4/203.0.113.5/tcp/31337).", _multiaddr, "MADDR")
+    backbone: str | None = _option("For `check`: a backbone peer of the run (a multiaddress ending in /p2p/ID, "
+                                   "as `join` logs them) to ask for a dial-back.", _multiaddr, "MADDR")
     spool_dir: Path | None = _option("Folder for reports not yet acknowledged by the portal "
                                      "(default: <agent home>/spool).", Path, "DIR")
     cache_dir: Path | None = _option("Folder for the tokenizer and data files (default: <agent home>/cache).",

@@ -51,6 +51,7 @@ from peer_agent.protocol import (
     StepCommitment,
     TrainingConfig,
 )
+from peer_agent.reachability import relay_options
 from peer_agent.spotcheck import Sketcher, commitment_sign, fingerprint_encode
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class TrainerSetup:
     private_key: RSAPrivateKey = field(default_factory=RSAPrivateKey)
     host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce_maddrs: list[str] | None = None  # addresses to advertise, e.g. behind port forwarding
+    # Reachable only through the backbone peers' relays (a dial-back said so): peer_agent.reachability.
+    relayed: bool = False
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     threads: int | None = None  # torch CPU threads; None leaves torch's default
     seed: int = 0  # this peer's data order: peer_agent.spotcheck.data_seed of its session, so it can be replayed
@@ -159,9 +162,10 @@ class Trainer:
         try:
             self.dht = DHT(
                 start=True, initial_peers=setup.initial_peers or None, client_mode=setup.client_mode,
-                host_maddrs=setup.host_maddrs, announce_maddrs=setup.announce_maddrs, authorizer=setup.authorizer,
-                startup_timeout=60,
-                record_validators=metrics_validators(setup.run_id, setup.private_key))
+                host_maddrs=setup.host_maddrs, announce_maddrs=None if setup.relayed else setup.announce_maddrs,
+                authorizer=setup.authorizer, startup_timeout=60,
+                record_validators=metrics_validators(setup.run_id, setup.private_key),
+                **relay_options(setup.initial_peers, relayed=setup.relayed))
         except P2PDaemonError as exc:
             # The p2p daemon refuses to start when none of its initial peers answers.
             if setup.initial_peers and "bootstrap" in str(exc):

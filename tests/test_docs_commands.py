@@ -64,6 +64,8 @@ EXERCISED = [
     (r"peer-agent login --portal \S+", CLI_TESTS + "test_login_checks_the_token_and_stores_it_readable_only_by_you"),
     (r"peer-agent check( --portal \S+ \S+)?",
      CLI_TESTS + "test_check_describes_device_precision_measured_bandwidth_and_client_mode"),
+    (r"peer-agent check --portal \S+ \S+ --backbone \S+",
+     CLI_TESTS + "test_check_with_a_backbone_reports_that_it_dialed_this_machine_back"),
     (r"peer-agent status", CLI_TESTS + "test_status_shows_sessions_samples_acknowledged_and_pending"),
     (r"peer-agent( login\|join\|check\|status)?", CLI_TESTS + "test_python_m_peer_agent_shows_help_for_every_command"),
     (r"promtool (check|test) rules deploy/prometheus/alerts(\.test)?\.yml",

@@ -23,6 +23,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import dht_result, metrics_validators
+from peer_agent.reachability import dialback_install, relay_options
 from portal.logs import log_context
 from runs.access.authority import access_token_sign, authority_load
 from runs.models import Backbone, Run
@@ -62,10 +63,14 @@ class BackbonePeer:
             authorizer=authorizer,
             record_validators=metrics_validators(self.run_id, self.private_key),
             startup_timeout=120,
+            # Relays for agents behind NAT (the daemon relays whenever relaying is on), and a dial-back
+            # service that tells them whether they are reachable: peer_agent.reachability.
+            **relay_options([], relayed=False),
         )
         # The run's other backbone peers are a way in as well as the peers this one remembers.
         others = _not_own(run.initial_peers, identity_path)
         self.dht = _dht_start(self.slug, self.swarm_file, dht_options, others=others)
+        dialback_install(self.dht)
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = [str(maddr) for maddr in self.dht.get_visible_maddrs()]
         self.host = socket.gethostname()

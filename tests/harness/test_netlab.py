@@ -74,3 +74,64 @@ def test_rates_and_prefixes():
     assert [rate_text(rate) for rate in ("20mbit", 100, 2.5, None, "none")] == ["20mbit", "100mbit", "2.5mbit", None, None]
     with pytest.raises(ValueError, match="prefix"):
         NetLab(2, prefix="much-too-long")
+
+
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], 5001), timeout=3).close()
+except OSError as error:
+    print(type(error).__name__)
+else:
+    print("connected")
+"""
+ACCEPT_ONE = """
+import socket
+server = socket.create_server(("0.0.0.0", 5001))
+print("listening", flush=True)
+connection, (peer, _) = server.accept()
+print(peer, flush=True)
+"""
+
+
+def _listening(lab: NetLab, index: int) -> subprocess.Popen:
+    server = subprocess.Popen(lab.command(index, sys.executable, "-c", ACCEPT_ONE), stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "listening"
+    return server
+
+
+def _connect(lab: NetLab, index: int, address: str) -> str:
+    done = subprocess.run(lab.command(index, sys.executable, "-c", CONNECT, address), capture_output=True, text=True,
+                          timeout=30, check=True)
+    return done.stdout.strip()
+
+
+def test_a_host_behind_nat_reaches_a_public_host_under_its_routers_address_and_nobody_reaches_it(prefix):
+    with NetLab(3, rates=[None, None, 8], prefix=prefix, nat=[1, 2]) as lab:
+        assert {f"{prefix}1n", f"{prefix}2n"} <= set(namespaces())
+        assert lab.inner_address(1) != lab.address(1) and lab.inner_address(0) == lab.address(0)
+        # The NATed host's token bucket is on its router's link to the bridge.
+        shaped = subprocess.run(["tc", "-n", f"{prefix}2n", "qdisc", "show"], capture_output=True, text=True).stdout
+        assert f"dev {prefix}2h root" in shaped and "rate 8Mbit" in shaped
+
+        public = _listening(lab, 0)
+        try:
+            assert _connect(lab, 1, lab.address(0)) == "connected"
+            seen_as = public.communicate(timeout=30)[0].strip()
+        finally:
+            public.kill()
+        assert seen_as == lab.address(1), "the public host sees the router's address, not the host's own"
+
+        behind = _listening(lab, 1)
+        try:
+            # Nothing is forwarded to the host: its router refuses (no port is open there), and its own
+            # address is not routed from outside, even by a host that adds a route through the router.
+            assert _connect(lab, 0, lab.address(1)) == "ConnectionRefusedError"
+            subprocess.run(lab.command(0, "ip", "route", "add", f"{lab.inner_address(1)}/32", "via", lab.address(1)),
+                           check=True)
+            assert _connect(lab, 0, lab.inner_address(1)) in ("TimeoutError", "OSError")
+            assert _connect(lab, 2, lab.address(1)) == "ConnectionRefusedError", "nor from behind another NAT"
+            assert behind.poll() is None, "no connection reached the host behind NAT"
+        finally:
+            behind.kill()
+    assert not [name for name in namespaces() if name.startswith(prefix)]

@@ -364,6 +364,26 @@ def test_check_describes_device_precision_measured_bandwidth_and_client_mode(por
     assert (portal.probes.downloads, portal.probes.uploads) == ([4 << 20], [2 << 20])
 
 
+@pytest.mark.swarm
+def test_check_with_a_backbone_reports_that_it_dialed_this_machine_back(portal, capsys, reap_children):
+    from hivemind.dht import DHT
+
+    from peer_agent.reachability import dialback_install, relay_options
+
+    backbone = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], startup_timeout=60,
+                   **relay_options([], relayed=False))
+    try:
+        dialback_install(backbone)
+        maddr = str(backbone.get_visible_maddrs()[0])
+        assert cli.main(["check", "--portal", portal.url, "--token", TOKEN, "--device", "cpu", "--host",
+                         "/ip4/127.0.0.1/tcp/0", "--backbone", maddr, "bengali-albert"]) == 0
+    finally:
+        backbone.shutdown()
+    out = capsys.readouterr().out
+    assert "Reachability: reachable directly (a backbone peer dialed /ip4/127.0.0.1/tcp/" in out
+    assert "Client mode:  off (reachable directly" in out
+
+
 def test_check_against_an_older_portal_times_the_tokenizer_and_says_upload_was_not_measured(capsys):
     old = FakePortal(probes=False)
     try:

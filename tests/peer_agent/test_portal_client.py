@@ -9,9 +9,10 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent import __version__
-from peer_agent.bandwidth import Reachability, client_mode_choose, reachable
+from peer_agent.bandwidth import client_mode_choose
 from peer_agent.portal import AccessRefresher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
 from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
+from peer_agent.reachability import Reachability
 
 PORTAL = "http://portal.test"
 TOKEN = "agt_secret"
@@ -170,16 +171,15 @@ def test_a_refused_download_leaves_no_file(tmp_path):
     assert not (tmp_path / "tokenizer.json").exists()
 
 
-def test_reachability_and_client_mode():
-    assert reachable(["/ip4/203.0.113.5/tcp/31337"]).public is False  # documentation range: not global
-    assert reachable(["/ip4/8.8.8.8/tcp/31337"]).public is True
-    assert reachable(["/ip4/192.168.1.10/tcp/0"], ["/ip4/8.8.4.4/tcp/31337"]).public is True
-    assert reachable(["/ip4/10.0.0.2/tcp/0"]).public is False
-    public, private = Reachability("8.8.8.8", True, "public"), Reachability("10.0.0.2", False, "private")
-    assert client_mode_choose("auto", "auto", private)[0] is True
-    assert client_mode_choose("auto", "auto", public)[0] is False
-    assert client_mode_choose("off", "auto", private)[0] is False
-    assert client_mode_choose("off", "always", public)[0] is True  # the organizer's policy wins
+def test_client_mode_follows_the_dial_back_unless_the_run_or_the_volunteer_decides():
+    direct, relayed = Reachability("direct", "dialed"), Reachability("relayed", "through a relay")
+    nowhere = Reachability("none", "neither")
+    assert client_mode_choose("auto", "auto", nowhere)[0] is True
+    assert client_mode_choose("auto", "auto", direct)[0] is False
+    assert client_mode_choose("auto", "auto", relayed)[0] is False, "a relayed path is enough to aggregate"
+    assert client_mode_choose("auto", "auto", None) == (True, "reachability not checked")
+    assert client_mode_choose("off", "auto", nowhere)[0] is False
+    assert client_mode_choose("off", "always", direct)[0] is True  # the organizer's policy wins
 
 
 def test_the_access_refresher_hands_out_the_joins_token_first_then_refreshes(monkeypatch):
@@ -196,3 +196,16 @@ def test_the_access_refresher_hands_out_the_joins_token_first_then_refreshes(mon
     with pytest.raises(PortalRefused):
         refresher()
     assert calls == [7] and refusals.get() == ("run_paused", "run “r” is paused by its organizer")
+
+
+def test_a_relayed_path_is_used_only_for_rounds_a_relayed_connection_carries():
+    """hivemind 1.1.12's daemon resets a relayed connection after 128 KiB: a run with bigger rounds
+    puts an agent only a relay reaches in client mode, where it dials out for every round."""
+    from peer_agent.model import averaged_bytes
+    from peer_agent.protocol import config_from_preset
+    from peer_agent.reachability import RELAYED_VECTOR_MAX_BYTES
+
+    relayed = Reachability("relayed", "through a relay")
+    assert client_mode_choose("auto", "auto", relayed, RELAYED_VECTOR_MAX_BYTES)[0] is False
+    client, why = client_mode_choose("auto", "auto", relayed, averaged_bytes(config_from_preset("tiny")))
+    assert client is True and "at most 128 KiB" in why and "10.2 MB" in why

@@ -12,6 +12,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from harness.processes import children_reap
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
+from peer_agent.reachability import reachability_probe
 from runs.access.authority import access_token_sign, authority_load
 from runs.models import Backbone
 from runs.swarm.coordinator import Coordinator
@@ -62,6 +63,9 @@ def test_active_runs_get_a_backbone_peer_whose_addresses_agents_bootstrap_from(c
     with running_dht(initial_peers=run.initial_peers, authorizer=volunteer_authorizer(run)) as agent:
         assert agent.store("greeting", "hello", expiration_time=time.time() + 60)
         assert agent.get("greeting").value == "hello"
+    # It relays and dials agents back (peer_agent/reachability.py): one on loopback is reachable directly.
+    reach = reachability_probe(run.initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    assert reach.path == "direct", reach
 
     peer_id = run.coordinator_peer_id
     run.status = "finished"
