@@ -41,6 +41,7 @@ def notify(*, user: User, kind: str, key: str, context: dict | None = None) -> N
     CREDIT_DECIDED, with ``accepted`` (bool) for the latter; ``session`` for SESSION_SUSPENDED;
     ``milestone`` (the milestone's name, in words) for MILESTONE. Returns the new notification, or
     None when this event was already reported. Call it inside the transaction that records the event.
+    For one event told to many volunteers at once, :func:`notify_many` writes the rows in one insert.
     """
     context = _checked(kind, context)
     try:
