@@ -293,7 +293,8 @@ def test_emails_are_plain_text_and_html_in_the_volunteers_language(volunteer, co
 
 
 @pytest.mark.parametrize(("kind", "context"), [("no_such_kind", {}), ("milestone", {"url": "https://evil.example/"}),
-                                               ("milestone", {"url": "//evil.example/"})])
+                                               ("milestone", {"url": "//evil.example/"}),
+                                               ("milestone", {"url": "/\\evil.example/"})])
 def test_notify_refuses_an_unknown_kind_or_a_link_off_the_site(volunteer, kind, context):
     with pytest.raises(ValueError):
         notify(user=volunteer, kind=kind, key="k", context=context)
