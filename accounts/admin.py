@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 
 from accounts import services
-from accounts.models import AgentToken, Team, TeamEvent, User
+from accounts.models import AgentToken, Notification, Team, TeamEvent, User
 
 
 @admin.register(User)
@@ -12,8 +12,9 @@ class UserAdmin(DjangoUserAdmin):
     list_display = ("username", "email", "display_name", "visibility", "team", "is_staff", "is_active", "date_joined")
     list_filter = DjangoUserAdmin.list_filter + ("visibility",)
     search_fields = ("username", "email", "display_name", "pseudonym")
-    fieldsets = DjangoUserAdmin.fieldsets + (("Volunteer", {"fields": ("display_name", "visibility", "pseudonym", "team")}),)
-    readonly_fields = ("pseudonym",)
+    fieldsets = DjangoUserAdmin.fieldsets + (("Volunteer", {"fields": (
+        "display_name", "visibility", "pseudonym", "team", "email_verified_at", "language", "email_opt_outs")}),)
+    readonly_fields = ("pseudonym", "email_verified_at")
 
 
 class TeamEventInline(admin.TabularInline):
@@ -57,3 +58,16 @@ class AgentTokenAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset) -> None:
         for token in queryset:
             services.token_revoke(token=token)
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):
+    """What volunteers were told and whether it was e-mailed; a record, so nothing here is editable."""
+
+    list_display = ("user", "kind", "key", "created_at", "read_at", "email_state", "emailed_at")
+    list_filter = ("kind", "email_state")
+    search_fields = ("user__username", "key")
+    readonly_fields = ("user", "kind", "key", "context", "created_at", "read_at", "email_state", "emailed_at")
+
+    def has_add_permission(self, request) -> bool:
+        return False

@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 
 from accounts.emails import email_build
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 Kind = Notification.Kind
 TOKEN_NOTICE = datetime.timedelta(days=7)
+PENDING_SWEEP_AFTER = datetime.timedelta(minutes=5)
 _UNSUBSCRIBE_SALT = "accounts.notifications.unsubscribe"
 
 
@@ -39,12 +41,9 @@ def notify(*, user: User, kind: str, key: str, context: dict | None = None) -> N
     CREDIT_DECIDED, with ``accepted`` (bool) for the latter; ``session`` for SESSION_SUSPENDED;
     ``milestone`` (the milestone's name, in words) for MILESTONE. Returns the new notification, or
     None when this event was already reported. Call it inside the transaction that records the event.
+    For one event told to many volunteers at once, :func:`notify_many` writes the rows in one insert.
     """
-    if kind not in Kind.values:
-        raise ValueError(f"unknown notification kind {kind!r}")
-    context = dict(context or {})
-    if not str(context.get("url", "/")).startswith("/") or str(context.get("url", "/")).startswith("//"):
-        raise ValueError("a notification's url must be a path on this site")
+    context = _checked(kind, context)
     try:
         with transaction.atomic():
             notification = Notification.objects.create(user=user, kind=kind, key=key[:200], context=context)
@@ -54,10 +53,52 @@ def notify(*, user: User, kind: str, key: str, context: dict | None = None) -> N
     return notification
 
 
+def notify_many(*, user_ids: list[int], kind: str, key: str, context: dict | None = None) -> int:
+    """:func:`notify` for many volunteers at once, about one event (a run paused): one insert that
+    skips those told already. Returns the notifications made. Two copies of a task racing here may
+    both queue an e-mail for a row; the e-mail task's claim sends it once."""
+    context = _checked(kind, context)
+    told = set(Notification.objects.filter(kind=kind, key=key, user_id__in=user_ids).values_list("user_id", flat=True))
+    fresh = [user_id for user_id in user_ids if user_id not in told]
+    Notification.objects.bulk_create([Notification(user_id=user_id, kind=kind, key=key[:200], context=context)
+                                      for user_id in fresh], ignore_conflicts=True)
+    made = list(Notification.objects.filter(kind=kind, key=key, user_id__in=fresh, email_state=Notification.Email.PENDING)
+                .values_list("pk", flat=True))
+    transaction.on_commit(lambda: [_email_queue(pk) for pk in made])
+    return len(made)
+
+
+def _checked(kind: str, context: dict | None) -> dict:
+    if kind not in Kind.values:
+        raise ValueError(f"unknown notification kind {kind!r}")
+    context = dict(context or {})
+    url = str(context.get("url", "/"))
+    if not (url.startswith("/") and url_has_allowed_host_and_scheme(url, allowed_hosts=set())):
+        raise ValueError("a notification's url must be a path on this site")
+    return context
+
+
 def _email_queue(notification_id: int) -> None:
     from accounts.tasks import notification_email_task
 
-    notification_email_task.delay(notification_id)
+    try:
+        notification_email_task.delay(notification_id)
+    except Exception:  # a broker outage must not fail the event that was just committed
+        logger.warning("could not queue the e-mail of notification %s; the pending sweep will", notification_id,
+                       exc_info=True)
+
+
+def notification_emails_pending(*, now: datetime.datetime | None = None) -> int:
+    """Queue again the e-mails still pending a while after their notification (the broker was down,
+    a message was lost); the claim keeps any that was queued twice to one e-mail. Notifications
+    older than two days are left unsent: news that late is noise. Returns how many were queued."""
+    now = now or timezone.now()
+    stale = Notification.objects.filter(email_state=Notification.Email.PENDING, created_at__lt=now - PENDING_SWEEP_AFTER,
+                                        created_at__gte=now - datetime.timedelta(days=2))
+    ids = list(stale.order_by("pk").values_list("pk", flat=True)[:1000])
+    for notification_id in ids:
+        _email_queue(notification_id)
+    return len(ids)
 
 
 def notification_text(notification: Notification) -> str:

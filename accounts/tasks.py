@@ -18,3 +18,9 @@ def notification_email_task(notification_id: int) -> str:
 def tokens_expiring_task() -> int:
     """Hourly: tell volunteers whose agent tokens expire within 7 days."""
     return notifications.tokens_expiring_notify()
+
+
+@shared_task(ignore_result=True)
+def notification_emails_pending_task() -> int:
+    """Every 10 minutes: queue again e-mails a broker outage or a lost message left pending."""
+    return notifications.notification_emails_pending()

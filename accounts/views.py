@@ -1,5 +1,6 @@
 import datetime
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
@@ -10,11 +11,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+from django.views.i18n import set_language
 
 from accounts import selectors, services
 from accounts.auth import request_ip
 from accounts.forms import AgentTokenForm, HandOverForm, LoginForm, ProfileForm, SignUpForm, TeamForm
-from accounts.models import AgentToken, Notification, Team
+from accounts.models import AgentToken, Notification, Team, User
 from accounts.notifications import (
     email_opt_out,
     notification_text,
@@ -70,6 +72,14 @@ def signup(request: HttpRequest) -> HttpResponse:
 @login_required
 def profile(request: HttpRequest) -> HttpResponse:
     form = ProfileForm(request.POST or None, instance=request.user)
+    if request.method == "POST" and form.is_valid() and "email" in form.changed_data:
+        try:  # each new address gets a mail: the limit keeps the form from mailing strangers in bulk
+            rate_limit_hit(name="verify_resend", key=str(request.user.pk))
+        except RateLimited as exc:
+            form.add_error("email", _("We sent several links already; try again in %(seconds)s s.")
+                           % {"seconds": exc.retry_after})
+            request.user.refresh_from_db()
+            return rate_limited_page(render(request, "accounts/profile.html", {"form": form}), exc)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         messages.success(request, _("Your profile was saved."))
@@ -269,7 +279,9 @@ def notification_list(request: HttpRequest) -> HttpResponse:
 def notification_read(request: HttpRequest) -> HttpResponse:
     """Marks the posted notification ids read, or all with `all`; ids of others' notifications do nothing."""
     ids = request.POST.getlist("id")
-    if not request.POST.get("all") and (not ids or not all(value.isdigit() and len(value) < 19 for value in ids)):
+    # ASCII digits only: "²" passes str.isdigit() and then fails int().
+    well_formed = ids and all(value.isascii() and value.isdigit() and len(value) < 19 for value in ids)
+    if not request.POST.get("all") and not well_formed:
         return HttpResponseBadRequest(_("Say which notifications to mark read."), content_type="text/plain; charset=utf-8")
     notifications_mark_read(user=request.user, ids=None if request.POST.get("all") else [int(value) for value in ids])
     return redirect(request.POST.get("next") if request.POST.get("next", "").startswith("/notifications/") else "notifications")
@@ -287,3 +299,14 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     if request.method == "POST":
         email_opt_out(user=user, kind=kind)
     return render(request, "accounts/unsubscribe.html", {"kind": label, "done": request.method == "POST"})
+
+
+@require_POST
+def language_set(request: HttpRequest) -> HttpResponse:
+    """The footer's switcher (Django's set_language), remembered on the account too: the
+    volunteer's e-mails are written in the language they last chose."""
+    response = set_language(request)
+    language = request.POST.get("language")
+    if request.user.is_authenticated and language in dict(settings.LANGUAGES) and language != request.user.language:
+        User.objects.filter(pk=request.user.pk).update(language=language)
+    return response

@@ -154,6 +154,7 @@ CELERY_BEAT_SCHEDULE = {
     "stats-dump-daily": {"task": "runs.tasks.stats_dump_task", "schedule": crontab(minute=5, hour=0)},
     "milestones-refresh": {"task": "runs.tasks.milestones_refresh_task", "schedule": 3600.0},
     "tokens-expiring": {"task": "accounts.tasks.tokens_expiring_task", "schedule": 3600.0},
+    "notification-emails-pending": {"task": "accounts.tasks.notification_emails_pending_task", "schedule": 600.0},
 }
 
 # --- auth --------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.i18n import JavaScriptCatalog
 
+from accounts import views as account_views
 from portal import views
 from portal.admin import admin_login
 from portal.api import api
@@ -13,7 +14,8 @@ urlpatterns = [
     path("api/v1/", api.urls),
     # Any other path under the API answers in the API's JSON error shape, not an HTML page.
     re_path(r"^api/", views.api_not_found),
-    path("i18n/", include("django.conf.urls.i18n")),  # set_language: the switcher's form posts here
+    # The switcher's form posts here: Django's set_language, which also keeps the choice for e-mails.
+    path("i18n/setlang/", account_views.language_set, name="set_language"),
     path("jsi18n/", JavaScriptCatalog.as_view(), name="javascript-catalog"),
     path("", include("accounts.urls")),
     path("", include("runs.urls")),

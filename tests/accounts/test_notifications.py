@@ -13,10 +13,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts import notifications
 from accounts.models import Notification
 from accounts.notifications import notify
 from accounts.services import token_create
-from accounts.tasks import notification_email_task, tokens_expiring_task
+from accounts.tasks import notification_email_task, notification_emails_pending_task, tokens_expiring_task
 from runs.models import RunEvent, SessionEpoch
 from runs.setup.services import run_transition
 from runs.swarm import verification
@@ -266,7 +267,7 @@ def test_an_outsider_can_neither_read_nor_mark_anothers_notifications(volunteer,
     assert 'class="bell-count"' in client_for(volunteer).get("/").content.decode()
 
 
-@pytest.mark.parametrize("ids", [[], ["abc"], ["1e9"], ["9" * 40]])
+@pytest.mark.parametrize("ids", [[], ["abc"], ["1e9"], ["9" * 40], ["²"], ["-1"]])
 def test_marking_read_without_valid_ids_is_refused_with_a_reason(volunteer, client_for, ids):
     response = client_for(volunteer).post(reverse("notifications-read"), {"id": ids})
     assert response.status_code == 400 and b"notifications" in response.content
@@ -292,7 +293,49 @@ def test_emails_are_plain_text_and_html_in_the_volunteers_language(volunteer, co
 
 
 @pytest.mark.parametrize(("kind", "context"), [("no_such_kind", {}), ("milestone", {"url": "https://evil.example/"}),
-                                               ("milestone", {"url": "//evil.example/"})])
+                                               ("milestone", {"url": "//evil.example/"}),
+                                               ("milestone", {"url": "/\\evil.example/"})])
 def test_notify_refuses_an_unknown_kind_or_a_link_off_the_site(volunteer, kind, context):
     with pytest.raises(ValueError):
         notify(user=volunteer, kind=kind, key="k", context=context)
+
+
+def test_the_language_switcher_sets_the_language_of_a_volunteers_emails(volunteer, client_for, committed):
+    response = client_for(volunteer).post("/i18n/setlang/", {"language": "bn", "next": "/runs/"})
+    assert response.status_code == 302 and response.cookies["django_language"].value == "bn"
+    volunteer.refresh_from_db()
+    assert volunteer.language == "bn"
+    with committed():
+        notify(user=volunteer, kind="run_resumed", key="run-event:5", context={"run": "Bangla ALBERT"})
+    assert "আবার চালু" in mail.outbox[0].body
+    client_for(volunteer).post("/i18n/setlang/", {"language": "xx"})
+    volunteer.refresh_from_db()
+    assert volunteer.language == "bn", "a language the portal does not speak is ignored"
+
+
+def test_a_broker_outage_neither_fails_the_event_nor_loses_the_email(trained, organizer, committed, monkeypatch):
+    from kombu.exceptions import OperationalError
+
+    run, session = trained
+
+    def broker_down(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to redis:6379. Connection refused.")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(notification_email_task, "delay", broker_down)
+        with committed():
+            run_transition(run=run, actor=organizer, action="pause")
+    run.refresh_from_db()
+    assert run.status == "paused" and mail.outbox == []
+    assert Notification.objects.get(user=session.user).email_state == "pending"
+
+    assert notification_emails_pending_task.delay().get() == 0, "a fresh notification waits for its own task"
+    later = timezone.now() + datetime.timedelta(minutes=6)
+    assert notifications.notification_emails_pending(now=later) == 1
+    assert notifications.notification_emails_pending(now=later) == 0
+    assert len(mail.outbox) == 1 and "was paused" in mail.outbox[0].body
+
+
+def test_the_beat_runs_the_expiry_scan_and_the_pending_sweep(settings):
+    tasks = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert {tokens_expiring_task.name, notification_emails_pending_task.name} <= tasks

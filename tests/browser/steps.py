@@ -3,8 +3,10 @@ over `WS /ws/agent/` of a live server as an agent does."""
 
 import datetime
 import json
+import re
 from pathlib import Path
 
+from django.core import mail
 from playwright.sync_api import expect
 from websockets.sync.client import connect
 
@@ -37,3 +39,9 @@ def send_report(server: str, secret: str, session_id: int, seq: int, samples: in
     with connect(server.replace("http", "ws") + "/ws/agent/", additional_headers={"Authorization": f"Bearer {secret}"}) as socket:
         socket.send(json.dumps(frame))
         return json.loads(socket.recv(timeout=10))
+
+
+def open_mailed_link(page, kind: str = "accounts/verify") -> None:
+    """Open the link of kind ``kind`` in the last e-mail the portal sent, as its reader would."""
+    page.goto(re.search(rf"https?://[^/\s]+(/{kind}/[^\s\"<>]+/)", mail.outbox[-1].body).group(1))
+

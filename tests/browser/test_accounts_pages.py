@@ -6,6 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from accounts.models import AgentToken
+from tests.browser.steps import open_mailed_link
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -26,6 +27,8 @@ def test_a_newcomer_signs_up_and_manages_an_agent_token(page, screenshot):
     page.fill("#id_password2", "plum-orbit-kettle-93")
     page.get_by_role("button", name="Create account").click()
     expect(page.get_by_role("heading", name="Agent tokens")).to_be_visible()
+    expect(page.locator("#token-blocked")).to_contain_text("amina@example.org")
+    open_mailed_link(page)
 
     page.fill("#id_name", "home desktop")
     page.get_by_role("button", name="Create token").click()

@@ -18,7 +18,7 @@ from accounts.services import token_create
 from harness.processes import children_reap
 from runs.models import Checkpoint, ContributionEvent, Run, RunCredit, TrainingSession
 from runs.setup.corpus import corpus_write
-from tests.browser.steps import log_in
+from tests.browser.steps import log_in, open_mailed_link
 from tests.e2e.agents import agent, serve_until, wait_for
 from tests.factories import PASSWORD, UserFactory
 
@@ -60,6 +60,7 @@ def volunteer_signs_up_and_gets_the_join_command(page, server: str) -> tuple[str
     page.fill("#id_password2", PASSWORD)
     page.get_by_role("button", name="Create account").click()
     expect(page.get_by_role("button", name="Log out")).to_be_visible()
+    open_mailed_link(page)  # tokens wait for a confirmed address
     page.goto(f"/runs/{SLUG}/")
     page.get_by_role("link", name="Join this run").click()
     page.fill("input[name=machine]", "laptop")

@@ -6,6 +6,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.steps import open_mailed_link
 from tests.factories import RunFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -42,6 +43,7 @@ def test_sign_up_create_a_token_and_join_a_run_with_the_keyboard_alone(page, scr
     tab_to(page, text="Create account", limit=3)
     page.keyboard.press("Enter")
     expect(page.get_by_role("heading", name="Agent tokens")).to_be_visible()
+    open_mailed_link(page)  # the confirmation link, from the mail client
 
     tab_to(page, id="id_name")
     page.keyboard.type("home desktop")

@@ -5,12 +5,11 @@ browser, and axe-core finds no serious or critical violation on the pages they l
 import re
 
 import pytest
-from django.core import mail
 from playwright.sync_api import expect
 
 from accounts.models import User
 from accounts.notifications import notify
-from tests.browser.steps import AXE, AXE_RUN, log_in
+from tests.browser.steps import AXE, AXE_RUN, log_in, open_mailed_link
 from tests.factories import PASSWORD, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -19,10 +18,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def axe_problems(page) -> list[str]:
     page.add_script_tag(path=str(AXE))
     return page.evaluate(AXE_RUN)
-
-
-def link_from(message, pattern: str) -> str:
-    return re.search(rf"https?://[^/\s]+(/{pattern}/[^\s\"<>]+/)", message.body).group(1)
 
 
 def test_the_bell_counts_unread_notifications_until_they_are_read(page, live_server, screenshot):
@@ -51,7 +46,7 @@ def test_the_bell_counts_unread_notifications_until_they_are_read(page, live_ser
 def test_the_unsubscribe_link_of_an_email_works_in_a_logged_out_browser(page, live_server, screenshot):
     amina = UserFactory(username="amina")
     notify(user=amina, kind="run_finished", key="run-event:3", context={"run": "Bangla ALBERT"})
-    page.goto(link_from(mail.outbox[-1], "notifications/unsubscribe"))
+    open_mailed_link(page, "notifications/unsubscribe")
     expect(page.get_by_text("Stop e-mails about “A run I train for is finished”?")).to_be_visible()
     assert axe_problems(page) == []
     page.get_by_role("button", name="Unsubscribe").click()
@@ -74,7 +69,7 @@ def test_sign_up_verify_by_the_mailed_link_then_create_a_token(page, live_server
     assert axe_problems(page) == []
     screenshot(page, "tokens-before-verification")
 
-    page.goto(link_from(mail.outbox[-1], "accounts/verify"))
+    open_mailed_link(page)
     expect(page.get_by_text("Your e-mail address rumana@example.org is confirmed.")).to_be_visible()
     page.fill("#id_name", "home desktop")
     page.get_by_role("button", name="Create token").click()
