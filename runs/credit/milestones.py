@@ -100,7 +100,7 @@ def milestones_announce(badges: list[Milestone]) -> None:
     current members), through the notifications service, in the transaction that awarded them:
     each badge is announced once (its key), however often the rollup runs or a badge is restored."""
     from accounts.models import User
-    from accounts.notifications import milestone_words, notify
+    from accounts.notifications import milestone_words, notify, notify_many
 
     runs = dict(Run.objects.filter(pk__in={badge.run_id for badge in badges if badge.run_id}).values_list("pk", "name"))
     for badge in badges:
@@ -108,12 +108,15 @@ def milestones_announce(badges: list[Milestone]) -> None:
             recipients, key = User.objects.filter(pk=badge.user_id), f"badge:{badge.pk}"
             url = reverse("volunteer-detail", args=[recipients[0].username]) if recipients else "/"
         else:
-            recipients, key = User.objects.filter(team_id=badge.team_id), f"team-badge:{badge.pk}"
+            recipients, key = None, f"team-badge:{badge.pk}"
             url = reverse("team-detail", args=[Team.objects.values_list("slug", flat=True).get(pk=badge.team_id)])
         run_name = runs.get(badge.run_id)
         context = {"milestone": milestone_words(measure=badge.measure, threshold=badge.threshold, run_name=run_name),
                    "measure": badge.measure, "threshold": badge.threshold, "run": run_name or "", "url": url}
-        for user in recipients:
+        if recipients is None:  # a team's: every current member, in one insert
+            members = list(User.objects.filter(team_id=badge.team_id).values_list("pk", flat=True))
+            notify_many(user_ids=members, kind="milestone", key=key, context=context)
+        for user in recipients or []:
             notify(user=user, kind="milestone", key=key, context=context)
 
 

@@ -156,3 +156,11 @@ def test_a_name_with_markup_is_text_in_the_svg_and_on_the_verify_page(client, bo
     svg = svg_of(client, vik).content.decode()
     assert "<script>" not in svg and "&lt;/text&gt;&lt;script&gt;" in svg
     assert "<script>alert(1)" not in client.get(verify_path(svg)).content.decode()
+
+
+def test_the_run_page_links_the_certificate_for_a_volunteer_with_confirmed_credit_only(client, board):
+    _, users = board
+    client.force_login(users["vik"])
+    assert 'href="/runs/bangla/certificate.png"' in client.get("/runs/bangla/").content.decode()
+    client.force_login(users["newcomer"])  # pending work only
+    assert "certificate.png" not in client.get("/runs/bangla/").content.decode()
