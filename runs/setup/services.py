@@ -39,7 +39,7 @@ def run_event_record(*, run: Run, actor: User | None, kind: str, detail: str = "
 
 @transaction.atomic
 def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig,
-               audience: str = Run.Audience.EVERYONE) -> Run:
+               audience: str = Run.Audience.EVERYONE, heldout_size: int = 200, validation_split: str = "validation") -> Run:
     public_key, encrypted_private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
     run = Run.objects.create(
         name=name,
@@ -48,6 +48,8 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
         visibility=visibility,
         audience=audience,
         config=config.model_dump(mode="json"),
+        heldout_size=heldout_size,
+        validation_split=validation_split,
         authority_public_key=public_key,
         authority_private_key=encrypted_private_key,
     )
@@ -58,16 +60,20 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
 
 @transaction.atomic
 def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig,
-               audience: str | None = None) -> set[str]:
-    """Save an edit and return the config fields it changed; only mid-run-safe ones once started."""
+               audience: str | None = None, heldout_size: int | None = None, validation_split: str | None = None) -> set[str]:
+    """Save an edit and return the config fields it changed; only mid-run-safe ones once started.
+    The held-out settings are locked too: evaluations compare only on one held-out set."""
     changed = changed_fields(RunConfig.model_validate(run.config), config)
+    heldout = {"heldout_size": heldout_size or run.heldout_size, "validation_split": validation_split or run.validation_split}
+    changed |= {name for name, value in heldout.items() if value != getattr(run, name)}
     if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
         locked = ", ".join(sorted(changed - MID_RUN_EDITABLE))
         raise RunError(f"these settings cannot change once the run has started: {locked}")
     run.name, run.description, run.visibility = name, description, visibility
     run.audience = audience or run.audience
     run.config = config.model_dump(mode="json")
-    run.save(update_fields=["name", "description", "visibility", "audience", "config"])
+    run.heldout_size, run.validation_split = heldout["heldout_size"], heldout["validation_split"]
+    run.save(update_fields=["name", "description", "visibility", "audience", "config", *heldout])
     if changed:
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
     return changed
