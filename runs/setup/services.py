@@ -14,6 +14,7 @@ from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
 from runs.access.authority import authority_generate
 from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership
+from runs.setup.heldout import heldout_join, heldout_split
 
 logger = logging.getLogger(__name__)
 
@@ -140,16 +141,35 @@ def _utf8_lines(content: bytes) -> int:
 
 @transaction.atomic
 def data_file_add(*, run: Run, actor: User, name: str, content: bytes) -> DataFile:
+    """Store an uploaded text file; documents it gives to the run's held-out split (up to the run's
+    held-out size) are kept apart, and the agents are served the rest."""
     if len(content) > MAX_DATA_FILE_BYTES:
         raise RunError(f"the file is {len(content) // 2**20} MiB; the limit is {MAX_DATA_FILE_BYTES // 2**20} MiB per file")
     if not content.strip():
         raise RunError("the file is empty")
-    lines = _utf8_lines(content)
-    data_file = DataFile(run=run, name=name[:200], size=len(content), lines=lines, uploaded_by=actor)
+    _utf8_lines(content)
+    run = Run.objects.select_for_update().get(pk=run.pk)  # two uploads at once must not both fill the split
+    split = heldout_split(content.decode("utf-8"), wanted=run.heldout_size - run.heldout_documents)
+    if split.documents:
+        _heldout_extend(run=run, documents=split.documents)
+        content = split.training_text.encode("utf-8")
+    data_file = DataFile(run=run, name=name[:200], size=len(content), lines=_utf8_lines(content), uploaded_by=actor)
     data_file.file.save(f"run-{run.pk}.txt", ContentFile(content), save=False)
     data_file.save()
-    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"uploaded {data_file.name}")
+    held = f" ({len(split.documents)} documents held out for evaluation)" if split.documents else ""
+    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"uploaded {data_file.name}{held}")
     return data_file
+
+
+def _heldout_extend(*, run: Run, documents: list[str]) -> None:
+    earlier = ""
+    if run.heldout_file:
+        with run.heldout_file.open("rb") as handle:
+            earlier = handle.read().decode("utf-8")
+        run.heldout_file.delete(save=False)
+    run.heldout_file.save(f"run-{run.pk}-heldout.txt", ContentFile((earlier + heldout_join(documents)).encode()), save=False)
+    run.heldout_documents += len(documents)
+    run.save(update_fields=["heldout_file", "heldout_documents"])
 
 
 @transaction.atomic
