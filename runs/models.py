@@ -2,6 +2,7 @@ import datetime
 import secrets
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
@@ -66,6 +67,16 @@ class Run(models.Model):
     tokenizer_status = models.CharField(max_length=16, choices=TokenizerStatus.choices, default=TokenizerStatus.MISSING)
     tokenizer_file = models.FileField(upload_to="tokenizers/", blank=True)
     tokenizer_error = models.TextField(blank=True)
+    heldout_size = models.PositiveIntegerField(
+        default=200, validators=[MinValueValidator(10), MaxValueValidator(100_000)],
+        help_text="Documents kept apart from the uploaded files to evaluate checkpoints on (files source), or "
+                  "documents read from the validation split (hub source).")
+    validation_split = models.CharField(
+        max_length=100, default="validation",
+        help_text="The hub dataset's split that checkpoints are evaluated on; never the split agents train on.")
+    heldout_file = models.FileField(upload_to="heldout/", blank=True, help_text=(
+        "The documents kept apart from the uploaded files: no agent is ever sent them."))
+    heldout_documents = models.PositiveIntegerField(default=0, help_text="Documents in heldout_file.")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -330,6 +341,38 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["-epoch", "-id"]
         constraints = [models.UniqueConstraint(fields=["run", "epoch"], name="one_checkpoint_per_epoch")]
+
+
+class Evaluation(models.Model):
+    """A checkpoint's masked-LM and sentence-order scores on the run's held-out split, or (epoch
+    null) those of a randomly initialized model of the run's shape, measured once per run: the
+    baseline that shows what training added. Kept when retention deletes the checkpoint."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="evaluations")
+    checkpoint = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="evaluations")
+    epoch = models.PositiveIntegerField(null=True, blank=True, help_text="The checkpoint's epoch; empty for the baseline.")
+    samples = models.PositiveBigIntegerField(default=0, help_text="Samples the collaboration had processed.")
+    tokens_seen = models.PositiveBigIntegerField(default=0, help_text="Samples × the run's tokens per example.")
+    mlm_accuracy = models.FloatField(null=True, blank=True, help_text="Share of masked tokens predicted right.")
+    perplexity = models.FloatField(null=True, blank=True, help_text="exp of the mean masked-LM loss per masked token.")
+    sop_accuracy = models.FloatField(null=True, blank=True, help_text="Share of sentence pairs whose order was told right.")
+    examples = models.PositiveIntegerField(default=0, help_text="Held-out examples (sentence pairs) evaluated.")
+    masked_tokens = models.PositiveIntegerField(default=0)
+    cpu_seconds = models.FloatField(default=0, help_text="CPU time of the evaluating process.")
+    wall_seconds = models.FloatField(default=0)
+    error = models.CharField(max_length=2000, blank=True, help_text="Why the evaluation failed; it is not retried.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", models.F("epoch").asc(nulls_first=True)]  # the baseline first, on every database
+        constraints = [
+            models.UniqueConstraint(fields=["run", "epoch"], name="one_evaluation_per_epoch"),
+            models.UniqueConstraint(fields=["run"], condition=models.Q(epoch=None), name="one_baseline_per_run"),
+        ]
+
+    @property
+    def baseline(self) -> bool:
+        return self.epoch is None
 
 
 

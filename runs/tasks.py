@@ -6,6 +6,7 @@ from django.conf import settings
 from portal.logs import log_context
 from runs.access import sessions
 from runs.credit import exports, milestones, rollup
+from runs.evaluation import services as evaluation
 from runs.models import Run
 from runs.setup import services
 from runs.swarm import verification
@@ -56,3 +57,9 @@ def stats_dump_task(day: str | None = None) -> str:
 def milestones_refresh_task() -> int:
     """Hourly: every badge checked against the totals (the rollup keeps them; this is the safety net)."""
     return milestones.milestones_refresh_all()
+
+
+@shared_task(ignore_result=True)
+def evaluations_task() -> int:
+    """Every ~30 s: evaluate checkpoints (and each run's random-init baseline) that have no evaluation."""
+    return evaluation.evaluations_pending()

@@ -50,6 +50,8 @@ EXERCISED = [
      "tests/runs/test_credit_rebuild.py::test_credit_rebuild_repairs_the_drift_and_says_what_it_changed"),
     (r"python manage\.py credit_rebuild --run \S+",
      "tests/runs/test_credit_rebuild.py::test_a_run_is_rebuilt_alone_with_its_people_totals_across_runs"),
+    (r"(\.venv/bin/)?python manage\.py evaluate_checkpoint \S+ \S+( --save)?( --threads \d+)?",
+     "tests/runs/test_evaluation.py::test_the_command_prints_the_table_and_refuses_unknown_epochs"),
     (r"python manage\.py check --deploy",
      "tests/portal/test_settings.py::test_production_settings_pass_check_deploy_with_no_issues"),
     (r"pip install https://<portal>/agent/peer_agent-<version>-py3-none-any\.whl", WHEEL_TEST),

@@ -16,6 +16,7 @@ from accounts.notifications import notify_many
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
 from runs.access.authority import authority_generate
 from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership, TrainingSession
+from runs.setup.heldout import heldout_join, heldout_split
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def run_event_record(*, run: Run, actor: User | None, kind: str, detail: str = "
 
 @transaction.atomic
 def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig,
-               audience: str = Run.Audience.EVERYONE) -> Run:
+               audience: str = Run.Audience.EVERYONE, heldout_size: int = 200, validation_split: str = "validation") -> Run:
     public_key, encrypted_private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
     run = Run.objects.create(
         name=name,
@@ -59,6 +60,8 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
         visibility=visibility,
         audience=audience,
         config=config.model_dump(mode="json"),
+        heldout_size=heldout_size,
+        validation_split=validation_split,
         authority_public_key=public_key,
         authority_private_key=encrypted_private_key,
     )
@@ -69,16 +72,20 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
 
 @transaction.atomic
 def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig,
-               audience: str | None = None) -> set[str]:
-    """Save an edit and return the config fields it changed; only mid-run-safe ones once started."""
+               audience: str | None = None, heldout_size: int | None = None, validation_split: str | None = None) -> set[str]:
+    """Save an edit and return the config fields it changed; only mid-run-safe ones once started.
+    The held-out settings are locked too: evaluations compare only on one held-out set."""
     changed = changed_fields(RunConfig.model_validate(run.config), config)
+    heldout = {"heldout_size": heldout_size or run.heldout_size, "validation_split": validation_split or run.validation_split}
+    changed |= {name for name, value in heldout.items() if value != getattr(run, name)}
     if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
         locked = ", ".join(sorted(changed - MID_RUN_EDITABLE))
         raise RunError(_("these settings cannot change once the run has started: %(locked)s") % {"locked": locked})
     run.name, run.description, run.visibility = name, description, visibility
     run.audience = audience or run.audience
     run.config = config.model_dump(mode="json")
-    run.save(update_fields=["name", "description", "visibility", "audience", "config"])
+    run.heldout_size, run.validation_split = heldout["heldout_size"], heldout["validation_split"]
+    run.save(update_fields=["name", "description", "visibility", "audience", "config", *heldout])
     if changed:
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
     return changed
@@ -171,17 +178,36 @@ def _utf8_lines(content: bytes) -> int:
 
 @transaction.atomic
 def data_file_add(*, run: Run, actor: User, name: str, content: bytes) -> DataFile:
+    """Store an uploaded text file; documents it gives to the run's held-out split (up to the run's
+    held-out size) are kept apart, and the agents are served the rest."""
     if len(content) > MAX_DATA_FILE_BYTES:
         raise RunError(_("the file is %(size)d MiB; the limit is %(limit)d MiB per file")
                        % {"size": len(content) // 2**20, "limit": MAX_DATA_FILE_BYTES // 2**20})
     if not content.strip():
         raise RunError(_("the file is empty"))
-    lines = _utf8_lines(content)
-    data_file = DataFile(run=run, name=name[:200], size=len(content), lines=lines, uploaded_by=actor)
+    _utf8_lines(content)
+    run = Run.objects.select_for_update().get(pk=run.pk)  # two uploads at once must not both fill the split
+    split = heldout_split(content.decode("utf-8"), wanted=run.heldout_size - run.heldout_documents)
+    if split.documents:
+        _heldout_extend(run=run, documents=split.documents)
+        content = split.training_text.encode("utf-8")
+    data_file = DataFile(run=run, name=name[:200], size=len(content), lines=_utf8_lines(content), uploaded_by=actor)
     data_file.file.save(f"run-{run.pk}.txt", ContentFile(content), save=False)
     data_file.save()
-    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"uploaded {data_file.name}")
+    held = f" ({len(split.documents)} documents held out for evaluation)" if split.documents else ""
+    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"uploaded {data_file.name}{held}")
     return data_file
+
+
+def _heldout_extend(*, run: Run, documents: list[str]) -> None:
+    earlier = ""
+    if run.heldout_file:
+        with run.heldout_file.open("rb") as handle:
+            earlier = handle.read().decode("utf-8")
+        run.heldout_file.delete(save=False)
+    run.heldout_file.save(f"run-{run.pk}-heldout.txt", ContentFile((earlier + heldout_join(documents)).encode()), save=False)
+    run.heldout_documents += len(documents)
+    run.save(update_fields=["heldout_file", "heldout_documents"])
 
 
 @transaction.atomic

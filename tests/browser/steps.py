@@ -56,3 +56,14 @@ def page_problems(page, label: str) -> list[str]:
         problems.append(f"{label}: scrolls {overflow} px sideways")
     page.add_script_tag(path=str(AXE))
     return problems + [f"{label}: {violation}" for violation in page.evaluate(AXE_RUN)]
+def watch_console(page) -> list[str]:
+    """Errors and warnings the page logs; the portal has no favicon, which is not the charts' concern."""
+    problems = []
+
+    def console(message) -> None:
+        if message.type in ("error", "warning") and not message.location.get("url", "").endswith("/favicon.ico"):
+            problems.append(f"{message.text} ({message.location.get('url')})")
+
+    page.on("console", console)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    return problems
