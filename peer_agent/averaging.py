@@ -34,6 +34,7 @@ from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.averaging.load_balancing import hagenbach_bishoff
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.optimizer import Optimizer
+from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 from hivemind.proto.auth_pb2 import AccessToken
@@ -234,6 +235,17 @@ class MembersOnlyOptimizer(Optimizer):
         if authorizer is not None:
             # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
             authorizer.token_refresh_start()
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
+        if not self.auxiliary:
+            return super()._make_progress_tracker(target_batch_size, **kwargs)
+        # hivemind 1.1.12's Optimizer._make_progress_tracker, with client_mode=True. An aggregator's
+        # progress record says "client": hivemind takes the swarm's epoch from the non-client records, and
+        # an aggregator's own guess of when an epoch ends (it computes nothing, so it extrapolates the
+        # others' records) would otherwise lead the swarm: every early epoch it announced made the
+        # trainers end theirs at once, with a fraction of the batch.
+        return ProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size, client_mode=True,
+                               status_loglevel=self.status_loglevel, start=True, **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         # hivemind's own method names its class inline: the same arguments as hivemind 1.1.12's
