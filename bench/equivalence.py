@@ -248,32 +248,38 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
 
 class UpdateLag:
     """Whether a peer's last global step has not reached its model yet (delayed updates): its LAMB step
-    runs in the background, or finished and waits for the next ``Optimizer.step`` to copy it in. Counts the
-    background steps hivemind 1.1.12's ``TrainingStateAverager.step`` is asked for and the times it copies
-    one in (it clears ``finished_optimizer_step`` then); wraps them on this one instance, only observing."""
+    runs in the background, or finished and waits for the next ``Optimizer.step`` to copy it in. Notes
+    each background update hivemind 1.1.12's ``TrainingStateAverager.step`` starts with a delayed
+    optimizer step, and when that step finishes (it sets ``finished_optimizer_step``, and clears it once
+    copied in); wraps them on this one instance, only observing."""
 
     def __init__(self, trainer: Trainer):
         averager = trainer.optimizer.state_averager
-        self.submitted = self.applied = 0
+        self._averager, self._update, self._stepping = averager, None, False
         step, lag = averager.step, self
 
-        def counted_step(*args, **kwargs):
+        def noted_step(*args, **kwargs):
+            before = set(averager.pending_updates)
+            output = step(*args, **kwargs)
             if kwargs.get("optimizer_step") and kwargs.get("delay_optimizer_step"):
-                lag.submitted += 1
-            return step(*args, **kwargs)
+                started = set(averager.pending_updates) - before
+                lag._update, lag._stepping = next(iter(started), None), bool(started)
+            return output
 
-        class CountedEvent(type(averager.finished_optimizer_step)):
-            def clear(self):
-                lag.applied += 1
-                super().clear()
+        class NotedEvent(type(averager.finished_optimizer_step)):
+            def set(self):
+                lag._stepping = False
+                super().set()
 
-        event = CountedEvent()
+        event = NotedEvent()
         if averager.finished_optimizer_step.is_set():
             event.set()
-        averager.step, averager.finished_optimizer_step = counted_step, event
+        averager.step, averager.finished_optimizer_step = noted_step, event
 
     def __call__(self) -> bool:
-        return self.applied < self.submitted
+        update = self._update
+        running = self._stepping and update is not None and not update.done()
+        return running or self._averager.finished_optimizer_step.is_set()
 
 
 def _parameters_gap(trainers: list[Trainer]) -> float:
