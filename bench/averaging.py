@@ -37,6 +37,13 @@ S(1 - f_i) as a client and (n - 1) f_i S as an aggregator and receives as much, 
 least max_i S (1 + (n - 2) f_i) / B_i; at equal rates that is 2(n-1)/n * S/B. The same formula gives
 the time each partition actually used implies ("model").
 
+``hybrid`` is DeDLOC's mixed case: ``--volunteers`` hosts at ``--volunteer-rate`` plus one auxiliary
+peer (an aggregator: ``auxiliary=True``, hivemind's ``AveragingMode.AUX``, as ``peer-agent aggregate``
+runs it) at ``--aux-rate``; it sends no vector of its own and reduces the part the partition gives
+it. ``volunteers`` is the same volunteers without it. In ``tcp`` mode an auxiliary only receives its
+part's slices and returns the averaged part. ``--peers 2,4,8`` runs the ``homogeneous``, ``slow`` and
+``client`` cases at each group size, to show how the gap to the bound grows with n.
+
 Needs root (network namespaces). Run ``python -m bench.averaging --help`` from the repository root.
 """
 
@@ -55,10 +62,10 @@ from pathlib import Path
 
 from harness.netlab import NetLab
 
-N_PEERS = 4
+N_PEERS = 4  # the default group size of the homogeneous, slow and client cases
 LAB_PREFIX = "avg"  # the namespaces avg0..avg3 and avgbr
 LAB_ADDRESS_PREFIX = "/ip4/10.77.0.1/"
-CASES = ("homogeneous", "slow", "client")
+CASES = ("homogeneous", "slow", "client", "hybrid", "volunteers")
 MODES = ("declared", "equal", "hivemind", "tcp")
 TCP_PORT = 47123
 
@@ -66,7 +73,13 @@ TCP_PORT = 47123
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.averaging", description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="tiny,large", help="model presets whose gradients are averaged")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"any of {','.join(CASES)}")
+    parser.add_argument("--cases", default="homogeneous,slow,client", help=f"any of {','.join(CASES)}")
+    parser.add_argument("--peers", default=str(N_PEERS),
+                        help="group sizes n of the homogeneous, slow and client cases, e.g. 2,4,8")
+    parser.add_argument("--volunteers", type=int, default=4, help="volunteer hosts of the hybrid and volunteers cases")
+    parser.add_argument("--volunteer-rate", type=float, default=20.0, help="Mbit/s of each volunteer (hybrid case)")
+    parser.add_argument("--aux-rate", type=float, default=500.0, help="Mbit/s of the auxiliary peer (hybrid case)")
+    parser.add_argument("--lab-prefix", default=LAB_PREFIX, help="name prefix of the lab's network namespaces")
     parser.add_argument("--modes", default=",".join(MODES), help=f"any of {','.join(MODES)}")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per configuration")
     parser.add_argument("--large-rounds", type=int, default=None, help="timed rounds for the large preset")
@@ -85,6 +98,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--client-mode", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--auxiliary", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--n-peers", type=int, default=N_PEERS, help=argparse.SUPPRESS)
     parser.add_argument("--hivemind-averager", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tcp", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--initial-peer", default=None, help=argparse.SUPPRESS)
@@ -94,12 +109,12 @@ def _parse() -> argparse.Namespace:
 
 # ---------------------------------------------------------------- peer (inside a namespace)
 
-def _barrier(work: Path, round_number: int, index: int, timeout: float) -> None:
+def _barrier(work: Path, round_number: int, index: int, timeout: float, n: int) -> None:
     """Every peer starts round r + 1 together, as the Optimizer's epochs make them do: without this
     the fast hosts finish first and average among themselves while the slow one is busy."""
     (work / f"done{round_number}_{index}").touch()
     deadline = time.monotonic() + timeout
-    while not all((work / f"done{round_number}_{i}").exists() for i in range(N_PEERS)):
+    while not all((work / f"done{round_number}_{i}").exists() for i in range(n)):
         if time.monotonic() > deadline:
             break
         time.sleep(0.01)
@@ -108,15 +123,17 @@ def _barrier(work: Path, round_number: int, index: int, timeout: float) -> None:
 def tcp_peer_main(args: argparse.Namespace) -> None:
     """The ``tcp`` mode's peer: per round, send each other host ``S (f_j + f_i)`` bytes over a TCP
     connection of its own (all at once) and read as much from each; the round ends for this host
-    when everything it sends and receives has crossed."""
+    when everything it sends and receives has crossed. An auxiliary host sends no slices of its own
+    (``S f_j`` drops from what it sends, and ``S f_i`` from what it receives)."""
     import socket
     import threading
 
     work = Path(args.workdir)
-    shares, size = json.loads((work / "tcp.json").read_text())
+    shares, size, auxiliary = json.loads((work / "tcp.json").read_text())
+    n = len(shares)
     out = work / f"peer{args.index}.jsonl"
     chunk = memoryview(bytes(1 << 20))
-    listener = socket.create_server(("0.0.0.0", TCP_PORT), backlog=N_PEERS * 4)
+    listener = socket.create_server(("0.0.0.0", TCP_PORT), backlog=n * 4)
     (work / f"ready{args.index}").touch()
     while not (work / "go").exists():
         time.sleep(0.05)
@@ -134,11 +151,12 @@ def tcp_peer_main(args: argparse.Namespace) -> None:
 
     for round_number in range(args.total_rounds):
         started = time.time()
-        threads = [threading.Thread(target=send, args=(peer, int(size * (shares[peer] + shares[args.index]))))
-                   for peer in range(N_PEERS) if peer != args.index]
+        me = args.index
+        threads = [threading.Thread(target=send, args=(peer, _tcp_bytes(size, shares, auxiliary, me, peer)))
+                   for peer in range(n) if peer != me and _tcp_bytes(size, shares, auxiliary, me, peer)]
         for thread in threads:
             thread.start()
-        for _ in range(N_PEERS - 1):
+        for _ in range(sum(1 for peer in range(n) if peer != me and _tcp_bytes(size, shares, auxiliary, peer, me))):
             threads.append(threading.Thread(target=receive, args=(listener.accept()[0],)))
             threads[-1].start()
         for thread in threads:
@@ -146,9 +164,15 @@ def tcp_peer_main(args: argparse.Namespace) -> None:
         ended = time.time()
         with out.open("a") as file:
             file.write(json.dumps(dict(round=round_number, triggered=started, started=started, ended=ended,
-                                       group=N_PEERS, problem="")) + "\n")
-        _barrier(work, round_number, args.index, args.averaging_timeout)
+                                       group=n, problem="")) + "\n")
+        _barrier(work, round_number, args.index, args.averaging_timeout, n)
     listener.close()
+
+
+def _tcp_bytes(size: int, shares: list[float], auxiliary: list[bool], sender: int, receiver: int) -> int:
+    """Bytes host ``sender`` sends ``receiver`` in a round: its slice of the receiver's part (unless the
+    sender is auxiliary) and the averaged part it owns (unless the receiver is auxiliary)."""
+    return int(size * (shares[receiver] * (not auxiliary[sender]) + shares[sender] * (not auxiliary[receiver])))
 
 
 def peer_main(args: argparse.Namespace) -> None:
@@ -179,14 +203,16 @@ def peer_main(args: argparse.Namespace) -> None:
         averager_class = GradientAverager if args.hivemind_averager else FlooredGradientAverager
         averager = averager_class(
             parameters, dht=dht, prefix="bench_grad_averager", min_matchmaking_time=mm,
-            allreduce_timeout=args.averaging_timeout, client_mode=args.client_mode, start=True, warn=False,
+            allreduce_timeout=args.averaging_timeout, client_mode=args.client_mode, auxiliary=args.auxiliary,
+            start=True, warn=False,
             compression=compression_build(args.compression),
             bandwidth=args.bandwidth, target_group_size=16, request_timeout=min(3.0, mm / 2))
         (work / f"ready{args.index}").touch()
         while not (work / "go").exists():
             time.sleep(0.05)
         for round_number in range(args.total_rounds):
-            averager.accumulate_grads_(batch_size=1)
+            if not args.auxiliary:
+                averager.accumulate_grads_(batch_size=1)
             control = averager.schedule_step(scheduled_time=get_dht_time() + mm, timeout=args.averaging_timeout)
             while control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP) and not control.done():
                 time.sleep(0.002)
@@ -206,7 +232,7 @@ def peer_main(args: argparse.Namespace) -> None:
                           group=len(gathered) if gathered else 0, problem=problem)
             with out.open("a") as file:
                 file.write(json.dumps(record) + "\n")
-            _barrier(work, round_number, args.index, args.averaging_timeout)
+            _barrier(work, round_number, args.index, args.averaging_timeout, args.n_peers)
         averager.shutdown()
     finally:
         dht.shutdown()
@@ -224,7 +250,8 @@ def _shapes(preset: str) -> list[list[int]]:
 
 
 def _fractions(elements: int, bandwidths: list[float], floored: bool = False) -> list[float]:
-    """Each peer's share of the vector: hivemind's partition, with the agent's floor if ``floored``."""
+    """Each peer's share of the vector: hivemind's partition, with the agent's floor if ``floored``
+    (hivemind's LP is the same with auxiliaries: it does not model that they send nothing)."""
     from hivemind.averaging.load_balancing import load_balance_peers
 
     from peer_agent.averaging import shares_with_floor
@@ -235,16 +262,33 @@ def _fractions(elements: int, bandwidths: list[float], floored: bool = False) ->
     return [part / elements for part in parts]
 
 
-def round_time_model(size_bytes: float, rates_mbps: list[float], fractions: list[float]) -> float:
+def round_time_model(size_bytes: float, rates_mbps: list[float], fractions: list[float],
+                     auxiliary: list[bool] | None = None) -> float:
     """Seconds a butterfly all-reduce with these shares takes if each host's link runs at its rate:
-    host i sends S(1 - f_i) as a client plus (n - 1) f_i S as an aggregator (and receives as much)."""
-    n = len(rates_mbps)
-    return max(size_bytes * (1 + (n - 2) * f) * 8 / (rate * 1e6) for rate, f in zip(rates_mbps, fractions))
+    host i sends S(1 - f_i) as a sender plus f_i S to each other sender as an aggregator (and receives
+    as much); an auxiliary host is no sender. Without auxiliaries that is S(1 + (n - 2) f_i)."""
+    auxiliary = auxiliary or [False] * len(rates_mbps)
+    senders = sum(not aux for aux in auxiliary)
+    return max(size_bytes * ((0 if aux else 1 - f) + f * (senders - (not aux))) * 8 / (rate * 1e6)
+               for rate, f, aux in zip(rates_mbps, fractions, auxiliary))
+
+
+def _hosts(args, case: str, n: int) -> tuple[list[float], list[bool], list[bool]]:
+    """The case's hosts: their rates, which are firewalled (client mode) and which are auxiliary."""
+    if case in ("hybrid", "volunteers"):
+        volunteers = [args.volunteer_rate] * args.volunteers
+        if case == "volunteers":
+            return volunteers, [False] * len(volunteers), [False] * len(volunteers)
+        return [*volunteers, args.aux_rate], [False] * (len(volunteers) + 1), [False] * len(volunteers) + [True]
+    rates = [args.fast_rate] * n
+    if case == "slow":
+        rates[-1] = args.slow_rate
+    return rates, [case == "client" and i == n - 1 for i in range(n)], [False] * n
 
 
 def _declared(args, case: str, mode: str, rates: list[float]) -> list[float]:
     if mode == "equal":
-        return [args.fast_rate] * N_PEERS
+        return [rates[0]] * len(rates)
     if case == "slow" and args.slow_declares is not None:
         return [*rates[:-1], args.slow_declares]
     return list(rates)
@@ -285,12 +329,12 @@ def _wait_for(path: Path, processes: list[subprocess.Popen], timeout: float) -> 
 
 
 def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, rates: list[float],
-                      total_rounds: int) -> list[dict]:
-    """Start the 4 peers for one configuration, let them average, and return per-round records."""
+                      clients: list[bool], auxiliary: list[bool], total_rounds: int) -> list[dict]:
+    """Start the peers for one configuration, let them average, and return per-round records."""
     for stale in work.glob("*"):
         if stale.name not in ("shapes.json", "tcp.json"):
             stale.unlink()
-    clients = [case == "client" and i == N_PEERS - 1 for i in range(N_PEERS)]
+    n = len(rates)
     declared = _declared(args, case, mode, rates)
     processes: list[subprocess.Popen] = []
     log = (work / "peers.log").open("w")
@@ -299,11 +343,14 @@ def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, ra
         command = lab.command(i, sys.executable, "-m", "bench.averaging", "--role", "peer",
                               "--index", str(i), "--workdir", str(work), "--bandwidth", str(declared[i]),
                               "--compression", args.compression, "--matchmaking-time", str(args.matchmaking_time),
-                              "--averaging-timeout", str(args.averaging_timeout), "--total-rounds", str(total_rounds))
+                              "--averaging-timeout", str(args.averaging_timeout), "--total-rounds", str(total_rounds),
+                              "--n-peers", str(n))
         if initial_peer:
             command += ["--initial-peer", initial_peer]
         if clients[i]:
             command.append("--client-mode")
+        if auxiliary[i]:
+            command.append("--auxiliary")
         if mode == "hivemind":
             command.append("--hivemind-averager")
         if mode == "tcp":
@@ -315,9 +362,9 @@ def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, ra
         if mode != "tcp":  # tcp peers need no DHT: they know the hosts' addresses
             _wait_for(work / "maddr", processes, 180)
         bootstrap = (work / "maddr").read_text() if mode != "tcp" else None
-        for i in range(1, N_PEERS):
+        for i in range(1, n):
             start(i, bootstrap)
-        for i in range(N_PEERS):
+        for i in range(n):
             _wait_for(work / f"ready{i}", processes, 240)
         (work / "go").touch()
         round_limit = args.averaging_timeout + args.matchmaking_time * 4
@@ -327,12 +374,12 @@ def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, ra
         _kill(processes)
         log.close()
     per_peer = []
-    for i in range(N_PEERS):
+    for i in range(n):
         path = work / f"peer{i}.jsonl"
         per_peer.append([json.loads(line) for line in path.read_text().splitlines()] if path.exists() else [])
     rounds = []
     for records in zip(*per_peer):
-        complete = all(record["group"] == N_PEERS for record in records)
+        complete = all(record["group"] == n for record in records)
         rounds.append(dict(seconds=max(r["ended"] for r in records) - min(r["started"] for r in records),
                            complete=complete,
                            skew=max(r["started"] for r in records) - min(r["started"] for r in records)))
@@ -364,33 +411,40 @@ def coordinator_main(args: argparse.Namespace) -> None:
             print(f"\n{preset}: {elements:,} elements, S = {size / 1e6:.2f} MB on the wire ({args.compression}); "
                   f"{args.warmup} warm-up + {timed} timed rounds")
             for case in args.cases.split(","):
-                rates = [args.fast_rate] * N_PEERS
-                if case == "slow":
-                    rates[-1] = args.slow_rate
-                lp_rates = [0.0 if case == "client" and i == N_PEERS - 1 else rate for i, rate in enumerate(rates)]
-                bound = round_time_model(size, rates, _fractions(elements, lp_rates))
-                # The hosts of this case; leaving the block, however, removes them.
-                with NetLab(N_PEERS, rates, prefix=LAB_PREFIX) as lab:
-                    for mode in args.modes.split(","):
-                        declared = _declared(args, case, mode, rates)
-                        shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)],
-                                            floored=mode != "hivemind")
-                        model = round_time_model(size, rates, shares)
-                        (work / "tcp.json").write_text(json.dumps([shares, size]))
-                        before = _uptime()
-                        rounds = run_configuration(args, work, lab, case=case, mode=mode, rates=rates,
-                                                   total_rounds=args.warmup + timed)
-                        timed_rounds = [r for r in rounds[args.warmup:] if r["complete"]]
-                        seconds = [r["seconds"] for r in timed_rounds]
-                        row = dict(preset=preset, case=case, mode=mode, rates=rates, shares=shares,
-                                   model=model, bound=bound, seconds=seconds,
-                                   incomplete=len(rounds[args.warmup:]) - len(timed_rounds),
-                                   skew=max((r["skew"] for r in timed_rounds), default=0.0),
-                                   load_before=before, load_after=_uptime())
-                        rows.append(row)
-                        _print_row(row)
+                sizes = [int(n) for n in args.peers.split(",")] if case in ("homogeneous", "slow", "client") else [0]
+                for n in sizes:
+                    rows += _run_case(args, work, preset=preset, case=case, n=n, elements=elements, size=size,
+                                      timed=timed)
     print(f"\nuptime after: {_uptime()}")
     _print_summary(rows)
+
+
+def _run_case(args, work: Path, *, preset: str, case: str, n: int, elements: int, size: int, timed: int) -> list[dict]:
+    """Every mode of one case on its own lab of hosts; a row per mode."""
+    rates, clients, auxiliary = _hosts(args, case, n)
+    lp_rates = [0.0 if client else rate for client, rate in zip(clients, rates)]
+    bound = round_time_model(size, rates, _fractions(elements, lp_rates), auxiliary)
+    rows = []
+    # The hosts of this case; leaving the block, however, removes them.
+    with NetLab(len(rates), rates, prefix=args.lab_prefix) as lab:
+        for mode in args.modes.split(","):
+            declared = _declared(args, case, mode, rates)
+            shares = _fractions(elements, [0.0 if lp == 0 else d for lp, d in zip(lp_rates, declared)],
+                                floored=mode != "hivemind")
+            model = round_time_model(size, rates, shares, auxiliary)
+            (work / "tcp.json").write_text(json.dumps([shares, size, auxiliary]))
+            before = _uptime()
+            rounds = run_configuration(args, work, lab, case=case, mode=mode, rates=rates, clients=clients,
+                                       auxiliary=auxiliary, total_rounds=args.warmup + timed)
+            timed_rounds = [r for r in rounds[args.warmup:] if r["complete"]]
+            row = dict(preset=preset, case=case, n=len(rates), mode=mode, rates=rates, shares=shares, model=model,
+                       bound=bound, seconds=[r["seconds"] for r in timed_rounds],
+                       incomplete=len(rounds[args.warmup:]) - len(timed_rounds),
+                       skew=max((r["skew"] for r in timed_rounds), default=0.0),
+                       load_before=before, load_after=_uptime())
+            rows.append(row)
+            _print_row(row)
+    return rows
 
 
 def _numel(shape: list[int]) -> int:
@@ -403,11 +457,11 @@ def _numel(shape: list[int]) -> int:
 def _print_row(row: dict) -> None:
     seconds = row["seconds"]
     if not seconds:
-        print(f"  {row['case']:<12} {row['mode']:<9} no complete round")
+        print(f"  {row['case']:<12} n={row['n']} {row['mode']:<9} no complete round")
         return
     mean, median = statistics.mean(seconds), statistics.median(seconds)
     shares = "/".join(f"{share:.2f}" for share in row["shares"])
-    print(f"  {row['case']:<12} {row['mode']:<9} shares {shares}  rounds {len(seconds)} "
+    print(f"  {row['case']:<12} n={row['n']} {row['mode']:<9} shares {shares}  rounds {len(seconds)} "
           f"(+{row['incomplete']} incomplete)  mean {mean:6.2f} s  median {median:6.2f} s  "
           f"[{min(seconds):.2f}-{max(seconds):.2f}]  model {row['model']:6.2f} s  bound {row['bound']:6.2f} s  "
           f"bound/median {row['bound'] / median:5.1%}  start skew {row['skew']:.2f} s  "
@@ -416,21 +470,30 @@ def _print_row(row: dict) -> None:
 
 
 def _print_summary(rows: list[dict]) -> None:
-    print("\npreset  case         mode       median s   mean s   model s   bound s   of bound   speedup over equal / tcp's time")
-    by_key = {(row["preset"], row["case"], row["mode"]): row for row in rows}
+    print("\npreset  case        n  mode       median s   mean s   model s   bound s   of bound   "
+          "speedup over equal / tcp's time")
+    by_key = {(row["preset"], row["case"], row["n"], row["mode"]): row for row in rows}
     for row in rows:
         if not row["seconds"]:
             continue
         median = statistics.median(row["seconds"])
         speedup = ""
-        equal = by_key.get((row["preset"], row["case"], "equal"))
+        equal = by_key.get((row["preset"], row["case"], row["n"], "equal"))
         if row["mode"] not in ("equal", "tcp") and equal and equal["seconds"]:
             speedup = f"{statistics.median(equal['seconds']) / median:.2f}x (medians)"
-        wire = by_key.get((row["preset"], row["case"], "tcp"))
+        wire = by_key.get((row["preset"], row["case"], row["n"], "tcp"))
         if row["mode"] == "declared" and wire and wire["seconds"]:
             speedup += f"{' / ' if speedup else ''}tcp {statistics.median(wire['seconds']) / median:.1%} of this time"
-        print(f"{row['preset']:<7} {row['case']:<12} {row['mode']:<9} {median:9.2f} {statistics.mean(row['seconds']):8.2f} "
-              f"{row['model']:9.2f} {row['bound']:9.2f} {row['bound'] / median:9.1%}   {speedup}")
+        print(f"{row['preset']:<7} {row['case']:<11} {row['n']:2d}  {row['mode']:<9} {median:9.2f} "
+              f"{statistics.mean(row['seconds']):8.2f} {row['model']:9.2f} {row['bound']:9.2f} {row['bound'] / median:9.1%}"
+              f"   {speedup}")
+    for preset in sorted({row["preset"] for row in rows}):
+        hybrid = [row for row in rows if row["preset"] == preset and row["case"] == "hybrid" and row["mode"] == "declared"]
+        alone = [row for row in rows if row["preset"] == preset and row["case"] == "volunteers" and row["mode"] == "declared"]
+        if hybrid and alone and hybrid[0]["seconds"] and alone[0]["seconds"]:
+            ratio = statistics.median(alone[0]["seconds"]) / statistics.median(hybrid[0]["seconds"])
+            print(f"{preset}: the volunteers average {ratio:.2f}x faster with the auxiliary peer than without it "
+                  f"(medians; DeDLOC's claim C1: 1.9x over naive all-reduce on mixed hardware)")
 
 
 def main() -> None:

@@ -35,6 +35,13 @@ How the comparison is made fair:
 * Aggregation: ``--aggregation centered_clip`` runs the swarm with the robust all-reduce of
   peer_agent/aggregation.py; with two peers each part has two senders, which it averages, so the
   swarm should still match the replay.
+* Delayed parameter updates (``--delay-updates``): each global step's averaging and LAMB step run in
+  the background while the peers compute the next epoch, so a micro-batch drawn before the update
+  reached the peer's model was computed one step stale. The pool writes down, for each draw, whether
+  it was (an update still running, or finished and not yet copied into the model), and the
+  "delayed replay" computes exactly those micro-batches on the parameters from before the previous
+  step; "one-step delay" computes every micro-batch so (gradient of step e at the parameters after
+  step e - 2), and "reference" none (the non-delayed curve).
 * Contrasts: "fixed B" takes exactly B consecutive micro-batches of the same sequence per step
   (literal large-batch training, ignoring how the swarm split its steps); "no averaging" steps on
   peer 0's micro-batches only, which is what a swarm whose peers never average would do.
@@ -77,6 +84,7 @@ class Draw:
     index: int
     peer: int
     epoch: int
+    stale: bool = False  # drawn while the peer's previous update had not reached its model (delayed updates)
 
 
 class BatchPool:
@@ -87,13 +95,15 @@ class BatchPool:
         self.batches: list[Batch] = []
         self.draws: list[Draw] = []
 
-    def stream(self, peer: int, epoch_of: Callable[[], int]) -> Iterator[Batch]:
-        """The batches ``peer`` gets; ``epoch_of()`` is asked for its epoch at each draw."""
+    def stream(self, peer: int, epoch_of: Callable[[], int],
+               stale_of: Callable[[], bool] = lambda: False) -> Iterator[Batch]:
+        """The batches ``peer`` gets; ``epoch_of()`` and ``stale_of()`` are asked for its epoch and whether its
+        parameters lag its last update at each draw."""
         while True:
             with self._lock:
                 index = len(self.batches)
                 self.batches.append(next(self._source))
-                self.draws.append(Draw(index, peer, epoch_of()))
+                self.draws.append(Draw(index, peer, epoch_of(), stale_of()))
             yield self.batches[index]
 
     def extend_to(self, count: int) -> list[Batch]:
@@ -182,6 +192,10 @@ class SwarmRecord:
                 chosen[draw.epoch].append(draw.index)
         return chosen
 
+    def stale_batches(self) -> set[int]:
+        """Pool indices drawn while the drawing peer's previous update had not reached its model."""
+        return {draw.index for draw in self.pool.draws if draw.stale}
+
 
 def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, steps: int, step_time_s: float,
                 dropout: bool = False, deadline_s: float = 600.0) -> SwarmRecord:
@@ -197,12 +211,16 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
     pool = BatchPool(workload.batch_stream(seed))
     trainers: list[Trainer] = []
     record = SwarmRecord(pool=pool, snapshots=[{}, {}])
+    lags: list[Callable[[], bool]] = []
+    lag_of: dict[int, Callable[[], bool]] = {0: lambda: False, 1: lambda: False}  # until its Trainer exists
     started = time.monotonic()
     try:
         for peer in range(2):
             setup = workload.trainer_setup(run_id, seed=seed + peer, joins=trainers[0] if trainers else None)
-            stream = pool.stream(peer, lambda peer=peer: trainers[peer].optimizer.local_epoch)
+            lags.append(lambda peer=peer: lag_of[peer]())
+            stream = pool.stream(peer, lambda peer=peer: trainers[peer].optimizer.local_epoch, lags[peer])
             trainers.append(Trainer(setup, workload.tokenizer, batch_iterator=stream))
+            lag_of[peer] = UpdateLag(trainers[peer])
             if not dropout:
                 dropout_off(trainers[peer].model)
             _watch(trainers[peer], peer, record)
@@ -210,7 +228,8 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
             record.snapshots[peer][trainer.optimizer.local_epoch] = PeerState.of(trainer)
 
         def snapshot(peer: int, trainer: Trainer, result) -> None:
-            if result.local_epoch not in record.snapshots[peer]:
+            # With delayed updates, the state on entering an epoch is there once the last step reached the model.
+            if result.local_epoch not in record.snapshots[peer] and not lag_of[peer]():
                 record.snapshots[peer][result.local_epoch] = PeerState.of(trainer)
 
         deadline = time.monotonic() + deadline_s
@@ -225,6 +244,42 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
         children_reap()
     record.wall_s = time.monotonic() - started
     return record
+
+
+class UpdateLag:
+    """Whether a peer's last global step has not reached its model yet (delayed updates): its LAMB step
+    runs in the background, or finished and waits for the next ``Optimizer.step`` to copy it in. Notes
+    each background update hivemind 1.1.12's ``TrainingStateAverager.step`` starts with a delayed
+    optimizer step, and when that step finishes (it sets ``finished_optimizer_step``, and clears it once
+    copied in); wraps them on this one instance, only observing."""
+
+    def __init__(self, trainer: Trainer):
+        averager = trainer.optimizer.state_averager
+        self._averager, self._update, self._stepping = averager, None, False
+        step, lag = averager.step, self
+
+        def noted_step(*args, **kwargs):
+            before = set(averager.pending_updates)
+            output = step(*args, **kwargs)
+            if kwargs.get("optimizer_step") and kwargs.get("delay_optimizer_step"):
+                started = set(averager.pending_updates) - before
+                lag._update, lag._stepping = next(iter(started), None), bool(started)
+            return output
+
+        class NotedEvent(type(averager.finished_optimizer_step)):
+            def set(self):
+                lag._stepping = False
+                super().set()
+
+        event = NotedEvent()
+        if averager.finished_optimizer_step.is_set():
+            event.set()
+        averager.step, averager.finished_optimizer_step = noted_step, event
+
+    def __call__(self) -> bool:
+        update = self._update
+        running = self._stepping and update is not None and not update.done()
+        return running or self._averager.finished_optimizer_step.is_set()
 
 
 def _parameters_gap(trainers: list[Trainer]) -> float:
@@ -246,19 +301,24 @@ def _watch(trainer: Trainer, peer: int, record: SwarmRecord) -> None:
 
 def reference_train(workload: Workload, *, run_id: str, start: PeerState, start_step: int, batches: list[Batch],
                     step_batches: list[list[int]], held_out: Batch, dropout: bool = False, reverse: bool = False,
-                    fp16_gradients: bool = False) -> list[float]:
+                    fp16_gradients: bool = False, stale: Callable[[int], bool] = lambda index: False) -> list[float]:
     """Large-batch LAMB in one process, from ``start`` (the state after ``start_step`` global steps): for
     each further step, accumulate the clipped gradients of the micro-batches ``step_batches[i]``
-    (indices into ``batches``), average them and step. Returns held-out losses, the start's first."""
+    (indices into ``batches``), average them and step. A micro-batch for which ``stale(index)`` holds
+    has its gradient computed on the parameters from before the previous step (delayed updates; at the
+    first step, on the start). Returns held-out losses, the start's first."""
     training = workload.config.training
     model = workload.model(run_id)
+    lagging = workload.model(run_id)  # the parameters before the last step
     if not dropout:
         dropout_off(model)
+        dropout_off(lagging)
     params = list(model.parameters())
     optimizer = Lamb(parameter_groups(model, training.weight_decay), lr=training.learning_rate,
                      weight_decay=training.weight_decay, clamp_value=training.clamp_value, eps=1e-6, debias=True)
     schedule = schedule_build(optimizer, warmup_steps=training.warmup_steps, total_steps=training.total_steps)
     start.load_into(model, optimizer)
+    lagging.load_state_dict(model.state_dict())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
         for _ in range(start_step):  # to the swarm's place in the learning-rate schedule
@@ -271,12 +331,15 @@ def reference_train(workload: Workload, *, run_id: str, start: PeerState, start_
             continue
         sums = [torch.zeros_like(param) for param in params]
         for index in reversed(indices) if reverse else indices:
-            model.train()
-            model(**batches[index]).loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, training.max_grad_norm)  # per micro-batch, as the Trainer clips
-            for total, param in zip(sums, params, strict=True):
+            on = lagging if stale(index) else model
+            on.train()
+            on(**batches[index]).loss.backward()
+            on_params = list(on.parameters())
+            torch.nn.utils.clip_grad_norm_(on_params, training.max_grad_norm)  # per micro-batch, as the Trainer clips
+            for total, param in zip(sums, on_params, strict=True):
                 total.add_(param.grad)
-            model.zero_grad(set_to_none=True)
+            on.zero_grad(set_to_none=True)
+        lagging.load_state_dict(model.state_dict())
         for total, param in zip(sums, params, strict=True):
             mean = total / len(indices)
             param.grad = mean.half().float() if fp16_gradients else mean
@@ -372,6 +435,10 @@ def equivalence_measure(workload: Workload, *, steps: int, settle: int = 2, seed
         "fixed B": reference([list(range(first + i * fixed, first + (i + 1) * fixed)) for i in range(steps)]),
         "no averaging": reference(peer0_only),
     }
+    if workload.config.averaging.delay_updates:
+        stale = record.stale_batches()
+        curves["delayed replay"] = reference(per_step, stale=stale.__contains__)
+        curves["one-step delay"] = reference(per_step, stale=lambda index: True)
     samples = [len(indices) * training.per_device_batch_size for indices in per_step]
     return Comparison(curves=curves, first_step=start, samples_per_step=samples, record=record)
 
@@ -401,6 +468,26 @@ def comparison_print(comparison: Comparison) -> None:
         print("outside them (start-up, and the last round while the peers stop):")
         for anomaly in outside:
             print(f"  {anomaly}")
+
+
+def stale_share(comparison: Comparison) -> float:
+    """Of the compared steps' micro-batches, the share computed before the previous update reached the peer."""
+    epochs = comparison.compared_epochs
+    draws = [draw for draw in comparison.record.pool.draws if draw.epoch in epochs]
+    return sum(draw.stale for draw in draws) / max(1, len(draws))
+
+
+def delayed_summary_line(comparison: Comparison) -> str:
+    """One line for a run with delayed updates: the swarm against the replay with its staleness, the
+    replay with a full step of delay, and the non-delayed curve."""
+    parts = []
+    for name in ("delayed replay", "one-step delay", "reference"):
+        worst, mean = comparison.gap("swarm peer 0", against=name)
+        parts.append(f"vs {name} max {worst:.2e} mean {mean:.2e}")
+    delay_effect, _ = comparison.gap("delayed replay")
+    return (f"SUMMARY delayed steps {comparison.first_step}..{comparison.first_step + len(comparison.samples_per_step)}: "
+            f"swarm {'; '.join(parts)}; stale micro-batches {stale_share(comparison):.0%}; "
+            f"delayed replay vs reference max {delay_effect:.2e}; anomalies {len(comparison.anomalies)}")
 
 
 def summary_line(comparison: Comparison) -> str:
@@ -433,6 +520,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--aggregation", choices=["mean", "centered_clip"], default="mean",
                         help="how the swarm combines each part of the gradient all-reduce (peer_agent/aggregation.py); "
                              "the replay always takes the mean")
+    parser.add_argument("--delay-updates", action="store_true",
+                        help="run the swarm with delayed parameter updates and add the replays with their staleness")
     parser.add_argument("--step-time", type=float, default=0.25,
                         help="seconds each peer waits before a local step, standing in for compute")
     parser.add_argument("--held-out-size", type=int, default=64)
@@ -443,12 +532,14 @@ def main(argv: list[str] | None = None) -> None:
         workload = workload_build(Path(folder), target_batch_size=args.target_batch_size,
                                   per_device_batch_size=args.per_device_batch_size, learning_rate=args.learning_rate,
                                   warmup_steps=args.warmup_steps, compression=args.compression,
-                                  aggregation=args.aggregation)
+                                  aggregation=args.aggregation, delay_updates=args.delay_updates)
         comparison = equivalence_measure(workload, steps=args.steps, settle=args.settle, seed=args.seed,
                                          step_time_s=args.step_time, held_out_size=args.held_out_size,
                                          dropout=args.dropout, deadline_s=args.deadline)
     comparison_print(comparison)
     print(summary_line(comparison))
+    if args.delay_updates:
+        print(delayed_summary_line(comparison))
 
 
 if __name__ == "__main__":

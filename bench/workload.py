@@ -64,9 +64,10 @@ def workload_build(folder: Path, *, model: dict | None = None, seq_length: int =
                    per_device_batch_size: int = 8, learning_rate: float = 0.01, warmup_steps: int = 5,
                    total_steps: int = 1000, compression: str = "none", matchmaking_time: float = 1.0,
                    averaging_timeout: float = 10.0, aggregation: str = "mean", corpus_lines_count: int = 4000,
-                   corpus_seed: int = 0) -> Workload:
+                   corpus_seed: int = 0, delay_updates: bool = False) -> Workload:
     """Write the corpora into ``folder``, train the tokenizer and assemble the run config; ``aggregation``
-    is how each part of the gradient all-reduce is combined (peer_agent/aggregation.py)."""
+    is how each part of the gradient all-reduce is combined (peer_agent/aggregation.py), ``delay_updates``
+    the organizer's delayed parameter updates."""
     folder.mkdir(parents=True, exist_ok=True)
     corpus = corpus_write(folder / "train.txt", n_lines=corpus_lines_count, seed=corpus_seed)
     held_out = corpus_write(folder / "held_out.txt", n_lines=1000, seed=corpus_seed + 1)
@@ -79,7 +80,8 @@ def workload_build(folder: Path, *, model: dict | None = None, seq_length: int =
         training=dict(target_batch_size=target_batch_size, per_device_batch_size=per_device_batch_size,
                       learning_rate=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps, precision="fp32"),
         averaging=dict(matchmaking_time=matchmaking_time, averaging_timeout=averaging_timeout,
-                       grad_compression=compression, state_compression=compression, aggregation=aggregation))
+                       grad_compression=compression, state_compression=compression, aggregation=aggregation,
+                       delay_updates=delay_updates))
     return Workload(config=config, tokenizer=tokenizer, corpus=corpus, held_out_corpus=held_out)
 
 

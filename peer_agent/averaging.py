@@ -10,7 +10,9 @@ and the round takes twice what the LP planned (docs/benchmarks.md, section 6). A
 ``MIN_SHARE`` keeps the slow peer's transfers overlapped for a few percent more traffic on it.
 
 Every peer of a group must compute the same partition, so every peer of a run runs this agent.
-A firewalled peer (client mode) accepts no connections and keeps its share of 0.
+A firewalled peer (client mode) accepts no connections and keeps its share of 0. An aggregator
+(hivemind's auxiliary mode, ``peer-agent aggregate``) sends no vector of its own and only reduces
+the part the LP gives it: on a fast link it takes the share the volunteers' thin links cannot.
 
 hivemind checks access tokens on DHT requests only; anyone who knows a peer's address and the
 run id could otherwise ask it to lead a group (``rpc_join_group``), then read the members'
@@ -32,6 +34,7 @@ from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.averaging.load_balancing import hagenbach_bishoff
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.optimizer import Optimizer
+from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 from hivemind.proto.auth_pb2 import AccessToken
@@ -193,9 +196,16 @@ class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, Aggregating
         parts = kwargs.get("peer_fractions")
         if parts is not None:
             bandwidths, mode_ids, _ = zip(*map(self.serializer.loads, group_info.gathered))
-            can_aggregate = [AveragingMode(mode) == AveragingMode.NODE and (bandwidth is None or bandwidth > 0)
-                             for bandwidth, mode in zip(bandwidths, mode_ids)]
+            modes = tuple(map(AveragingMode, mode_ids))
+            # An auxiliary (an aggregator) sends nothing of its own: aggregating is all it is there for.
+            can_aggregate = [mode != AveragingMode.CLIENT and (bandwidth is None or bandwidth > 0)
+                             for bandwidth, mode in zip(bandwidths, modes)]
             kwargs["peer_fractions"] = shares_with_floor(parts, can_aggregate)
+            if AveragingMode.AUX in modes:
+                # hivemind 1.1.12 does not pass the modes on, and its runner then takes an auxiliary for a
+                # sender of a zero-weight vector: every aggregator, a volunteer on a thin link included,
+                # would download a useless slice from it. With the modes, it only receives and reduces.
+                kwargs.setdefault("modes", modes)
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
 
@@ -225,6 +235,17 @@ class MembersOnlyOptimizer(Optimizer):
         if authorizer is not None:
             # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
             authorizer.token_refresh_start()
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
+        if not self.auxiliary:
+            return super()._make_progress_tracker(target_batch_size, **kwargs)
+        # hivemind 1.1.12's Optimizer._make_progress_tracker, with client_mode=True. An aggregator's
+        # progress record says "client": hivemind takes the swarm's epoch from the non-client records, and
+        # an aggregator's own guess of when an epoch ends (it computes nothing, so it extrapolates the
+        # others' records) would otherwise lead the swarm: every early epoch it announced made the
+        # trainers end theirs at once, with a fraction of the batch.
+        return ProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size, client_mode=True,
+                               status_loglevel=self.status_loglevel, start=True, **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         # hivemind's own method names its class inline: the same arguments as hivemind 1.1.12's

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from peer_agent import __version__
+from peer_agent.aggregate import aggregate_command
 from peer_agent.device import device_info, device_resolve
 from peer_agent.display import logging_setup
 from peer_agent.exit_status import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
@@ -31,7 +32,7 @@ logger = logging.getLogger("peer_agent")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``peer-agent`` argument parser with its four subcommands."""
+    """The ``peer-agent`` argument parser with its five subcommands."""
     parser = argparse.ArgumentParser(
         prog="peer-agent", description=_("Train a language model together with other volunteers (DeDLOC)."),
         epilog=_("Every option can also be set as PEER_AGENT_<NAME> in the environment (e.g. PEER_AGENT_TOKEN) "
@@ -55,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                                              "Ctrl-C stops cleanly."))
     add_arguments(join, positional_run=True)
 
+    aggregate = commands.add_parser(
+        "aggregate", parents=[common], help=_("Help a run average, without training (organizers only)."),
+        description=_("Join a run as an aggregator: a server with a good link takes a share of every averaging "
+                      "round for the volunteers on thin links. It trains nothing and earns no credit. Ctrl-C stops it."))
+    add_arguments(aggregate, positional_run=True, only=("portal", "run", "token", "threads", "client_mode", "bandwidth_mbps",
+                                                        "max_runtime", "host", "announce", "cache_dir"))
+
     check = commands.add_parser("check", parents=[common], help=_("Show the device, precision, bandwidth and client mode."),
                                 description=_("What `join` would use on this machine, without joining."))
     add_arguments(check, positional_run=True, only=("portal", "run", "token", "device", "client_mode", "host",
@@ -72,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     # No live progress line in JSON mode: every line on stderr is a log record then.
     console = Console(stderr=True, force_terminal=False if args.log_format == "json" else None)
     logging_setup(console, verbose=args.verbose, log_format=args.log_format)
-    command = {"login": login_command, "join": join_command, "check": check_command, "status": status_command}
+    command = {"login": login_command, "join": join_command, "aggregate": aggregate_command, "check": check_command,
+               "status": status_command}
     try:
         return command[args.command](args, console)
     except SettingsError as exc:

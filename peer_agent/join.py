@@ -46,7 +46,15 @@ from peer_agent.portal import (
     RunWatcher,
     StopReason,
 )
-from peer_agent.protocol import DeviceInfo, EpochCommitment, JoinRequest, JoinResponse, RunConfig, join_proof_message
+from peer_agent.protocol import (
+    DeviceInfo,
+    EpochCommitment,
+    JoinRequest,
+    JoinResponse,
+    PeerRole,
+    RunConfig,
+    join_proof_message,
+)
 from peer_agent.reporter import Reporter
 from peer_agent.settings import AgentSettings, SettingsError, settings_from_args
 from peer_agent.tokenizer import tokenizer_load
@@ -197,13 +205,14 @@ def join_command(args: argparse.Namespace, console: Console) -> int:
                 return EXIT_OK
 
 
-def join_request_signed(key: RSAPrivateKey, *, run: str, agent_version: str, device: DeviceInfo) -> JoinRequest:
-    """A join for ``run`` signed with ``key``, which proves to the portal that this agent holds it."""
+def join_request_signed(key: RSAPrivateKey, *, run: str, agent_version: str, device: DeviceInfo,
+                        role: PeerRole = "trainer") -> JoinRequest:
+    """A join for ``run`` as ``role``, signed with ``key``, which proves to the portal that this agent holds it."""
     peer_public_key = key.get_public_key().to_bytes().decode()
     signed_at = datetime.datetime.now(datetime.UTC)
     proof = key.sign(join_proof_message(run=run, peer_public_key=peer_public_key, signed_at=signed_at)).decode()
     return JoinRequest(peer_public_key=peer_public_key, agent_version=agent_version, device=device,
-                       signed_at=signed_at, key_proof=proof)
+                       signed_at=signed_at, key_proof=proof, role=role)
 
 
 def _join_when_active(settings: AgentSettings, portal: PortalClient, request: Callable[[], JoinRequest], stop: StopRequest,

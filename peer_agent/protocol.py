@@ -65,8 +65,11 @@ MAX_COMMITTED_STEPS = 1024
 # 0.5.0 on they read averaging.aggregation and combine their parts of the all-reduce by it (an older
 # agent refuses a configuration that names it). From 0.6.0 on they draw their data from the session's
 # public seed and commit to their steps (EpochCommitment), without which no work of theirs could be
-# spot-checked and confirmed. The portal refuses joins from older agents.
-SWARM_COMPATIBLE_SINCE = "0.6.0"
+# spot-checked and confirmed. From 0.7.0 on they pass each peer's mode to the all-reduce, so that an
+# auxiliary aggregator in a group is a receiver and not a sender (an older agent would download a
+# useless part from it and fail the round), and reach NATed peers through the backbones' relays.
+# The portal refuses joins from older agents.
+SWARM_COMPATIBLE_SINCE = "0.7.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).
@@ -336,6 +339,22 @@ class DeviceInfo(_Schema):
     precision: Literal["fp32", "fp16", "bf16"] | None = Field(None, description="Precision the agent trains in.")
 
 
+PeerRole = Literal["trainer", "aggregator"]
+# The suffix an aggregator's signed access token carries after the username: every peer that checks
+# its membership proof sees the role (usernames cannot contain "#": accounts allow letters, digits and @.+-_).
+AGGREGATOR_SUFFIX = "#aggregator"
+
+
+def access_username(username: str, role: PeerRole) -> str:
+    """The username an access token names for a peer of ``role``."""
+    return username + AGGREGATOR_SUFFIX if role == "aggregator" else username
+
+
+def access_role(username: str) -> PeerRole:
+    """The role an access token's username names."""
+    return "aggregator" if username.endswith(AGGREGATOR_SUFFIX) else "trainer"
+
+
 # PEP 440 versions in their usual spelling (release, pre, post, dev, local; no epoch): every match is
 # a version `packaging` reads, so the portal can compare it with SWARM_COMPATIBLE_SINCE.
 AGENT_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$"
@@ -356,6 +375,9 @@ class JoinRequest(_Schema):
     signed_at: AwareDatetime = Field(description="When the agent signed the join (its clock).")
     key_proof: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]+={0,2}$",
                                   description="Base64 RSA-PSS/SHA-256 signature, with the peer key, of join_proof_message.")
+    role: PeerRole = Field("trainer", description=(
+        "trainer: computes gradients and reports samples. aggregator: only helps average (hivemind's auxiliary "
+        "mode), reports no samples and earns no credit; only the run's organizers may join as one."))
 
 
 def join_proof_message(*, run: str, peer_public_key: str, signed_at: datetime) -> bytes:
@@ -396,7 +418,8 @@ class HivemindAccess(_Schema):
     ``signature`` is already the base64 that hivemind's ``RSAPrivateKey.sign`` returns.
     """
 
-    username: str = Field(min_length=1, max_length=150, description="Volunteer the token is issued to.")
+    username: str = Field(min_length=1, max_length=200, description=(
+        'Volunteer the token is issued to, with "#aggregator" appended for an aggregator (access_username).'))
     peer_public_key: OpenSSHPublicKey = Field(description="Peer key the token names (AccessToken.public_key).")
     expiration_time: str = Field(
         max_length=64, description="UTC time in ISO format without offset, as hivemind writes it; signed, so kept verbatim.")
@@ -412,6 +435,11 @@ class HivemindAccess(_Schema):
         if expires_at.tzinfo is not None:
             raise PydanticCustomError("expiration_time", "must be UTC without an offset, as hivemind compares it")
         return value
+
+    @property
+    def role(self) -> PeerRole:
+        """The role the token names (signed with it)."""
+        return access_role(self.username)
 
     @property
     def expires_at(self) -> datetime:
@@ -434,6 +462,7 @@ class JoinResponse(_Schema):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     session_id: StrictInt = Field(ge=1, le=2**63 - 1, description="Training session to report under.")
+    role: PeerRole = Field("trainer", description="The role the session joined as; its access token names it too.")
     run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="The run's hivemind key prefix.")
     config: RunConfig = Field(description="The run's configuration.")
     hivemind_access: HivemindAccess = Field(description="Access token for the run's DHT.")

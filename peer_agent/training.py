@@ -159,18 +159,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(setup.device.type) if self.precision == "fp16" else None
 
         self._shut_down = False
-        try:
-            self.dht = DHT(
-                start=True, initial_peers=setup.initial_peers or None, client_mode=setup.client_mode,
-                host_maddrs=setup.host_maddrs, announce_maddrs=None if setup.relayed else setup.announce_maddrs,
-                authorizer=setup.authorizer, startup_timeout=60,
-                record_validators=metrics_validators(setup.run_id, setup.private_key),
-                **relay_options(setup.initial_peers, relayed=setup.relayed))
-        except P2PDaemonError as exc:
-            # The p2p daemon refuses to start when none of its initial peers answers.
-            if setup.initial_peers and "bootstrap" in str(exc):
-                raise SwarmUnreachable(f"none of the run's {len(setup.initial_peers)} initial peers answered") from exc
-            raise
+        self.dht = dht_start(setup)
         try:
             self.optimizer = optimizer_build(setup, self.dht, self.model)
         except BaseException:
@@ -402,6 +391,22 @@ class Trainer:
             self._swarm_read = self.dht.get(f"{self.setup.run_id}_progress", latest=True, return_future=True)
 
 
+def dht_start(setup: TrainerSetup) -> DHT:
+    """This peer's DHT node in the run's swarm; :class:`SwarmUnreachable` if no initial peer answers."""
+    try:
+        return DHT(
+            start=True, initial_peers=setup.initial_peers or None, client_mode=setup.client_mode,
+            host_maddrs=setup.host_maddrs, announce_maddrs=None if setup.relayed else setup.announce_maddrs,
+            authorizer=setup.authorizer, startup_timeout=60,
+            record_validators=metrics_validators(setup.run_id, setup.private_key),
+            **relay_options(setup.initial_peers, relayed=setup.relayed))
+    except P2PDaemonError as exc:
+        # The p2p daemon refuses to start when none of its initial peers answers.
+        if setup.initial_peers and "bootstrap" in str(exc):
+            raise SwarmUnreachable(f"none of the run's {len(setup.initial_peers)} initial peers answered") from exc
+        raise
+
+
 def _flat_params(param_groups) -> list[torch.Tensor]:
     return [param for group in param_groups for param in group["params"]]
 
@@ -417,7 +422,7 @@ def schedule_factory(training: TrainingConfig) -> partial:
     return partial(schedule_build, warmup_steps=training.warmup_steps, total_steps=training.total_steps)
 
 
-def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Optimizer:
+def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module, *, auxiliary: bool = False) -> Optimizer:
     """``hivemind.Optimizer`` with LAMB and the run's averaging settings.
 
     In hivemind 1.1.12 ``averager_opts`` reach only the state averager, so the declared
@@ -434,6 +439,9 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
     done in line, each epoch holds two matchmaking rounds in a row, and two peers that fall half
     an epoch apart (one averaging gradients while the other averages parameters) keep missing
     each other until the collaboration is split for good.
+
+    ``auxiliary`` builds an aggregator's optimizer (``peer_agent.aggregator``): it joins the same rounds
+    with its bandwidth but accumulates no batches and never steps.
     """
     training, averaging = setup.config.training, setup.config.averaging
     delay = averaging.delay_updates
@@ -445,8 +453,8 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module) -> Op
         params=parameter_groups(model, training.weight_decay),
         optimizer=lamb_factory(training), scheduler=schedule_factory(training),
         target_batch_size=training.target_batch_size,
-        batch_size_per_step=training.per_device_batch_size * training.gradient_accumulation_steps,
-        offload_optimizer=True,
+        batch_size_per_step=None if auxiliary else training.per_device_batch_size * training.gradient_accumulation_steps,
+        auxiliary=auxiliary, offload_optimizer=True,
         delay_optimizer_step=delay, delay_grad_averaging=delay, delay_state_averaging=True,
         grad_compression=compression_build(averaging.grad_compression),
         state_averaging_compression=compression_build(averaging.state_compression),

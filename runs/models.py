@@ -186,7 +186,12 @@ class TrainingSession(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="sessions")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="training_sessions")
     token = models.ForeignKey("accounts.AgentToken", null=True, on_delete=models.SET_NULL, related_name="sessions")
+    class Role(models.TextChoices):
+        TRAINER = "trainer", "trainer"
+        AGGREGATOR = "aggregator", "aggregator"  # averages only: reports no samples, earns no credit
+
     peer_public_key = models.TextField()
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.TRAINER)
     agent_version = models.CharField(max_length=64)
     device = models.JSONField(default=dict)
     started_at = models.DateTimeField(default=timezone.now)

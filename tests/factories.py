@@ -74,9 +74,9 @@ class RunFactory(factory.django.DjangoModelFactory):
             self.organizers.add(*extracted)
 
 
-def join_body(run: str, key=None) -> dict:
+def join_body(run: str, key=None, *, role: str = "trainer") -> dict:
     """A join of ``run`` as the current agent sends it: signed with ``key`` (a fresh hivemind key by
-    default), from a CPU."""
+    default), from a CPU, as a trainer (or ``role``)."""
     from hivemind.utils.crypto import RSAPrivateKey
 
     from peer_agent import __version__
@@ -84,7 +84,7 @@ def join_body(run: str, key=None) -> dict:
     from peer_agent.protocol import DeviceInfo
 
     request = join_request_signed(key or RSAPrivateKey(), run=run, agent_version=__version__,
-                                  device=DeviceInfo(kind="cpu", name="test CPU", memory_gb=8))
+                                  device=DeviceInfo(kind="cpu", name="test CPU", memory_gb=8), role=role)
     return request.model_dump(mode="json", exclude_none=True)
 
 

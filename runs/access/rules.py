@@ -88,6 +88,16 @@ def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
     return None
 
 
+def run_role_refusal(*, run: Run, user: User, role: str) -> JoinRefused | None:
+    """Why ``user`` may not join ``run`` as ``role``, or None when they may. An aggregator joins the
+    run's averaging groups without computing: only the run's organizers start one, since the groups
+    trust every member's share of the average."""
+    if role == "aggregator" and not run_is_organizer(run=run, user=user):
+        return JoinRefused(403, "not_an_organizer", _("only the organizers of run “%(run)s” may join it as an "
+                                                      "aggregator; join as a trainer instead") % {"run": run.slug})
+    return None
+
+
 def visible_run(*, slug: str, user: User, joining: bool = False, join_code: str = "") -> Run | None:
     """The run named ``slug`` if ``user`` may see it or (``joining``) may train in it or brings its
     invite code; else None, the same answer as for a run that does not exist, so that a hidden run's

@@ -11,9 +11,9 @@ from django.utils import timezone
 from packaging.version import Version
 
 from accounts.models import AgentToken, User
-from peer_agent.protocol import SWARM_COMPATIBLE_SINCE, JoinRequest, join_proof_message
+from peer_agent.protocol import SWARM_COMPATIBLE_SINCE, JoinRequest, access_username, join_proof_message
 from runs.access.authority import access_token_sign, authority_load, peer_key_proof_verify
-from runs.access.rules import JoinRefused, run_join_refusal
+from runs.access.rules import JoinRefused, run_join_refusal, run_role_refusal
 from runs.models import Checkpoint, DataFile, Run, TrainingSession
 
 _FILE_SIGNER_SALT = "runs.data-file"
@@ -27,11 +27,11 @@ KEY_PROOF_MAX_AGE = datetime.timedelta(minutes=5)
 LIVE_SESSION_SEEN_WITHIN = datetime.timedelta(minutes=2)  # agents' clocks are NTP-synced; hivemind's tokens allow 60 s
 
 
-def _access_token(*, run: Run, user: User, peer_public_key: str) -> tuple[dict, datetime.datetime]:
+def _access_token(*, run: Run, user: User, peer_public_key: str, role: str) -> tuple[dict, datetime.datetime]:
     lifetime = datetime.timedelta(minutes=settings.HIVEMIND_ACCESS_MINUTES)
     private_key = authority_load(encrypted=run.authority_private_key, secret=settings.AUTHORITY_ENCRYPTION_KEY)
-    access = access_token_sign(private_key=private_key, username=user.username, peer_public_key=peer_public_key,
-                               lifetime=lifetime)
+    access = access_token_sign(private_key=private_key, username=access_username(user.username, role),
+                               peer_public_key=peer_public_key, lifetime=lifetime)
     return access, timezone.now() + lifetime
 
 
@@ -73,7 +73,8 @@ def _live_sessions_check(*, token: AgentToken) -> None:
 @transaction.atomic
 def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
     """Open a training session for the token's owner and sign its first hivemind access token."""
-    refusal = agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
+    refusal = (agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
+               or run_role_refusal(run=run, user=token.user, role=request.role))
     if refusal:
         raise refusal
     _key_proof_check(run=run, request=request)
@@ -90,9 +91,11 @@ def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[
     if live.exists():
         raise JoinRefused(409, "peer_key_in_use", "a live training session of this run already uses this peer key; "
                                                   "each agent generates a key of its own when it joins")
-    access, expires_at = _access_token(run=run, user=token.user, peer_public_key=request.peer_public_key)
+    access, expires_at = _access_token(run=run, user=token.user, peer_public_key=request.peer_public_key,
+                                       role=request.role)
     session = TrainingSession.objects.create(
         run=run,
+        role=request.role,
         user=token.user,
         token=token,
         peer_public_key=request.peer_public_key,
@@ -110,10 +113,12 @@ def session_refresh(*, session: TrainingSession, token: AgentToken) -> dict:
         raise JoinRefused(404, "not_found", "no such session")
     if session.ended_at is not None:
         raise JoinRefused(409, "session_ended", "this training session has ended; join the run again")
-    refusal = run_join_refusal(run=session.run, user=token.user)
+    refusal = run_join_refusal(run=session.run, user=token.user) or run_role_refusal(
+        run=session.run, user=token.user, role=session.role)
     if refusal:
         raise refusal
-    access, expires_at = _access_token(run=session.run, user=token.user, peer_public_key=session.peer_public_key)
+    access, expires_at = _access_token(run=session.run, user=token.user, peer_public_key=session.peer_public_key,
+                                       role=session.role)
     TrainingSession.objects.filter(pk=session.pk).update(access_expires_at=expires_at, last_seen_at=timezone.now())
     return access
 

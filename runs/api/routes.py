@@ -111,6 +111,7 @@ def run_join(request: HttpRequest, slug: Slug, body: JoinRequest):
         raise ApiError(400, "invalid_peer_key", f"peer_public_key: {exc}") from None
     return {
         "session_id": session.pk,
+        "role": session.role,
         "run_id": run.hivemind_run_id,
         "config": run.config,
         "hivemind_access": access,

@@ -215,6 +215,7 @@ class SessionPace:
     # The most samples per second the session's declared device could train of the run's model
     # (runs/setup/compute.py): what bounds its claims from the first report.
     samples_ceiling: float = float("inf")
+    aggregator: bool = False  # the session joined as an aggregator: it computes nothing
     counted: int = 0  # samples of every report accepted for the session, whatever its seq
     swarm_epoch: int | None = None  # the swarm's epoch as the coordinator's monitor last read it
     last: Report | None = None  # the accepted report with the highest seq
@@ -245,6 +246,7 @@ def session_pace(*, session: TrainingSession) -> SessionPace:
         target_batch_size=training.target_batch_size,
         peer_batch=training.per_device_batch_size * training.gradient_accumulation_steps,
         samples_ceiling=samples_per_second_ceiling(config, str((session.device or {}).get("kind", ""))),
+        aggregator=session.role == TrainingSession.Role.AGGREGATOR,
     )
     stored = ContributionEvent.objects.filter(session=session)
     pace.counted = stored.aggregate(total=models.Sum("samples"))["total"] or 0
@@ -265,6 +267,13 @@ def report_session_paced(*, token: AgentToken, session_id: int,
 
 
 Rule = Callable[[Report, SessionPace, datetime], str | None]
+
+
+def samples_from_aggregator(report: Report, pace: SessionPace, now: datetime) -> str | None:
+    """Any samples from an aggregator's session: it joined to average, not to compute, and earns no credit."""
+    if pace.aggregator and (report.samples or report.steps):
+        return (f"session joined as an aggregator, which computes nothing, but reported {report.samples} samples "
+                f"in {report.steps} steps; join as a trainer to contribute")
 
 
 def sent_in_future(report: Report, pace: SessionPace, now: datetime) -> str | None:
@@ -336,6 +345,7 @@ def samples_beyond_session_budget(report: Report, pace: SessionPace, now: dateti
 
 # Checked in this order; the first that fails names the refusal.
 RULES: tuple[tuple[str, Rule], ...] = (
+    ("samples_from_aggregator", samples_from_aggregator),
     ("sent_in_future", sent_in_future),
     ("sent_before_session", sent_before_session),
     ("local_epoch_backwards", local_epoch_backwards),

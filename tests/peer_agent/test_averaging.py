@@ -5,7 +5,7 @@ import threading
 
 import pytest
 import torch
-from hivemind.averaging.allreduce import AllReduceRunner
+from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.load_balancing import load_balance_peers
 from hivemind.dht import DHT
 
@@ -79,6 +79,63 @@ def test_peers_average_correctly_with_a_slow_peer_given_a_share(monkeypatch, tmp
         for averager in averagers:
             with averager.get_tensors() as (averaged,):
                 assert torch.allclose(averaged, torch.full_like(averaged, 1.0)), "the mean of 0, 1 and 2"
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in dhts:
+            dht.shutdown()
+
+
+def test_an_auxiliary_peer_reduces_the_largest_part_and_adds_nothing_to_the_mean(monkeypatch, tmp_path):
+    """Two volunteers at 20 Mbit/s and an aggregator (hivemind's auxiliary mode) at 500: the LP gives the
+    aggregator most of the vector; it sends no vector of its own, so the mean is the volunteers' alone."""
+    record = tmp_path / "partitions.jsonl"
+
+    class RecordingRunner(AllReduceRunner):
+        def __init__(self, *args, peer_fractions, modes=None, **kwargs):
+            with record.open("a") as file:
+                file.write(json.dumps([list(peer_fractions), [mode.value for mode in modes or ()]]) + "\n")
+            super().__init__(*args, peer_fractions=peer_fractions, modes=modes, **kwargs)
+
+    monkeypatch.setitem(aggregation.RUNNERS, "mean", RecordingRunner)
+    bandwidths, auxiliary = [20.0, 20.0, 500.0], [False, False, True]
+    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+                      for _ in bandwidths[1:]]
+    parameters = [[torch.zeros(64, 33, requires_grad=True)] for _ in bandwidths]
+    for index, (parameter,) in enumerate(parameters):
+        parameter.grad = torch.full_like(parameter, 100.0 if auxiliary[index] else float(index))
+    averagers = [
+        FlooredGradientAverager(params, dht=dht, prefix="test_aux", start=True, bandwidth=bandwidth, auxiliary=aux,
+                                target_group_size=3, min_matchmaking_time=2.0, request_timeout=1.0, warn=False)
+        for params, dht, bandwidth, aux in zip(parameters, dhts, bandwidths, auxiliary)
+    ]
+    try:
+        groups = [None] * len(averagers)
+
+        def average(index: int) -> None:
+            if not auxiliary[index]:
+                averagers[index].accumulate_grads_(batch_size=1)
+            groups[index] = averagers[index].step(timeout=60)
+
+        threads = [threading.Thread(target=average, args=(index,)) for index in range(len(averagers))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+        assert all(group is not None and len(group) == 3 for group in groups), groups
+        rounds = [json.loads(line) for line in record.read_text().splitlines()]
+        assert len(rounds) == 3 and all(entry == rounds[0] for entry in rounds), f"every peer partitions alike: {rounds}"
+        fractions, modes = rounds[0]
+        order = [str(peer_id) for peer_id in groups[0]]
+        aux_index = order.index(str(dhts[2].peer_id))
+        assert modes[aux_index] == AveragingMode.AUX.value and modes.count(AveragingMode.AUX.value) == 1
+        assert fractions[aux_index] > 0.5 * sum(fractions), f"the fast aggregator takes the largest part: {fractions}"
+        assert min(fractions) >= MIN_SHARE * sum(fractions), "the volunteers keep the floor"
+        for averager, aux in zip(averagers, auxiliary):
+            if not aux:
+                with averager.get_tensors() as (averaged,):
+                    assert torch.allclose(averaged, torch.full_like(averaged, 0.5)), "the mean of 0 and 1, not of 100"
     finally:
         for averager in averagers:
             averager.shutdown()

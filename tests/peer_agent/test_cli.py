@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from peer_agent import cli, join
+from peer_agent.exit_status import EXIT_USAGE
 from peer_agent.protocol import config_from_preset
 from peer_agent.settings import SettingsError, agent_home, credentials_store, settings_resolve
 from peer_agent.spool import Spool, spool_files, spool_read
@@ -130,10 +131,21 @@ def portal():
 def test_python_m_peer_agent_shows_help_for_every_command():
     result = subprocess.run([sys.executable, "-m", "peer_agent", "--help"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0
-    for command in ("login", "join", "check", "status"):
+    for command in ("login", "join", "aggregate", "check", "status"):
         assert command in result.stdout
     join_help = subprocess.run([sys.executable, "-m", "peer_agent", "join", "--help"], cwd=REPO, capture_output=True, text=True)
     assert "--max-runtime" in join_help.stdout and "--client-mode" in join_help.stdout and "RUN" in join_help.stdout
+    aggregate_help = subprocess.run([sys.executable, "-m", "peer_agent", "aggregate", "--help"], cwd=REPO,
+                                    capture_output=True, text=True)
+    words = " ".join(aggregate_help.stdout.split())  # argparse wraps the description
+    assert "--bandwidth-mbps" in words and "earns no credit" in words and "RUN" in words
+
+
+def test_aggregate_refuses_client_mode_before_joining(agent_home_dir, caplog):
+    """An aggregator must accept connections: client mode is a usage error, and nothing is asked of the portal."""
+    code = cli.main(["aggregate", "--portal", "http://127.0.0.1:9", "--token", TOKEN, "some-run", "--client-mode", "on"])
+    assert code == EXIT_USAGE
+    assert "cannot run with --client-mode on" in caplog.text
 
 
 def test_login_checks_the_token_and_stores_it_readable_only_by_you(portal, agent_home_dir, capsys):

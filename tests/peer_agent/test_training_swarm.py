@@ -111,3 +111,33 @@ def test_a_non_finite_loss_is_skipped_and_the_last_good_parameters_restored(make
     offloaded = [param for group in trainer.optimizer.opt.param_groups for param in group["params"]]
     assert all(torch.equal(a, b) for a, b in zip(in_model, offloaded)), "hivemind's offloaded copy is restored too"
     assert math.isfinite(trainer.step().loss)
+
+
+def test_two_peers_train_with_delayed_parameter_updates(make_trainer):
+    """The organizer's delay_updates: each global step's averaging and LAMB step run in the background
+    while the peers compute the next epoch's gradients on the parameters from before it."""
+    delayed = dict(delay_updates=True)
+    first = make_trainer(seed=1, averaging=delayed)
+    second = make_trainer(seed=2, joins=first, averaging=delayed)
+    for trainer in (first, second):
+        optimizer = trainer.optimizer
+        assert optimizer.delay_optimizer_step and optimizer.delay_grad_averaging and optimizer.delay_state_averaging
+    rounds, stale_steps = {}, []
+    optimizer_watch(first, on_anomaly=lambda what, epoch: None,
+                    on_group=lambda peer_ids, epoch: rounds.setdefault(epoch, len(peer_ids)))
+
+    def note_staleness(index, trainer, result):
+        averager = trainer.optimizer.state_averager
+        # An update still running, or done and not yet copied into the model: this step's gradients are one step stale.
+        stale_steps.append(averager.finished_optimizer_step.is_set() or any(not u.done() for u in averager.pending_updates))
+
+    results = train_together([first, second], epochs=8, after_step=note_staleness)
+
+    assert min(first.optimizer.local_epoch, second.optimizer.local_epoch) >= 8
+    assert 2 in rounds.values(), f"the peers averaged their gradients together: {rounds}"
+    assert any(stale_steps), "some local steps ran while the previous update was still in the background"
+    losses = [[result.loss for result in peer] for peer in results]
+    early = sum(sum(peer[:5]) for peer in losses) / 10
+    late = sum(sum(peer[-5:]) for peer in losses) / 10
+    assert late < early - 0.1, f"loss went from {early:.3f} to {late:.3f}"
+    assert all(result.samples == 4 and not result.skipped for peer in results for result in peer)

@@ -115,6 +115,9 @@ API = [
     ("/api/v1/runs/{invite}/",                       "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{public}/join",                   "POST", 401, 200,  200, 403,  200, 200, 200,   401,    403),
     ("/api/v1/runs/{invite}/join",                   "POST", 401, 403,  200, 403,  200, 403, 403,   401,    403),
+    # Joining as an aggregator (JoinRequest.role): the run's organizers only, staff and other runs' organizers included.
+    ("/api/v1/runs/{public}/join?role=aggregator",   "POST", 401, 403,  403, 403,  200, 403, 403,   401,    403),
+    ("/api/v1/runs/{invite}/join?role=aggregator",   "POST", 401, 403,  403, 403,  200, 403, 403,   401,    403),
     ("/api/v1/sessions/{public_session}/refresh",    "POST", 401, 404,  200, 404,  404, 404, 404,   401,    403),
     ("/api/v1/sessions/{invite_session}/refresh",    "POST", 401, 404,  200, 404,  404, 404, 404,   401,    403),
     ("/api/v1/runs/{public}/tokenizer.json",         "GET",  401, 200,  200, 403,  200, 200, 200,   401,    403),

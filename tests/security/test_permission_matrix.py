@@ -42,7 +42,9 @@ def _api_request(world: World, persona: str, template: str, method: str):
     path = template.format(**world.values)
     if method == "GET":
         return Client().get(path, **headers)
-    body = json.dumps(join_body(path.split("/")[-2])) if path.endswith("/join") else "{}"
+    route, _, query = path.partition("?")
+    role = query.removeprefix("role=") or "trainer"  # a join's role travels in its body; the row names it as a query
+    body = json.dumps(join_body(route.split("/")[-2], role=role)) if route.endswith("/join") else "{}"
     return Client().post(path, body, content_type="application/json", **headers)
 
 

@@ -1,0 +1,95 @@
+"""An aggregator: a peer that joins a run's averaging rounds without computing (DeDLOC's auxiliary peers).
+
+A server with a good link but no accelerator helps volunteers on thin links most by reducing part of
+their all-reduce: in hivemind's auxiliary mode (``auxiliary=True``, ``AveragingMode.AUX``) it joins
+each gradient round with the peer's declared bandwidth, sends no vector of its own and returns the
+average of the part the partition gives it (``peer_agent.averaging``: the bandwidth LP, with the floor
+applied to aggregators as to every peer that accepts connections).
+
+It does not use hivemind's ``Optimizer.step(auxiliary)`` loop: that starts an auxiliary's all-reduce
+when its own progress tracker says the epoch is over, which it learns from the trainers' records a
+refresh later than they do; its members then wait for its part until they give up on it. Here the
+aggregator triggers its round as soon as the group is formed. It joins gradient rounds only:
+parameter averaging, once per epoch, stays among the trainers.
+Its membership proof is checked like anyone's; its access token names the role ("#aggregator").
+It reports no samples to the portal, and earns no credit.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+from hivemind.averaging.control import AveragingStage, StepControl
+from hivemind.utils.timed_storage import get_dht_time
+
+from peer_agent.model import model_build
+from peer_agent.training import TrainerSetup, dht_start, optimizer_build
+
+logger = logging.getLogger(__name__)
+
+
+class Aggregator:
+    """One auxiliary peer of a run; call :meth:`step` every 0.1 s or so (it returns at once): it joins the
+    gradient round that closes each of the swarm's epochs."""
+
+    def __init__(self, setup: TrainerSetup, *, vocab_size: int, pad_token_id: int = 0):
+        if setup.client_mode:
+            raise ValueError("an aggregator must accept connections from the run's peers: it cannot run in client mode")
+        self.setup = setup
+        # Only the parameters' shapes matter: an aggregator reduces other peers' slices of them.
+        model = model_build(setup.config, vocab_size, pad_token_id=pad_token_id, init_seed=zlib.crc32(setup.run_id.encode()))
+        self.dht = dht_start(setup)
+        try:
+            self.optimizer = optimizer_build(setup, self.dht, model, auxiliary=True)
+        except BaseException:
+            self.dht.shutdown()
+            raise
+        self._shut_down = False
+        self._round: StepControl | None = None  # the gradient round being arranged or run
+        self._round_epoch = -1  # the swarm's epoch whose closing round it last joined
+
+    def step(self) -> int | None:
+        """Take the aggregator's part in the swarm's gradient rounds; returns at once. Starts matchmaking
+        for the round that closes the swarm's epoch when it nears, and the all-reduce as soon as the group
+        is formed: an aggregator has nothing to compute first, and its members would wait for it. Returns
+        the size of the group of a round that just ended (0 if it failed), else None."""
+        optimizer, tracker = self.optimizer, self.optimizer.tracker
+        if tracker.global_epoch > tracker.local_progress.epoch:
+            with tracker.pause_updates():  # the record it publishes follows the swarm's epoch, with 0 samples
+                tracker.update_epoch(tracker.global_epoch)
+        control = self._round
+        if control is not None:
+            if control.done():
+                self._round = None
+                optimizer.grad_averager.notify_used_averaged_gradients()  # it has none to use: nothing is waiting
+                return 0 if control.cancelled() or control.exception() is not None else len(control.result())
+            if not control.triggered and control.stage == AveragingStage.AWAITING_TRIGGER:
+                optimizer.grad_averager.step(control=control, wait=False)
+            return None
+        due = tracker.estimated_next_update_time - get_dht_time() <= optimizer.matchmaking_time
+        if tracker.global_epoch > self._round_epoch and due:
+            self._round_epoch = tracker.global_epoch
+            self._round = optimizer.grad_averager.schedule_step(timeout=optimizer.averaging_timeout)
+        return None
+
+    @property
+    def local_epoch(self) -> int:
+        """The swarm's epoch as this aggregator last read it."""
+        return self.optimizer.tracker.global_epoch
+
+    def shutdown(self) -> None:
+        """Leave the swarm: the optimizer's averagers and tracker, then the DHT. Calling it again does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        try:
+            self.optimizer.shutdown()
+        finally:
+            self.dht.shutdown()
+
+    def __enter__(self) -> Aggregator:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()

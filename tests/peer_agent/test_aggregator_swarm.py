@@ -1,0 +1,102 @@
+"""An aggregator (``peer_agent.aggregator``, hivemind's auxiliary mode) among real trainers on loopback:
+it joins their gradient rounds with a token of its own, takes a share of the vector, and computes nothing."""
+
+import json
+import threading
+
+import pytest
+from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
+from hivemind.utils.crypto import RSAPrivateKey
+
+from harness.swarm import train_together
+from peer_agent import aggregation
+from peer_agent.aggregator import Aggregator
+from peer_agent.authorizer import PortalAuthorizer
+from peer_agent.protocol import access_username
+from peer_agent.training import Trainer, TrainerSetup
+from tests.factories import RunAuthority
+
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
+
+
+def authorizer_for(authority: RunAuthority, key: RSAPrivateKey, username: str) -> PortalAuthorizer:
+    token = authority.sign(key, username=username)
+    return PortalAuthorizer(key, authority.public_key, lambda: token)
+
+
+def test_an_aggregator_takes_a_share_of_every_round_and_contributes_no_samples(tiny_config, tokenizer, corpus_file,
+                                                                              monkeypatch, tmp_path):
+    record = tmp_path / "grad_rounds.jsonl"
+
+    class RecordingRunner(AllReduceRunner):
+        """Writes down each gradient round as every peer (a forked averager process) runs it."""
+
+        def __init__(self, *args, peer_fractions, ordered_peer_ids, prefix, modes=None, **kwargs):
+            if prefix.endswith("_grad_averager"):
+                with record.open("a") as file:
+                    file.write(json.dumps(dict(fractions=list(peer_fractions), peers=[str(p) for p in ordered_peer_ids],
+                                               modes=[mode.value for mode in modes or ()])) + "\n")
+            super().__init__(*args, peer_fractions=peer_fractions, ordered_peer_ids=ordered_peer_ids, prefix=prefix,
+                             modes=modes, **kwargs)
+
+    monkeypatch.setitem(aggregation.RUNNERS, "mean", RecordingRunner)  # read as each averager is made
+    authority = RunAuthority()
+    config = tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0))
+
+    def setup(seed, joins, bandwidth, username):
+        key = RSAPrivateKey()
+        return TrainerSetup(config=config, run_id="test_aux_run", initial_peers=joins, private_key=key,
+                            authorizer=authorizer_for(authority, key, username), host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                            threads=1, seed=seed, data_files=[str(corpus_file)], progress_refresh_s=1.0,
+                            bandwidth=bandwidth)
+
+    peers, stop = [], threading.Event()
+    try:
+        first = Trainer(setup(1, [], 20.0, "vik"), tokenizer)
+        peers.append(first)
+        joins = [str(addr) for addr in first.dht.get_visible_maddrs()]
+        aggregator = Aggregator(setup(0, joins, 500.0, access_username("olga", "aggregator")),
+                                vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+        peers.append(aggregator)
+        second = Trainer(setup(2, joins, 20.0, "ann"), tokenizer)
+        peers.append(second)
+
+        groups = []
+
+        def aggregate():
+            try:
+                while not stop.is_set():
+                    group = aggregator.step()
+                    if group is not None:
+                        groups.append(group)
+                    stop.wait(0.1)
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+                groups.append(exc)
+
+        helper = threading.Thread(target=aggregate, daemon=True)
+        helper.start()
+        results = train_together([first, second], epochs=4)
+        for _ in range(3):  # a busy machine can make one peer miss a round: train on until one with all three
+            if any(len(json.loads(line)["peers"]) == 3 for line in record.read_text().splitlines()):
+                break
+            results = train_together([first, second], epochs=max(first.optimizer.local_epoch, second.optimizer.local_epoch) + 2)
+        stop.set()
+        helper.join(30)
+
+        aggregator_id = str(aggregator.dht.peer_id)
+        rounds = [json.loads(line) for line in record.read_text().splitlines()]
+        with_it = [entry for entry in rounds if aggregator_id in entry["peers"]]
+        assert with_it, f"the aggregator joined no gradient round: {rounds}"
+        for entry in with_it:
+            index = entry["peers"].index(aggregator_id)
+            assert entry["modes"][index] == AveragingMode.AUX.value, "it joined as an auxiliary, sending nothing"
+            share = entry["fractions"][index] / sum(entry["fractions"])
+            assert share > 0.5, f"the partition gives the 500 Mbit/s aggregator the largest share, not {share:.2f}"
+        assert aggregator.local_epoch >= 1 and 3 in groups, f"it followed the epochs, averaging in their rounds: {groups}"
+        assert aggregator.optimizer.tracker.local_progress.samples_accumulated == 0, "it accumulated no samples"
+        assert min(first.optimizer.local_epoch, second.optimizer.local_epoch) >= 4
+        assert all(result.samples == 4 for peer in results for result in peer), "the trainers' steps all counted"
+    finally:
+        stop.set()
+        for peer in peers:
+            peer.shutdown()
