@@ -1,15 +1,18 @@
 """Run forms. The configuration fields are generated from `peer_agent.protocol.RunConfig`, which
 also validates them: the browser form and the agent can never disagree on what a config is."""
 
+import re
 import types
 import typing
 from typing import Any, Literal
 
 from django import forms
+from django.conf import settings
 from django.utils.text import capfirst
 
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, config_errors, config_from_preset
-from runs.models import Run
+from runs.models import ModelLicense, Probe, Run
+from runs.setup import probes
 
 SECTIONS = {
     "model": "Model",
@@ -78,6 +81,19 @@ class RunForm(forms.Form):
     visibility = forms.ChoiceField(choices=Run.Visibility.choices, help_text="Who may join the run, and whether it is listed.")
     audience = forms.ChoiceField(choices=Run.Audience.choices, initial=Run.Audience.EVERYONE, required=False,
                                  help_text="Who may see the run: its pages, API, live board and charts.")
+    license = forms.ChoiceField(choices=ModelLicense.choices, initial=ModelLicense.APACHE, required=False,
+                                help_text="The license of the released model, in its model card.")
+    languages = forms.CharField(required=False, max_length=200, initial="bn, en",
+                                help_text="ISO 639-1 codes of the languages the model learns, comma-separated (model card).")
+    probe_every = forms.IntegerField(min_value=1, max_value=1000, initial=1, required=False,
+                                     help_text="Run the downstream probes on every n-th checkpoint (each costs a fine-tune).")
+
+    def clean_languages(self) -> list[str]:
+        codes = [code.strip().lower() for code in self.cleaned_data["languages"].replace(";", ",").split(",") if code.strip()]
+        bad = [code for code in codes if not re.fullmatch(r"[a-z]{2,3}", code)]
+        if bad:
+            raise forms.ValidationError(f"Not a language code: {', '.join(bad[:5])}. Use ISO 639-1 codes such as bn, en.")
+        return list(dict.fromkeys(codes))
 
     def clean_audience(self) -> str:
         return self.cleaned_data.get("audience") or (self.run.audience if self.run else Run.Audience.EVERYONE)
@@ -102,11 +118,19 @@ class RunForm(forms.Form):
                    if isinstance(values, dict) for name, value in values.items()}
         if run is not None:
             initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility,
-                           audience=run.audience)
+                           audience=run.audience, license=run.license, languages=", ".join(run.languages),
+                           probe_every=run.probe_every)
         return initial
 
     def run_fields(self) -> list:
-        return [self[name] for name in ("name", "slug", "description", "visibility", "audience")]
+        return [self[name] for name in ("name", "slug", "description", "visibility", "audience", "license", "languages",
+                                        "probe_every")]
+
+    def card(self) -> dict:
+        """The run's model-card metadata and probe cadence, as run_create and run_update take them: those
+        the form was sent (a client that predates them changes none)."""
+        return {name: self.cleaned_data[name] for name in ("license", "languages", "probe_every")
+                if name in self.data and (name == "languages" or self.data[name] != "")}
 
     def sections(self) -> list[tuple[str, list]]:
         return [(title, [self[name] for name in self.paths if name.startswith(f"{key}__")]) for key, title in SECTIONS.items()]
@@ -132,4 +156,46 @@ class RunForm(forms.Form):
                 self.add_error(field if field in self.fields else None, message)
         if not self.errors:
             self.config = RunConfig.model_validate(data)
+        return cleaned
+
+
+class ProbeForm(forms.Form):
+    """A downstream probe's upload: both parts are read and checked here (runs/setup/probes.py), so a
+    refused upload stores nothing and says what to fix."""
+
+    name = forms.SlugField(max_length=64, help_text="A short name, e.g. wikiann-bn or news-topics.")
+    task = forms.ChoiceField(choices=Probe.Task.choices)
+    train = forms.FileField(help_text="The part the probe fine-tunes on.")
+    test = forms.FileField(help_text="The part it is scored on; only labels the train part has.")
+
+    def __init__(self, *args, run: Run, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.run = run
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if self.run.probes.filter(name=name).exists():
+            raise forms.ValidationError("The run already has a probe with this name.")
+        return name
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        parts, self.contents = {}, {}
+        for part in ("train", "test"):
+            upload = cleaned[part]
+            if upload.size > settings.PROBE_MAX_FILE_BYTES:
+                self.add_error(part, f"The file is larger than {settings.PROBE_MAX_FILE_BYTES // 1024} KiB.")
+                continue
+            self.contents[part] = upload.read()
+            try:
+                parts[part] = probes.labelled_set_read(task=cleaned["task"], content=self.contents[part], part=part)
+            except probes.ProbeFormatError as exc:
+                self.add_error(part, capfirst(str(exc)) + ".")
+        if len(parts) == 2:
+            try:
+                probes.labelled_sets_check(parts["train"], parts["test"])
+            except probes.ProbeFormatError as exc:
+                self.add_error("test", capfirst(str(exc)) + ".")
         return cleaned

@@ -39,7 +39,8 @@ def run_event_record(*, run: Run, actor: User | None, kind: str, detail: str = "
 
 @transaction.atomic
 def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig,
-               audience: str = Run.Audience.EVERYONE) -> Run:
+               audience: str = Run.Audience.EVERYONE, card: dict | None = None) -> Run:
+    """A draft run; ``card`` holds its model-card metadata and probe cadence (license, languages, probe_every)."""
     public_key, encrypted_private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
     run = Run.objects.create(
         name=name,
@@ -50,6 +51,7 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
         config=config.model_dump(mode="json"),
         authority_public_key=public_key,
         authority_private_key=encrypted_private_key,
+        **(card or {}),
     )
     run.organizers.add(organizer)
     run_event_record(run=run, actor=organizer, kind=RunEvent.Kind.CREATED)
@@ -58,7 +60,7 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
 
 @transaction.atomic
 def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig,
-               audience: str | None = None) -> set[str]:
+               audience: str | None = None, card: dict | None = None) -> set[str]:
     """Save an edit and return the config fields it changed; only mid-run-safe ones once started."""
     changed = changed_fields(RunConfig.model_validate(run.config), config)
     if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
@@ -67,7 +69,9 @@ def run_update(*, run: Run, actor: User, name: str, description: str, visibility
     run.name, run.description, run.visibility = name, description, visibility
     run.audience = audience or run.audience
     run.config = config.model_dump(mode="json")
-    run.save(update_fields=["name", "description", "visibility", "audience", "config"])
+    for field, value in (card or {}).items():
+        setattr(run, field, value)
+    run.save(update_fields=["name", "description", "visibility", "audience", "config", *(card or {})])
     if changed:
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
     return changed

@@ -24,6 +24,7 @@ from peer_agent.metrics import metrics_read
 from peer_agent.protocol import AveragingConfig, RunConfig
 from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
 from runs.models import Checkpoint, ContributionEvent, Run
+from runs.swarm.cards import model_card_write
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
@@ -99,14 +100,17 @@ def checkpoint_retention_apply(*, run: Run, policy: CheckpointPolicy) -> list[in
 
 
 def checkpoint_save(*, run: Run, directory: Path, metadata: CheckpointMetadata, policy: CheckpointPolicy) -> Checkpoint:
-    """Zip a checkpoint directory into media as the run's next checkpoint, then apply retention."""
+    """Zip a checkpoint directory, with its model card, into media as the run's next checkpoint, then
+    apply retention."""
     newest = run.checkpoints.first()
     number = (checkpoint_number(newest) if newest else 0) + 1
+    checkpoint = Checkpoint(run=run, epoch=metadata.epoch, loss=metadata.loss, samples=metadata.samples,
+                            kept=policy.kept_for_good(number))
+    model_card_write(run=run, checkpoint=checkpoint, directory=directory)
     with tempfile.TemporaryDirectory() as scratch:
         archive = Path(scratch) / "checkpoint.zip"
         checkpoint_zip(directory, archive)
-        checkpoint = Checkpoint(run=run, epoch=metadata.epoch, loss=metadata.loss, samples=metadata.samples,
-                                size=archive.stat().st_size, kept=policy.kept_for_good(number))
+        checkpoint.size = archive.stat().st_size
         with archive.open("rb") as content, transaction.atomic():
             checkpoint.file.save(f"{run.hivemind_run_id}/{number:06d}-epoch{metadata.epoch}.zip", File(content), save=False)
             checkpoint.save()
