@@ -145,7 +145,14 @@ CREDIT_ROLLUP_SETTLE_SECONDS = env_int("CREDIT_ROLLUP_SETTLE_SECONDS", 2, minimu
 CREDIT_ROLLUP_EVERY_SECONDS = env_int("CREDIT_ROLLUP_EVERY_SECONDS", 10, minimum=1)
 # A session that has not reported for this long is closed (its agent crashed or lost the network).
 SESSION_SILENT_CLOSE_SECONDS = env_int("SESSION_SILENT_CLOSE_SECONDS", 900, minimum=60)
+# Checkpoint evaluation (runs/evaluation/): a child process at low priority with a bounded thread
+# count, so that a host that also runs a backbone peer or the web keeps serving them.
+EVALUATION_THREADS = env_int("EVALUATION_THREADS", 2, minimum=1)
+EVALUATION_NICE = env_int("EVALUATION_NICE", 10, minimum=0)
+EVALUATION_TIMEOUT_SECONDS = env_int("EVALUATION_TIMEOUT_SECONDS", 1800, minimum=10)
+EVALUATION_EVERY_SECONDS = env_int("EVALUATION_EVERY_SECONDS", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
+    "evaluations": {"task": "runs.tasks.evaluations_task", "schedule": float(EVALUATION_EVERY_SECONDS)},
     "credit-rollup": {"task": "runs.tasks.credit_rollup_task", "schedule": float(CREDIT_ROLLUP_EVERY_SECONDS)},
     "credit-rac-decay": {"task": "runs.tasks.credit_rac_decay_task", "schedule": 3600.0},
     "sessions-close-silent": {"task": "runs.tasks.sessions_close_silent_task", "schedule": 60.0},

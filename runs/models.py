@@ -1,7 +1,10 @@
 import datetime
+import re
 import secrets
+from pathlib import Path
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
@@ -83,6 +86,16 @@ class Run(models.Model):
                                help_text="The license of the model it releases, for its model card.")
     languages = models.JSONField(default=list, blank=True, help_text="ISO 639-1 codes of the languages it learns (model card).")
     probe_every = models.PositiveSmallIntegerField(default=1, help_text="Run the downstream probes on every n-th checkpoint.")
+    heldout_size = models.PositiveIntegerField(
+        default=200, validators=[MinValueValidator(10), MaxValueValidator(100_000)],
+        help_text="Documents kept apart from the uploaded files to evaluate checkpoints on (files source), or "
+                  "documents read from the validation split (hub source).")
+    validation_split = models.CharField(
+        max_length=100, default="validation",
+        help_text="The hub dataset's split that checkpoints are evaluated on; never the split agents train on.")
+    heldout_file = models.FileField(upload_to="heldout/", blank=True, help_text=(
+        "The documents kept apart from the uploaded files: no agent is ever sent them."))
+    heldout_documents = models.PositiveIntegerField(default=0, help_text="Documents in heldout_file.")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -348,6 +361,15 @@ class Checkpoint(models.Model):
         ordering = ["-epoch", "-id"]
         constraints = [models.UniqueConstraint(fields=["run", "epoch"], name="one_checkpoint_per_epoch")]
 
+    @property
+    def number(self) -> int:
+        """The checkpoint's sequence number in its run (1 for the first ever saved).
+
+        It lives in the file name, since retention deletes rows and a count of rows would repeat numbers.
+        """
+        match = re.match(r"^(\d+)-epoch", Path(self.file.name).name)
+        return int(match.group(1)) if match else 0
+
 
 class Probe(models.Model):
     """A labelled set an organizer uploaded to measure what the model learned: each probed
@@ -399,6 +421,39 @@ class ProbeScore(models.Model):
                                     name="one_probe_score_per_epoch"),
             models.UniqueConstraint(fields=["probe"], condition=models.Q(baseline=True), name="one_probe_baseline"),
         ]
+
+
+class Evaluation(models.Model):
+    """A checkpoint's masked-LM and sentence-order scores on the run's held-out split, or (epoch
+    null) those of a randomly initialized model of the run's shape, measured once per run: the
+    baseline that shows what training added. Kept when retention deletes the checkpoint."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="evaluations")
+    checkpoint = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="evaluations")
+    epoch = models.PositiveIntegerField(null=True, blank=True, help_text="The checkpoint's epoch; empty for the baseline.")
+    samples = models.PositiveBigIntegerField(default=0, help_text="Samples the collaboration had processed.")
+    tokens_seen = models.PositiveBigIntegerField(default=0, help_text="Samples × the run's tokens per example.")
+    mlm_accuracy = models.FloatField(null=True, blank=True, help_text="Share of masked tokens predicted right.")
+    perplexity = models.FloatField(null=True, blank=True, help_text="exp of the mean masked-LM loss per masked token.")
+    sop_accuracy = models.FloatField(null=True, blank=True, help_text="Share of sentence pairs whose order was told right.")
+    examples = models.PositiveIntegerField(default=0, help_text="Held-out examples (sentence pairs) evaluated.")
+    masked_tokens = models.PositiveIntegerField(default=0)
+    cpu_seconds = models.FloatField(default=0, help_text="CPU time of the evaluating process.")
+    wall_seconds = models.FloatField(default=0)
+    error = models.CharField(max_length=2000, blank=True, help_text="Why the evaluation failed; it is not retried.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", models.F("epoch").asc(nulls_first=True)]  # the baseline first, on every database
+        constraints = [
+            models.UniqueConstraint(fields=["run", "epoch"], name="one_evaluation_per_epoch"),
+            models.UniqueConstraint(fields=["run"], condition=models.Q(epoch=None), name="one_baseline_per_run"),
+        ]
+
+    @property
+    def baseline(self) -> bool:
+        return self.epoch is None
+
 
 
 class CreditSums(models.Model):

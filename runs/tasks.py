@@ -6,6 +6,7 @@ from django.conf import settings
 from portal.logs import log_context
 from runs.access import sessions
 from runs.credit import exports, rollup
+from runs.evaluation import services as evaluation
 from runs.models import Run
 from runs.setup import services
 from runs.swarm import verification
@@ -44,3 +45,9 @@ def sessions_close_silent_task() -> int:
 def stats_dump_task(day: str | None = None) -> str:
     """Daily: users, teams and per-run credit as gzip JSON and CSV under MEDIA_ROOT/stats/<day>/."""
     return str(exports.stats_dump(day=datetime.date.fromisoformat(day) if day else None))
+
+
+@shared_task(ignore_result=True)
+def evaluations_task() -> int:
+    """Every ~30 s: evaluate checkpoints (and each run's random-init baseline) that have no evaluation."""
+    return evaluation.evaluations_pending()

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0015_backbones'),
+        ('runs', '0016_evaluations'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

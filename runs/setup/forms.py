@@ -37,6 +37,9 @@ _TINY_OVERRIDES = {
                   "checkpoint_every_minutes": 10.0},
 }
 
+_HELDOUT_SIZE = Run._meta.get_field("heldout_size").default
+_VALIDATION_SPLIT = Run._meta.get_field("validation_split").default
+
 
 def preset_config(preset: str) -> RunConfig:
     return config_from_preset(preset, **(_TINY_OVERRIDES if preset == "tiny" else {}))
@@ -95,8 +98,22 @@ class RunForm(forms.Form):
             raise forms.ValidationError(f"Not a language code: {', '.join(bad[:5])}. Use ISO 639-1 codes such as bn, en.")
         return list(dict.fromkeys(codes))
 
+    heldout_size = forms.IntegerField(
+        min_value=10, max_value=100_000, required=False, label="Held-out size",
+        help_text="Documents kept apart from the uploaded files to evaluate each checkpoint on (no agent trains on "
+                  "them), or documents read from the validation split of a hub dataset.")
+    validation_split = forms.CharField(
+        max_length=100, required=False, label="Validation split",
+        help_text="Hub datasets only: the split checkpoints are evaluated on. It must differ from the training split.")
+
     def clean_audience(self) -> str:
         return self.cleaned_data.get("audience") or (self.run.audience if self.run else Run.Audience.EVERYONE)
+
+    def clean_heldout_size(self) -> int:
+        return self.cleaned_data.get("heldout_size") or getattr(self.run, "heldout_size", _HELDOUT_SIZE)
+
+    def clean_validation_split(self) -> str:
+        return self.cleaned_data.get("validation_split") or getattr(self.run, "validation_split", _VALIDATION_SPLIT)
 
     def __init__(self, *args, run: Run | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -108,6 +125,8 @@ class RunForm(forms.Form):
         if run is not None:
             self.fields["slug"].disabled = True
             if run.status != Run.Status.DRAFT:
+                # Evaluations stay comparable only on one held-out set.
+                self.fields["heldout_size"].disabled = self.fields["validation_split"].disabled = True
                 for name, path in self.paths.items():
                     if path not in MID_RUN_EDITABLE:
                         self.fields[name].disabled = True
@@ -116,10 +135,12 @@ class RunForm(forms.Form):
     def initial_from(*, config: RunConfig, run: Run | None = None) -> dict:
         initial = {f"{section}__{name}": value for section, values in config.model_dump(mode="json").items()
                    if isinstance(values, dict) for name, value in values.items()}
+        initial.update(heldout_size=_HELDOUT_SIZE, validation_split=_VALIDATION_SPLIT)
         if run is not None:
             initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility,
                            audience=run.audience, license=run.license, languages=", ".join(run.languages),
-                           probe_every=run.probe_every)
+                           probe_every=run.probe_every, heldout_size=run.heldout_size,
+                           validation_split=run.validation_split)
         return initial
 
     def run_fields(self) -> list:
@@ -131,6 +152,9 @@ class RunForm(forms.Form):
         the form was sent (a client that predates them changes none)."""
         return {name: self.cleaned_data[name] for name in ("license", "languages", "probe_every")
                 if name in self.data and (name == "languages" or self.data[name] != "")}
+
+    def heldout_fields(self) -> list:
+        return [self["heldout_size"], self["validation_split"]]
 
     def sections(self) -> list[tuple[str, list]]:
         return [(title, [self[name] for name in self.paths if name.startswith(f"{key}__")]) for key, title in SECTIONS.items()]
@@ -156,6 +180,10 @@ class RunForm(forms.Form):
                 self.add_error(field if field in self.fields else None, message)
         if not self.errors:
             self.config = RunConfig.model_validate(data)
+            split = cleaned.get("validation_split")
+            if self.config.data.source == "hub" and split == self.config.data.split:
+                self.add_error("validation_split", f"must differ from the split agents train on ({split}): "
+                                                   "evaluating on training data says nothing")
         return cleaned
 
 

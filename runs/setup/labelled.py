@@ -1,9 +1,9 @@
 """Labelled sets that go with the generated corpus (runs/setup/corpus.py), for the demo's probes.
 
 Each set's test part is about words its train part never labels, though the pretraining corpus has
-them: held-out names and cities for the entity tags, held-out objects for the topics. Only a model
-that learned from the corpus which words behave alike can label them, so the probe measures what
-pretraining added; a randomly initialized model of the same shape has nothing to go on.
+them: held-out names and cities for the entity tags, held-out objects for the topics. A model that
+learned from the corpus which words behave alike can label them; a randomly initialized model of the
+same shape has only the context to go on, so the probe measures what pretraining added.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from runs.setup.corpus import LANGUAGES
 
-# The verb that stands in for an action's own in the topic sentences, so that only the object tells the topic.
+# The verb that stands in for an action's own in half the topic sentences, so that only the object tells the topic.
 _LIKES = {"bn": ("ভালোবাসি", "ভালোবাসো", "ভালোবাসে"), "en": ("like", "like", "likes")}
 _TOPICS = ("food", "reading", "writing", "watching", "shopping", "music", "games", "cooking")  # corpus actions, in order
 _PUNCTUATION = ".,?।"
@@ -79,7 +79,8 @@ def _topic_objects(code: str) -> dict[str, list[str]]:
 
 
 def topic_sets(*, n_train: int = 600, n_test: int = 200, seed: int = 0) -> tuple[str, str]:
-    """CSV ``text,label`` of sentences whose topic only their object tells, train and test parts."""
+    """CSV ``text,label`` of sentences of an activity and its topic, train and test parts: half say the
+    action's own verb, half only "like", so that there only the object tells the topic."""
     rng = random.Random(seed)
     parts = []
     for half, size in ((0, n_train), (1, n_test)):
@@ -91,7 +92,7 @@ def topic_sets(*, n_train: int = 600, n_test: int = 200, seed: int = 0) -> tuple
             language = LANGUAGES[code]
             topic, objects = rng.choice(list(_topic_objects(code).items()))
             subject, person = rng.choice(language.subjects)
-            verbs = _LIKES[code]
+            verbs = _LIKES[code] if rng.random() < 0.5 else dict(zip(_TOPICS, (v for v, _ in language.actions)))[topic]
             text = language.sentence("activity", person, subject=subject, time=rng.choice(language.times),
                                      obj=rng.choice(_halves(objects)[half]), verb=verbs[person], base=verbs[0])
             writer.writerow([text, topic])

@@ -14,6 +14,7 @@ from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
 from runs.access.authority import authority_generate
 from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership
+from runs.setup.heldout import heldout_join, heldout_split
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ def run_event_record(*, run: Run, actor: User | None, kind: str, detail: str = "
 
 @transaction.atomic
 def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig,
-               audience: str = Run.Audience.EVERYONE, card: dict | None = None) -> Run:
+               audience: str = Run.Audience.EVERYONE, heldout_size: int = 200, validation_split: str = "validation",
+               card: dict | None = None) -> Run:
     """A draft run; ``card`` holds its model-card metadata and probe cadence (license, languages, probe_every)."""
     public_key, encrypted_private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
     run = Run.objects.create(
@@ -49,6 +51,8 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
         visibility=visibility,
         audience=audience,
         config=config.model_dump(mode="json"),
+        heldout_size=heldout_size,
+        validation_split=validation_split,
         authority_public_key=public_key,
         authority_private_key=encrypted_private_key,
         **(card or {}),
@@ -60,18 +64,24 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
 
 @transaction.atomic
 def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig,
-               audience: str | None = None, card: dict | None = None) -> set[str]:
-    """Save an edit and return the config fields it changed; only mid-run-safe ones once started."""
+               audience: str | None = None, heldout_size: int | None = None, validation_split: str | None = None,
+               card: dict | None = None) -> set[str]:
+    """Save an edit and return the config fields it changed; only mid-run-safe ones once started.
+    The held-out settings are locked too: evaluations compare only on one held-out set. ``card``: the
+    model-card metadata and probe cadence, editable any time."""
     changed = changed_fields(RunConfig.model_validate(run.config), config)
+    heldout = {"heldout_size": heldout_size or run.heldout_size, "validation_split": validation_split or run.validation_split}
+    changed |= {name for name, value in heldout.items() if value != getattr(run, name)}
     if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
         locked = ", ".join(sorted(changed - MID_RUN_EDITABLE))
         raise RunError(f"these settings cannot change once the run has started: {locked}")
     run.name, run.description, run.visibility = name, description, visibility
     run.audience = audience or run.audience
     run.config = config.model_dump(mode="json")
+    run.heldout_size, run.validation_split = heldout["heldout_size"], heldout["validation_split"]
     for field, value in (card or {}).items():
         setattr(run, field, value)
-    run.save(update_fields=["name", "description", "visibility", "audience", "config", *(card or {})])
+    run.save(update_fields=["name", "description", "visibility", "audience", "config", *heldout, *(card or {})])
     if changed:
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
     return changed
@@ -138,16 +148,35 @@ def _utf8_lines(content: bytes) -> int:
 
 @transaction.atomic
 def data_file_add(*, run: Run, actor: User, name: str, content: bytes) -> DataFile:
+    """Store an uploaded text file; documents it gives to the run's held-out split (up to the run's
+    held-out size) are kept apart, and the agents are served the rest."""
     if len(content) > MAX_DATA_FILE_BYTES:
         raise RunError(f"the file is {len(content) // 2**20} MiB; the limit is {MAX_DATA_FILE_BYTES // 2**20} MiB per file")
     if not content.strip():
         raise RunError("the file is empty")
-    lines = _utf8_lines(content)
-    data_file = DataFile(run=run, name=name[:200], size=len(content), lines=lines, uploaded_by=actor)
+    _utf8_lines(content)
+    run = Run.objects.select_for_update().get(pk=run.pk)  # two uploads at once must not both fill the split
+    split = heldout_split(content.decode("utf-8"), wanted=run.heldout_size - run.heldout_documents)
+    if split.documents:
+        _heldout_extend(run=run, documents=split.documents)
+        content = split.training_text.encode("utf-8")
+    data_file = DataFile(run=run, name=name[:200], size=len(content), lines=_utf8_lines(content), uploaded_by=actor)
     data_file.file.save(f"run-{run.pk}.txt", ContentFile(content), save=False)
     data_file.save()
-    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"uploaded {data_file.name}")
+    held = f" ({len(split.documents)} documents held out for evaluation)" if split.documents else ""
+    run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"uploaded {data_file.name}{held}")
     return data_file
+
+
+def _heldout_extend(*, run: Run, documents: list[str]) -> None:
+    earlier = ""
+    if run.heldout_file:
+        with run.heldout_file.open("rb") as handle:
+            earlier = handle.read().decode("utf-8")
+        run.heldout_file.delete(save=False)
+    run.heldout_file.save(f"run-{run.pk}-heldout.txt", ContentFile((earlier + heldout_join(documents)).encode()), save=False)
+    run.heldout_documents += len(documents)
+    run.save(update_fields=["heldout_file", "heldout_documents"])
 
 
 @transaction.atomic

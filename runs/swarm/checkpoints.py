@@ -5,7 +5,6 @@ and every n-th for good."""
 from __future__ import annotations
 
 import logging
-import re
 import tempfile
 import threading
 import time
@@ -36,7 +35,6 @@ logger = logging.getLogger(__name__)
 CHECK_PERIOD_S = 15.0  # how often the checkpointer reads the swarm's epoch
 RETRY_PERIOD_S = 60.0  # after a failed or fruitless attempt (no peer online to download from)
 STATE_DOWNLOAD_TIMEOUT_S = 600.0
-_NUMBER = re.compile(r"^(\d+)-epoch")
 
 # hivemind fast-forwards the schedule to the downloaded epoch without an optimizer step; torch
 # mistakes that for calling the scheduler and the optimizer in the wrong order.
@@ -76,12 +74,8 @@ class SwarmReading:
 
 
 def checkpoint_number(checkpoint: Checkpoint) -> int:
-    """The checkpoint's sequence number in its run (1 for the first ever saved).
-
-    It lives in the file name, since retention deletes rows and a count of rows would repeat numbers.
-    """
-    match = _NUMBER.match(Path(checkpoint.file.name).name)
-    return int(match.group(1)) if match else 0
+    """The checkpoint's sequence number in its run (1 for the first ever saved); see ``Checkpoint.number``."""
+    return checkpoint.number
 
 
 def checkpoints_to_delete(checkpoints: list[Checkpoint], *, keep_last: int) -> list[Checkpoint]:

@@ -69,6 +69,8 @@ def run_create(request: HttpRequest) -> HttpResponse:
             visibility=data["visibility"],
             audience=data["audience"],
             config=form.config,
+            heldout_size=data["heldout_size"],
+            validation_split=data["validation_split"],
             card=form.card(),
         )
         messages.success(request, _("Run “%(name)s” was created as a draft. Add data and a tokenizer, then activate it.")
@@ -87,6 +89,7 @@ def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
             changed = services.run_update(
                 run=run, actor=request.user, name=data["name"], description=data["description"],
                 visibility=data["visibility"], audience=data["audience"], config=form.config, card=form.card(),
+                heldout_size=data["heldout_size"], validation_split=data["validation_split"],
             )
         except services.RunError as exc:
             form.add_error(None, str(exc))

@@ -1,8 +1,8 @@
 """Downstream probes: fine-tune a checkpoint on a probe's train part with a fixed small budget and
 score it on the test part (seqeval's entity-level F1 for token classification, accuracy for text
 classification); the same fine-tune from a randomly initialized model of the same shape, once per
-probe, is the baseline that shows what pretraining added. Runs where checkpoints are evaluated (the
-evaluation's low-priority child process), never in the web process.
+probe, is the baseline that shows what pretraining added. One of the evaluators of
+runs/evaluation/runner.py: it runs in the evaluation's low-priority child process, never in the web.
 """
 
 from __future__ import annotations
@@ -11,19 +11,18 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from django.db import transaction
 
-from peer_agent.tokenizer import tokenizer_load
 from runs.models import Checkpoint, Probe, ProbeScore
 from runs.setup.probes import LabelledSet, probe_read
-from runs.swarm.checkpoints import checkpoint_number
 
 if TYPE_CHECKING:
-    from transformers import AlbertConfig, PreTrainedModel, PreTrainedTokenizerFast
+    from transformers import AlbertForPreTraining, PreTrainedModel, PreTrainedTokenizerFast
+
+    from runs.evaluation.runner import Score, Subject
 
 logger = logging.getLogger(__name__)
 
@@ -58,24 +57,22 @@ def probe_f1(true: list[list[str]], predicted: list[list[str]]) -> float:
     return float(f1_score(true, predicted))
 
 
-def _model_build(task: str, labels: list[str], *, model_dir: Path | None, config: AlbertConfig, seed: int) -> PreTrainedModel:
+def _model_build(task: str, labels: list[str], *, encoder: AlbertForPreTraining, seed: int) -> PreTrainedModel:
+    """A classifier of ``task`` over ``encoder``'s ALBERT (a copy of its weights), with a fresh head from ``seed``."""
     from transformers import AlbertForSequenceClassification, AlbertForTokenClassification
-    from transformers.utils import logging as transformers_logging
 
     model_class = AlbertForTokenClassification if task == Probe.Task.TOKENS else AlbertForSequenceClassification
-    heads = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
-             "label2id": {label: index for index, label in enumerate(labels)}}
+    config = encoder.config.__class__.from_dict({
+        **encoder.config.to_dict(), "num_labels": len(labels), "id2label": dict(enumerate(labels)),
+        "label2id": {label: index for index, label in enumerate(labels)}})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if model_dir is None:
-            config = config.__class__.from_dict({**config.to_dict(), **heads})
-            return model_class(config)
-        verbosity = transformers_logging.get_verbosity()
-        transformers_logging.set_verbosity_error()  # "some weights are newly initialized": the probe's head, as meant
-        try:
-            return model_class.from_pretrained(model_dir, **heads)
-        finally:
-            transformers_logging.set_verbosity(verbosity)
+        model = model_class(config)
+    # A token classifier's ALBERT has no pooler; every other weight must carry over.
+    missing, _ = model.albert.load_state_dict(encoder.albert.state_dict(), strict=False)
+    if missing:
+        raise ValueError(f"the probe's model lacks the checkpoint's weights {missing[:3]}")
+    return model
 
 
 def _token_batch(tokenizer: PreTrainedTokenizerFast, sentences: list, label_ids: dict[str, int], max_length: int):
@@ -141,10 +138,10 @@ def _score(model: PreTrainedModel, encode, task: str, examples: list, labels: li
 
 
 def probe_finetune(*, task: str, train: LabelledSet, test: LabelledSet, labels: list[str],
-                   tokenizer: PreTrainedTokenizerFast, config: AlbertConfig, model_dir: Path | None,
+                   tokenizer: PreTrainedTokenizerFast, encoder: AlbertForPreTraining,
                    budget: ProbeBudget = BUDGET) -> ProbeResult:
-    """Fine-tune the checkpoint in ``model_dir`` (None: a random initialization of ``config``) on the train
-    part within ``budget``; its score on the test part, 0 to 1."""
+    """Fine-tune a copy of ``encoder`` (a checkpoint's model, or the run's random initialization) with a
+    new head on the train part within ``budget``; its score on the test part, 0 to 1."""
     started, cpu_started = time.monotonic(), time.process_time()
     label_ids = {label: index for index, label in enumerate(labels)}
     batch = _token_batch if task == Probe.Task.TOKENS else _text_batch
@@ -152,7 +149,7 @@ def probe_finetune(*, task: str, train: LabelledSet, test: LabelledSet, labels: 
     def encode(examples):
         return batch(tokenizer, examples, label_ids, budget.max_length)
 
-    model = _model_build(task, labels, model_dir=model_dir, config=config, seed=budget.seed)
+    model = _model_build(task, labels, encoder=encoder, seed=budget.seed)
     _train(model, encode, train.examples[:budget.max_train_examples], budget)
     score = _score(model, encode, task, test.examples[:budget.max_test_examples], labels, budget)
     return ProbeResult(score=score, wall_seconds=time.monotonic() - started, cpu_seconds=time.process_time() - cpu_started)
@@ -160,34 +157,28 @@ def probe_finetune(*, task: str, train: LabelledSet, test: LabelledSet, labels: 
 
 def probes_due(checkpoint: Checkpoint) -> bool:
     """Whether the run probes this checkpoint: every ``probe_every``-th one it saved."""
-    return checkpoint_number(checkpoint) % max(checkpoint.run.probe_every, 1) == 0
+    return checkpoint.number % max(checkpoint.run.probe_every, 1) == 0
 
 
-def checkpoint_probe(*, checkpoint: Checkpoint, directory: Path, budget: ProbeBudget = BUDGET,
-                     force: bool = False) -> list[ProbeScore]:
-    """Score the unzipped checkpoint in ``directory`` on each of its run's probes (when due, or ``force``),
-    measuring a probe's random-init baseline first if it has none; the scores stored."""
-    from transformers import AlbertConfig
+def probes_evaluate(subject: Subject) -> list[Score]:
+    """The probes' evaluator (runs/evaluation/runner.py): each probe of the run fine-tuned from the
+    subject's model, the checkpoint when it is due (all of them by hand, without --save) or the
+    random-init baseline; stored when the subject says so."""
+    from runs.evaluation.runner import Score
 
-    probes = list(checkpoint.run.probes.all())
-    if not probes or not (force or probes_due(checkpoint)):
+    checkpoint = subject.checkpoint
+    if subject.save and checkpoint is not None and not probes_due(checkpoint):
         return []
-    tokenizer = tokenizer_load(directory / "tokenizer.json")
-    config = AlbertConfig.from_pretrained(directory)
     scores = []
-    for probe in probes:
+    for probe in subject.run.probes.all():
         train, test = probe_read(probe)
-        run_on = {"task": probe.task, "train": train, "test": test, "labels": probe.labels, "tokenizer": tokenizer,
-                  "config": config, "budget": budget}
-        if not probe.scores.filter(baseline=True).exists():
-            result = probe_finetune(model_dir=None, **run_on)
-            _score_store(probe=probe, checkpoint=None, result=result)
-            logger.info("probe %s of run %s: random-init baseline %.3f (%.1f s)", probe.name, checkpoint.run.slug,
-                        result.score, result.wall_seconds)
-        result = probe_finetune(model_dir=directory, **run_on)
-        scores.append(_score_store(probe=probe, checkpoint=checkpoint, result=result))
-        logger.info("probe %s of run %s: epoch %d scores %.3f (%.1f s)", probe.name, checkpoint.run.slug,
-                    checkpoint.epoch, result.score, result.wall_seconds)
+        result = probe_finetune(task=probe.task, train=train, test=test, labels=probe.labels,
+                                tokenizer=subject.tokenizer, encoder=subject.model)
+        if subject.save:
+            _score_store(probe=probe, checkpoint=checkpoint, result=result)
+        examples = min(len(test.examples), BUDGET.max_test_examples)
+        scores.append(Score(f"probe {probe.name}", probe.metric, result.score, examples, result.cpu_seconds,
+                            result.wall_seconds))
     return scores
 
 

@@ -1,0 +1,109 @@
+"""Writes of checkpoint evaluations, and the child process that makes them.
+
+Light: the Celery worker imports this module. The evaluation itself (torch) runs in a child
+process, ``manage.py evaluate_checkpoint SLUG EPOCH --save`` (runs/evaluation/runner.py), at low
+priority with ``EVALUATION_THREADS`` threads. The Evaluation row is the claim: the task creates it
+empty before starting the child, so that a second worker (or a retried task) finds it taken, and
+the uniqueness of (run, epoch) guarantees one row per checkpoint whatever happens.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import subprocess
+import sys
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from runs.models import Checkpoint, Evaluation, Run
+
+logger = logging.getLogger(__name__)
+
+# Evaluations one task makes at most: the worker's other tasks wait meanwhile.
+PER_TASK = 2
+
+
+def evaluation_record(*, run: Run, checkpoint: Checkpoint | None, mlm_accuracy: float, perplexity: float,
+                      sop_accuracy: float, examples: int, masked_tokens: int, cpu_seconds: float, wall_seconds: float,
+                      tokens_per_sample: int) -> Evaluation:
+    """Store the held-out scores of ``checkpoint`` (None: the baseline), over its claim if any."""
+    samples = checkpoint.samples if checkpoint else 0
+    evaluation, _ = Evaluation.objects.update_or_create(
+        run=run, epoch=checkpoint.epoch if checkpoint else None,
+        defaults=dict(checkpoint=checkpoint, samples=samples, tokens_seen=samples * tokens_per_sample,
+                      mlm_accuracy=mlm_accuracy, perplexity=perplexity, sop_accuracy=sop_accuracy, examples=examples,
+                      masked_tokens=masked_tokens, cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, error=""),
+    )
+    return evaluation
+
+
+def evaluations_due() -> list[tuple[Run, Checkpoint | None]]:
+    """What no evaluation covers yet, per run with checkpoints: its baseline, then its checkpoints
+    newest first (the run page shows where training is now; a backlog fills in behind)."""
+    due: list[tuple[Run, Checkpoint | None]] = []
+    runs = Run.objects.filter(checkpoints__isnull=False, tokenizer_status=Run.TokenizerStatus.READY).distinct()
+    for run in runs:
+        epochs = set(run.evaluations.values_list("epoch", flat=True))
+        if None not in epochs:
+            due.append((run, None))
+        due += [(run, checkpoint) for checkpoint in run.checkpoints.exclude(epoch__in=[e for e in epochs if e is not None])]
+    return due
+
+
+def evaluation_claim(*, run: Run, checkpoint: Checkpoint | None) -> Evaluation | None:
+    """An empty Evaluation row for ``checkpoint``, or None when another claim or result holds it."""
+    try:
+        with transaction.atomic():
+            return Evaluation.objects.create(run=run, checkpoint=checkpoint, epoch=checkpoint.epoch if checkpoint else None,
+                                             samples=checkpoint.samples if checkpoint else 0)
+    except IntegrityError:
+        return None
+
+
+def claims_expire(*, now: datetime.datetime) -> int:
+    """Forget claims older than an evaluation may take (their worker died): they are due again."""
+    stale = now - datetime.timedelta(seconds=settings.EVALUATION_TIMEOUT_SECONDS + 60)
+    deleted, _ = Evaluation.objects.filter(mlm_accuracy=None, error="", created_at__lt=stale).delete()
+    return deleted
+
+
+def evaluation_command(evaluation: Evaluation) -> list[str]:
+    epoch = "baseline" if evaluation.epoch is None else str(evaluation.epoch)
+    return [sys.executable, str(settings.BASE_DIR / "manage.py"), "evaluate_checkpoint", evaluation.run.slug, epoch,
+            "--save", "--threads", str(settings.EVALUATION_THREADS), "--nice", str(settings.EVALUATION_NICE)]
+
+
+def evaluation_perform(evaluation: Evaluation) -> bool:
+    """Evaluate a claimed row in a child process; a failure is stored on the row (not retried)."""
+    # OpenMP reads its thread count when torch loads, before the child could bound it itself.
+    env = {**os.environ, "OMP_NUM_THREADS": str(settings.EVALUATION_THREADS)}
+    try:
+        done = subprocess.run(evaluation_command(evaluation), env=env, cwd=settings.BASE_DIR, capture_output=True,
+                              text=True, timeout=settings.EVALUATION_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        detail = f"the evaluation took longer than EVALUATION_TIMEOUT_SECONDS ({settings.EVALUATION_TIMEOUT_SECONDS} s)"
+    else:
+        if done.returncode == 0:
+            return True
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        detail = lines[-1] if lines else f"the evaluating process exited with status {done.returncode}"
+        logger.warning("evaluation of %s epoch %s failed:\n%s", evaluation.run.slug, evaluation.epoch, done.stderr[-4000:])
+    Evaluation.objects.filter(pk=evaluation.pk, mlm_accuracy=None).update(error=detail[:2000])
+    return False
+
+
+def evaluations_pending(*, limit: int = PER_TASK) -> int:
+    """Evaluate up to ``limit`` checkpoints (or baselines) that have none yet; returns how many were made."""
+    claims_expire(now=timezone.now())
+    made = 0
+    for run, checkpoint in evaluations_due():
+        if made >= limit:
+            break
+        evaluation = evaluation_claim(run=run, checkpoint=checkpoint)
+        if evaluation is not None:
+            made += evaluation_perform(evaluation)
+    return made

@@ -1,0 +1,68 @@
+"""A run with a real held-out split and real checkpoints of a small ALBERT trained in-process on the
+generated corpus: what the evaluation tests (and the probes') evaluate."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from pathlib import Path
+
+from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write
+from peer_agent.protocol import RunConfig
+from runs.models import Checkpoint, Run
+from runs.setup import services
+from runs.setup.corpus import corpus_lines
+from runs.setup.forms import preset_config
+from runs.swarm.checkpoints import CheckpointPolicy, checkpoint_save
+from tests.factories import RunFactory
+
+POLICY = CheckpointPolicy(every_epochs=1, every_minutes=None, keep_last=100, keep_every_nth=None)
+
+
+def small_config() -> dict:
+    config = preset_config("tiny").model_dump(mode="json")
+    config["model"] = dict(preset="custom", hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=128, embedding_size=32, max_position_embeddings=64)
+    config["tokenizer"]["vocab_size"] = 400
+    config["data"].update(max_seq_length=64, shuffle_buffer=100)
+    return config
+
+
+def evaluation_run(organizer, *, slug: str = "eval-run", lines: int = 4000, heldout_size: int = 60, **fields) -> Run:
+    """A draft-then-active run on the generated corpus, its held-out split kept apart, its tokenizer trained."""
+    run = RunFactory(slug=slug, status="draft", tokenizer_status="missing", organizers=[organizer], config=small_config(),
+                     heldout_size=heldout_size, **fields)
+    services.data_file_add(run=run, actor=organizer, name="corpus.txt",
+                           content="\n".join(corpus_lines(n_lines=lines)).encode())
+    services.tokenizer_train(run_id=run.pk)
+    services.run_transition(run=run, actor=organizer, action="activate")
+    run.refresh_from_db()
+    return run
+
+
+def checkpoint_train(run: Run, workdir: Path, *, epoch: int, steps: int, batch_size: int = 16) -> Checkpoint:
+    """Train the run's model from its initial weights for ``steps`` steps on its training files (what
+    the agents get) and save it as the checkpoint of ``epoch``, as the coordinator would."""
+    import torch
+
+    from peer_agent.data import batches, dataset_stream
+    from peer_agent.model import model_build
+    from peer_agent.tokenizer import tokenizer_load
+
+    config = RunConfig.model_validate(run.config)
+    tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
+    model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                        init_seed=zlib.crc32(run.hivemind_run_id.encode()))
+    files = [data_file.file.path for data_file in run.data_files.all()]
+    stream = dataset_stream(config, data_files=files, seed=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _, batch in zip(range(steps), batches(tokenizer, config, stream, batch_size, seed=1), strict=False):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    directory = workdir / f"checkpoint-{epoch}"
+    metadata = CheckpointMetadata(run_id=run.hivemind_run_id, epoch=epoch, loss=None, samples=steps * batch_size,
+                                  time=time.time())
+    checkpoint_write(directory, model=model, tokenizer=tokenizer, optimizer_state={"state": {}}, metadata=metadata)
+    return checkpoint_save(run=run, directory=directory, metadata=metadata, policy=POLICY)

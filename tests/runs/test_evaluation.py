@@ -1,0 +1,145 @@
+"""Held-out evaluation of checkpoints: the metrics on real checkpoints of a small ALBERT, the
+random-init baseline, the idempotent task that runs them in a child process, and the command."""
+
+import os
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from runs.evaluation import services
+from runs.evaluation.runner import evaluation_run, heldout_batches, heldout_metrics, heldout_texts
+from runs.models import Evaluation
+from tests.runs.evaluation_world import checkpoint_train, evaluation_run as make_run
+
+
+@pytest.fixture
+def run(db, organizer):
+    return make_run(organizer)
+
+
+def scores(found) -> dict:
+    return {score.metric: score.value for score in found}
+
+
+def test_a_trained_checkpoint_beats_the_random_init_baseline_on_held_out_text(run, tmp_path):
+    checkpoint = checkpoint_train(run, tmp_path, epoch=1, steps=150)
+    baseline = scores(evaluation_run(run, None, save=True))
+    trained = scores(evaluation_run(run, checkpoint, save=True))
+    assert baseline["mlm_accuracy"] < 0.05, "a random model guesses masked tokens about as well as chance"
+    assert trained["mlm_accuracy"] > baseline["mlm_accuracy"] + 0.1
+    assert trained["perplexity"] < baseline["perplexity"] / 2
+    stored = {evaluation.epoch: evaluation for evaluation in run.evaluations.all()}
+    assert stored[1].mlm_accuracy == trained["mlm_accuracy"] and stored[None].perplexity == baseline["perplexity"]
+    assert stored[1].tokens_seen == 150 * 16 * 64 and stored[None].tokens_seen == 0
+    assert stored[1].examples > 50 and stored[1].masked_tokens > stored[1].examples
+    assert stored[1].cpu_seconds > 0 and stored[1].wall_seconds > 0
+
+
+def test_every_checkpoint_is_scored_on_the_same_pairs_and_masks(run):
+    from runs.evaluation.runner import subject_load
+
+    subject = subject_load(run, None, None, save=False)
+    first = heldout_batches(subject.tokenizer, subject.config, heldout_texts(run, subject.config))
+    again = heldout_batches(subject.tokenizer, subject.config, heldout_texts(run, subject.config))
+    assert all((a["labels"] == b["labels"]).all() and (a["input_ids"] == b["input_ids"]).all() for a, b in zip(first, again))
+    assert sum(len(batch["input_ids"]) for batch in first) == heldout_metrics(subject.model, first)["examples"]
+
+
+def test_the_metrics_count_what_the_model_predicts(run):
+    """A model that always answers the true token and order scores 1.0 and perplexity near 1."""
+    import torch
+
+    from runs.evaluation.runner import subject_load
+
+    subject = subject_load(run, None, None, save=False)
+    batches = heldout_batches(subject.tokenizer, subject.config, heldout_texts(run, subject.config))
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, batch):
+            super().__init__()
+            self.batch = batch
+
+        def forward(self, input_ids, **_):
+            labels = self.batch["labels"].clamp(min=0)
+            logits = torch.nn.functional.one_hot(labels, len(subject.tokenizer)).float() * 50
+            order = torch.nn.functional.one_hot(self.batch["sentence_order_label"], 2).float()
+            return type("Out", (), {"prediction_logits": logits, "sop_logits": order})()
+
+    totals = [heldout_metrics(Oracle(batch), [batch]) for batch in batches[:2]]
+    assert all(t["mlm_accuracy"] == 1.0 and t["sop_accuracy"] == 1.0 and t["perplexity"] < 1.001 for t in totals)
+
+
+def test_a_run_whose_files_gave_no_held_out_documents_is_told_why(db, organizer):
+    from runs.evaluation.runner import EvaluationError
+
+    small = make_run(organizer, slug="small", lines=8)  # 8 lines: one block, nothing to spare
+    with pytest.raises(EvaluationError, match="keeps no held-out documents"):
+        evaluation_run(small, None, save=False)
+
+
+def test_the_command_prints_the_table_and_refuses_unknown_epochs(run, tmp_path, capsys):
+    checkpoint_train(run, tmp_path, epoch=3, steps=5)
+    call_command("evaluate_checkpoint", run.slug, "3", "--threads", "1", "--nice", "0")
+    out = capsys.readouterr().out
+    assert "epoch 3, 1 threads" in out and "mlm_accuracy" in out and "sop_accuracy" in out
+    assert not Evaluation.objects.exists(), "without --save nothing is stored"
+    with pytest.raises(CommandError, match=r"no checkpoint of epoch 4 \(it keeps epochs: 3\)"):
+        call_command("evaluate_checkpoint", run.slug, "4")
+    with pytest.raises(CommandError, match="no run 'nope'"):
+        call_command("evaluate_checkpoint", "nope", "3")
+    with pytest.raises(CommandError, match="not 'latest'"):
+        call_command("evaluate_checkpoint", run.slug, "latest")
+
+
+@pytest.fixture
+def child_sees_the_test_database(transactional_db, settings, monkeypatch):
+    """The evaluating child process reads the test's database file and media folder."""
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{connection.settings_dict['NAME']}")
+    monkeypatch.setenv("MEDIA_ROOT", str(settings.MEDIA_ROOT))
+    settings.EVALUATION_THREADS = 1
+
+
+def test_the_task_evaluates_each_checkpoint_and_the_baseline_once_in_a_child(child_sees_the_test_database, organizer,
+                                                                           tmp_path):
+    from runs.tasks import evaluations_task
+
+    run = make_run(organizer)
+    checkpoint_train(run, tmp_path, epoch=2, steps=20)
+    assert [(r.pk, c and c.epoch) for r, c in services.evaluations_due()] == [(run.pk, None), (run.pk, 2)]
+    assert evaluations_task() == 2
+    assert evaluations_task() == 0, "a second pass finds nothing due"
+    rows = list(run.evaluations.all())
+    assert [(row.epoch, row.error) for row in rows] == [(None, ""), (2, "")]
+    assert all(row.mlm_accuracy is not None for row in rows)
+    assert rows[1].mlm_accuracy > rows[0].mlm_accuracy
+
+    os.truncate(checkpoint_train(run, tmp_path, epoch=4, steps=1).file.path, 100)  # a broken zip
+    assert evaluations_task() == 0
+    failed = run.evaluations.get(epoch=4)
+    assert failed.mlm_accuracy is None and "zip" in failed.error.lower()
+    assert services.evaluations_due() == [], "a failed evaluation is not retried forever"
+
+
+def test_a_claimed_checkpoint_is_not_evaluated_twice_until_its_claim_expires(run, tmp_path, settings):
+    import datetime
+
+    from django.utils import timezone
+
+    checkpoint = checkpoint_train(run, tmp_path, epoch=1, steps=1)
+    claim = services.evaluation_claim(run=run, checkpoint=checkpoint)
+    assert claim is not None
+    assert services.evaluation_claim(run=run, checkpoint=checkpoint) is None, "a retried task finds it taken"
+    assert services.evaluations_due() == [(run, None)]
+    later = timezone.now() + datetime.timedelta(seconds=settings.EVALUATION_TIMEOUT_SECONDS + 61)
+    assert services.claims_expire(now=later) == 1
+    assert [c and c.epoch for _, c in services.evaluations_due()] == [None, 1]
+
+
+def test_an_evaluation_outlives_its_checkpoints_retention(run, tmp_path):
+    checkpoint = checkpoint_train(run, tmp_path, epoch=1, steps=1)
+    evaluation_run(run, checkpoint, save=True)
+    checkpoint.delete()
+    kept = run.evaluations.get()
+    assert (kept.epoch, kept.checkpoint, kept.samples) == (1, None, 16)
+

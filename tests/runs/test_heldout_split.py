@@ -1,0 +1,73 @@
+"""The held-out split: documents the portal keeps apart from uploaded files, which no agent is sent."""
+
+import httpx
+import pytest
+
+from accounts.services import token_create
+from peer_agent.data import dataset_stream
+from peer_agent.protocol import JoinResponse, RunConfig
+from runs.setup.corpus import corpus_lines
+from runs.setup.heldout import LINES_PER_BLOCK, heldout_documents_read, heldout_split
+from runs.setup.services import data_file_add
+from tests.factories import RunFactory, join_body
+
+
+def documents_text(count: int) -> str:
+    return "\n\n".join(f"doc {n} first line.\ndoc {n} second line." for n in range(count)) + "\n"
+
+
+def test_documents_are_held_out_evenly_over_the_file_and_the_rest_is_left_whole():
+    split = heldout_split(documents_text(40), wanted=4)
+    assert split.documents == [f"doc {n} first line.\ndoc {n} second line." for n in (5, 15, 25, 35)]
+    kept = split.training_text.split("\n\n")
+    assert len(kept) == 36 and "doc 5 first" not in split.training_text and kept[0].startswith("doc 0 first")
+
+
+def test_a_file_gives_at_most_a_quarter_of_its_documents():
+    assert len(heldout_split(documents_text(40), wanted=1000).documents) == 10
+    assert heldout_split(documents_text(3), wanted=1000).documents == []
+
+
+def test_a_file_without_blank_lines_is_held_out_in_blocks_of_lines_and_stays_one_document():
+    lines = [f"sentence {n}." for n in range(80)]
+    split = heldout_split("\n".join(lines), wanted=2)
+    assert [document.splitlines() for document in split.documents] == [lines[16:24], lines[56:64]]
+    assert "\n\n" not in split.training_text
+    assert split.training_text.splitlines() == lines[:16] + lines[24:56] + lines[64:]
+
+
+def test_uploads_fill_the_split_up_to_the_runs_held_out_size_and_no_further(db, organizer):
+    run = RunFactory(status="draft", organizers=[organizer], heldout_size=15)
+    first = data_file_add(run=run, actor=organizer, name="a.txt", content=documents_text(40).encode())
+    second = data_file_add(run=run, actor=organizer, name="b.txt", content=documents_text(40).encode())
+    third = data_file_add(run=run, actor=organizer, name="c.txt", content=documents_text(40).encode())
+    run.refresh_from_db()
+    assert run.heldout_documents == 15
+    assert len(heldout_documents_read(run.heldout_file.read().decode())) == 15
+    assert [f.lines for f in (first, second, third)] == [(40 - 10) * 3 - 1, (40 - 5) * 3 - 1, 40 * 3 - 1]
+    details = set(run.events.filter(kind="data").values_list("detail", flat=True))
+    assert {"uploaded a.txt (10 documents held out for evaluation)", "uploaded c.txt"} <= details
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_held_out_line_reaches_an_agent_through_its_join_answer_and_data_links(asgi_server, organizer, volunteer):
+    """What the agent really does: join over HTTP, then stream the signed data links with peer_agent.data."""
+    lines = [f"{line} #{n}" for n, line in enumerate(corpus_lines(n_lines=2000, seed=3))]  # every line unique
+    run = RunFactory(slug="heldout-run", organizers=[organizer], heldout_size=50)
+    data_file_add(run=run, actor=organizer, name="corpus.txt", content="\n".join(lines).encode())
+    run.refresh_from_db()
+    held_out = {line for document in heldout_documents_read(run.heldout_file.read().decode()) for line in document.splitlines()}
+    assert len(held_out) == 50 * LINES_PER_BLOCK
+
+    _, secret = token_create(user=volunteer, name="laptop")
+    response = httpx.post(f"{asgi_server}/api/v1/runs/heldout-run/join", json=join_body("heldout-run"),
+                          headers={"Authorization": f"Bearer {secret}"})
+    assert response.status_code == 200, response.text
+    answer = JoinResponse.model_validate(response.json())
+    stream = dataset_stream(RunConfig.model_validate(answer.config), data_files=answer.data_files, seed=0)
+    streamed = [line for document in stream for line in document["text"].splitlines()]
+    assert len(streamed) == len(lines) - len(held_out)
+    assert set(streamed) | held_out == set(lines)
+    assert not set(streamed) & held_out, "an agent was sent held-out text"
+    media = httpx.get(f"{asgi_server}/media/{run.heldout_file.name}")
+    assert media.status_code == 404, "the held-out file is served by no URL"
