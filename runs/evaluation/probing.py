@@ -32,7 +32,8 @@ class ProbeBudget:
     """The fixed fine-tune every probe gets, the same for checkpoints and the baseline (docs/organizers.md)."""
 
     epochs: int = 3
-    learning_rate: float = 1e-3  # AdamW, constant: a tiny budget has no room for a schedule
+    learning_rate: float = 1e-4  # AdamW, constant, for the pretrained encoder: a tiny budget has no room for a schedule
+    head_learning_rate: float = 1e-2  # for the new classification head, which starts from nothing
     max_train_examples: int = 1000  # the first ones of the train part
     max_test_examples: int = 500
     batch_size: int = 16
@@ -101,7 +102,9 @@ def _batches(examples: list, size: int):
 
 
 def _train(model: PreTrainedModel, encode, examples: list, budget: ProbeBudget) -> None:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=budget.learning_rate)
+    head = [param for name, param in model.named_parameters() if not name.startswith("albert.")]
+    optimizer = torch.optim.AdamW([{"params": model.albert.parameters(), "lr": budget.learning_rate},
+                                   {"params": head, "lr": budget.head_learning_rate}])
     rng = random.Random(budget.seed)
     model.train()
     for _ in range(budget.epochs):

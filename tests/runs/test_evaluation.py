@@ -10,7 +10,8 @@ from django.db import connection
 from runs.evaluation import services
 from runs.evaluation.runner import evaluation_run, heldout_batches, heldout_metrics, heldout_texts
 from runs.models import Evaluation
-from tests.runs.evaluation_world import checkpoint_train, evaluation_run as make_run
+from tests.runs.evaluation_world import checkpoint_train
+from tests.runs.evaluation_world import evaluation_run as make_run
 
 
 @pytest.fixture

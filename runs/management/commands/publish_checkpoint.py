@@ -3,6 +3,7 @@ model directory with its model card, and upload it to the Hugging Face Hub (runs
 
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.models import Checkpoint
@@ -27,6 +28,8 @@ class Command(BaseCommand):
             epochs = list(Checkpoint.objects.filter(run__slug=slug).values_list("epoch", flat=True))
             raise CommandError(f"run {slug!r} has no checkpoint of epoch {epoch}"
                                + (f"; its checkpoints: {', '.join(map(str, sorted(epochs)))}" if epochs else ""))
+        if hub and not settings.HF_TOKEN:  # before writing anything
+            raise CommandError("set HF_TOKEN (or HF_TOKEN_FILE) to a Hugging Face token with write access to upload")
         try:
             directory = checkpoint_publish(checkpoint=checkpoint, directory=to)
             self.stdout.write(f"Wrote epoch {epoch} of {slug} with its model card to {directory}")
