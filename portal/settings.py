@@ -147,7 +147,7 @@ CREDIT_ROLLUP_EVERY_SECONDS = env_int("CREDIT_ROLLUP_EVERY_SECONDS", 10, minimum
 SESSION_SILENT_CLOSE_SECONDS = env_int("SESSION_SILENT_CLOSE_SECONDS", 900, minimum=60)
 # Checkpoint evaluation (runs/evaluation/): a child process at low priority with a bounded thread
 # count, so that a host that also runs a backbone peer or the web keeps serving them.
-EVALUATION_THREADS = env_int("EVALUATION_THREADS", 2, minimum=1)
+EVALUATION_THREADS = env_int("EVALUATION_THREADS", max(1, (os.cpu_count() or 1) // 4), minimum=1)
 EVALUATION_NICE = env_int("EVALUATION_NICE", 10, minimum=0)
 EVALUATION_TIMEOUT_SECONDS = env_int("EVALUATION_TIMEOUT_SECONDS", 1800, minimum=10)
 EVALUATION_EVERY_SECONDS = env_int("EVALUATION_EVERY_SECONDS", 30, minimum=1)

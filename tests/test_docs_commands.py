@@ -50,7 +50,7 @@ EXERCISED = [
      "tests/runs/test_credit_rebuild.py::test_credit_rebuild_repairs_the_drift_and_says_what_it_changed"),
     (r"python manage\.py credit_rebuild --run \S+",
      "tests/runs/test_credit_rebuild.py::test_a_run_is_rebuilt_alone_with_its_people_totals_across_runs"),
-    (r"python manage\.py evaluate_checkpoint SLUG EPOCH",
+    (r"(\.venv/bin/)?python manage\.py evaluate_checkpoint \S+ \S+( --save)?( --threads \d+)?",
      "tests/runs/test_evaluation.py::test_the_command_prints_the_table_and_refuses_unknown_epochs"),
     (r"python manage\.py publish_checkpoint \S+ \d+ --to \S+",
      "tests/runs/test_model_card_and_publish.py::test_publish_writes_a_directory_from_pretrained_loads_with_the_card"),

@@ -30,6 +30,7 @@ from runs.credit.boards import PAGE_MAX, leaderboard_rows
 from runs.credit.exports import stats_dumps
 from runs.credit.volunteers import volunteer_daily, volunteer_for_profile
 from runs.evaluation.probe_scores import probe_score_rows
+from runs.evaluation.selectors import evaluation_row, evaluations_of
 from runs.models import Checkpoint, Run, TrainingSession
 from runs.swarm.series import series_points
 
@@ -389,3 +390,30 @@ def run_series(request: HttpRequest, slug: Slug, query: Query[SeriesQuery]):
     if run is None or not run_may_view(run=run, user=request.user):
         raise ApiError(404, "run_not_found", f"there is no run “{slug}” that you may see")
     return {"run": run.slug, **series_points(run=run, since=query.since, max_points=query.max_points)}
+
+
+class EvaluationOut(Schema):
+    epoch: int | None = Field(description="The checkpoint's epoch; null for the random-init baseline.")
+    baseline: bool = Field(description="The model the run's peers started from, before any training.")
+    status: Literal["pending", "done", "failed"]
+    samples: int = Field(description="Samples the collaboration had processed at the checkpoint.")
+    tokens_seen: int = Field(description="Samples × the run's tokens per example.")
+    mlm_accuracy: float | None = Field(description="Share of held-out masked tokens predicted right.")
+    perplexity: float | None = Field(description="exp of the mean masked-LM loss per held-out masked token.")
+    sop_accuracy: float | None = Field(description="Share of held-out sentence pairs whose order was told right.")
+    examples: int = Field(description="Held-out sentence pairs evaluated.")
+    masked_tokens: int
+    cpu_seconds: float
+    wall_seconds: float
+    error: str = Field(description="Why a failed evaluation failed.")
+    created_at: str
+
+
+@router.get("/runs/{slug}/evaluations", response=answers(list[EvaluationOut], 400, 404),
+            summary="A run's held-out evaluations: the random-init baseline first, then each checkpoint by epoch")
+def run_evaluations(request: HttpRequest, slug: Slug):
+    """Scores on the run's held-out split, which no agent trains on (docs/organizers.md)."""
+    run = Run.objects.filter(slug=slug).first()
+    if run is None or not run_may_view(run=run, user=request.user):
+        raise ApiError(404, "run_not_found", f"there is no run “{slug}” that you may see")
+    return [evaluation_row(evaluation) for evaluation in evaluations_of(run=run)]

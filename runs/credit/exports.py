@@ -1,5 +1,6 @@
 """Daily statistics dumps, as BOINC projects and Folding@home publish them: every volunteer's,
-team's and run's credit as gzip JSON and gzip CSV under MEDIA_ROOT/stats/YYYY-MM-DD/.
+team's and run's credit as gzip JSON and gzip CSV under MEDIA_ROOT/stats/YYYY-MM-DD/, with the
+held-out evaluations of public runs' checkpoints.
 
 Like the boards, they count only confirmed credit and samples. Hidden volunteers never appear by
 name: they are left out of the volunteers' and runs' files
@@ -15,14 +16,15 @@ import os
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Count, Sum
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from accounts.models import User
 from runs.credit.boards import volunteer_profile_key
-from runs.models import Run, RunCredit, TeamCredit, VolunteerCredit
+from runs.evaluation.selectors import evaluation_row
+from runs.models import Evaluation, Run, RunCredit, TeamCredit, VolunteerCredit
 
-KINDS = ("users", "teams", "runs")
+KINDS = ("users", "teams", "runs", "evaluations")
 FORMATS = ("json.gz", "csv.gz")
 FILE_NAMES = frozenset(f"{kind}.{fmt}" for kind in KINDS for fmt in FORMATS)
 CREDIT_FIELDS = ["credit", "credit_verified", "recent_average_credit", "compute_seconds", "machines"]
@@ -74,6 +76,16 @@ def _run_credits() -> list[dict]:
     ]
 
 
+def _evaluations() -> list[dict]:
+    """Held-out scores of each checkpoint (and the random-init baseline) of the runs listed publicly."""
+    evaluations = (
+        Evaluation.objects.filter(run__visibility=Run.Visibility.PUBLIC, run__audience=Run.Audience.EVERYONE,
+                                  mlm_accuracy__isnull=False)
+        .exclude(run__status=Run.Status.DRAFT).select_related("run").order_by("run_id", F("epoch").asc(nulls_first=True))
+    )
+    return [{"run": evaluation.run.slug, **evaluation_row(evaluation)} for evaluation in evaluations]
+
+
 def _write_atomically(path: Path, content: bytes) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_bytes(content)
@@ -94,7 +106,8 @@ def stats_dump(*, day: datetime.date | None = None) -> Path:
     day = day or timezone.now().date()
     folder = stats_root() / day.isoformat()
     folder.mkdir(parents=True, exist_ok=True)
-    for kind, rows in (("users", _volunteers()), ("teams", _teams()), ("runs", _run_credits())):
+    for kind, rows in (("users", _volunteers()), ("teams", _teams()), ("runs", _run_credits()),
+                       ("evaluations", _evaluations())):
         # mtime=0: the same figures give the same bytes.
         _write_atomically(folder / f"{kind}.json.gz", gzip.compress(json.dumps(rows).encode(), mtime=0))
         _write_atomically(folder / f"{kind}.csv.gz", gzip.compress(_csv(rows), mtime=0))

@@ -25,3 +25,16 @@ def run_charts(run):
 @register.inclusion_tag("runs/includes/chart_figure.html")
 def chart_figure(field: str, latest, markers: bool = False):
     return {**charts_context(fields=[field], latest=latest)[0], "markers": markers}
+
+
+@register.inclusion_tag("runs/includes/evaluations.html")
+def run_evaluations(run):
+    """The held-out evaluations' chart (drawn by charts.js from the API) and the same figures as a table."""
+    from runs.evaluation.selectors import evaluation_status, evaluations_of
+
+    evaluations = evaluations_of(run=run)
+    rows = [{"evaluation": e, "status": evaluation_status(e),
+             "mlm_percent": None if e.mlm_accuracy is None else e.mlm_accuracy * 100,
+             "sop_percent": None if e.sop_accuracy is None else e.sop_accuracy * 100} for e in evaluations]
+    return {"run": run, "rows": rows,
+            "drawable": any(e.mlm_accuracy is not None and not e.baseline for e in evaluations)}

@@ -200,11 +200,71 @@
     return plot;
   }
 
+  // Held-out scores per checkpoint from `section.dataset.evaluationsUrl` (GET /api/v1/runs/{slug}/evaluations):
+  // masked-LM accuracy (left axis, %) and perplexity (right axis, log scale) against epochs or
+  // tokens seen, each beside the random-init baseline as a dashed line. The table next to the chart
+  // (templates/runs/includes/evaluations.html) holds the same figures.
+  async function evaluationChart(section) {
+    const response = await fetch(section.dataset.evaluationsUrl, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    if (!response.ok) throw new Error(`the run's evaluations could not be loaded (HTTP ${response.status})`);
+    const rows = (await response.json()).filter((row) => row.status === "done");
+    const baseline = rows.find((row) => row.baseline);
+    const points = rows.filter((row) => !row.baseline);
+    const figure = section.querySelector("#evaluation-chart");
+    const element = figure.querySelector(".chart-plot");
+    const axis = section.querySelector("#evaluation-axis");
+    const percent = (value) => (value === null || value === undefined ? null : value * 100);
+    const dataFor = (field) => {
+      const xs = points.map((row) => row[field]);
+      const flat = (value) => xs.map(() => value ?? null);
+      return [xs, points.map((row) => percent(row.mlm_accuracy)), flat(percent(baseline?.mlm_accuracy)),
+        points.map((row) => row.perplexity), flat(baseline?.perplexity)];
+    };
+    const latest = points[points.length - 1];
+    figure.querySelector(".chart-latest").textContent = interpolate(
+      gettext("Latest checkpoint (epoch %(epoch)s): masked-LM accuracy %(accuracy)s%, perplexity %(perplexity)s; random init: %(baseline)s%, %(baseline_perplexity)s."), {
+        epoch: latest.epoch, accuracy: percent(latest.mlm_accuracy).toFixed(1), perplexity: latest.perplexity.toFixed(1),
+        baseline: baseline ? percent(baseline.mlm_accuracy).toFixed(1) : "—",
+        baseline_perplexity: baseline ? baseline.perplexity.toFixed(1) : "—",
+      }, true);
+    let plot = null;
+    const draw = () => {
+      plot?.destroy();
+      plot = new uPlot({
+        width: widthOf(element),
+        height: HEIGHT,
+        legend: { show: true },
+        scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(max, 1) * 1.1] }, ppl: { distr: 3 } },
+        axes: [{ label: axis.value === "epoch" ? gettext("epoch") : gettext("tokens seen") },
+          { size: 56, label: "%" }, { scale: "ppl", side: 1, grid: { show: false }, size: 64, label: gettext("perplexity") }],
+        series: [
+          {},
+          { label: gettext("masked-LM accuracy"), stroke: COLORS.samples_per_second, width: 2, points: { show: true } },
+          { label: gettext("random init"), stroke: COLORS.samples_per_second, width: 1, dash: [6, 4], points: { show: false } },
+          { label: gettext("perplexity"), scale: "ppl", stroke: COLORS.loss, width: 2, points: { show: true } },
+          { label: gettext("random init"), scale: "ppl", stroke: COLORS.loss, width: 1, dash: [6, 4], points: { show: false } },
+        ],
+      }, dataFor(axis.value), element);
+      section.dataset.axis = axis.value;
+      section.evaluationPlot = plot;
+    };
+    draw();
+    axis.addEventListener("change", draw);
+    new ResizeObserver(() => plot.setSize({ width: widthOf(element), height: HEIGHT })).observe(element);
+    section.dataset.drawn = "true";
+    section.dataset.points = String(points.length);
+    return plot;
+  }
+
   window.runCharts = runCharts;
+  window.evaluationChart = evaluationChart;
   window.contributionChart = contributionChart;
 
   document.querySelectorAll("section[data-series-url]").forEach((section) => {
     runCharts(section).catch((error) => { section.dataset.error = error.message; console.warn(error.message); });
+  });
+  document.querySelectorAll("section[data-evaluations-url]").forEach((section) => {
+    evaluationChart(section).catch((error) => { section.dataset.error = error.message; console.warn(error.message); });
   });
   document.querySelectorAll("[data-contribution-url]").forEach((element) => {
     contributionChart(element, element.dataset.contributionUrl).catch((error) => console.warn(error.message));

@@ -28,3 +28,16 @@ def send_report(server: str, secret: str, session_id: int, seq: int, samples: in
     with connect(server.replace("http", "ws") + "/ws/agent/", additional_headers={"Authorization": f"Bearer {secret}"}) as socket:
         socket.send(json.dumps(frame))
         return json.loads(socket.recv(timeout=10))
+
+
+def watch_console(page) -> list[str]:
+    """Errors and warnings the page logs; the portal has no favicon, which is not the charts' concern."""
+    problems = []
+
+    def console(message) -> None:
+        if message.type in ("error", "warning") and not message.location.get("url", "").endswith("/favicon.ico"):
+            problems.append(f"{message.text} ({message.location.get('url')})")
+
+    page.on("console", console)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    return problems

@@ -8,7 +8,7 @@ from playwright.sync_api import expect
 
 from accounts.services import token_create
 from runs.models import Checkpoint, RunSample, TrainingSession
-from tests.browser.steps import log_in, send_report
+from tests.browser.steps import log_in, send_report, watch_console
 from tests.factories import RunFactory
 
 pytestmark = [pytest.mark.browser]
@@ -34,19 +34,6 @@ def run_with_readings(organizer, volunteer):
     )
     Checkpoint.objects.create(run=run, epoch=5, file="checkpoints/c.zip", created_at=first + datetime.timedelta(minutes=21))
     return run, session, secret
-
-
-def watch_console(page) -> list[str]:
-    """Errors and warnings the page logs; the portal has no favicon, which is not the charts' concern."""
-    problems = []
-
-    def console(message) -> None:
-        if message.type in ("error", "warning") and not message.location.get("url", "").endswith("/favicon.ico"):
-            problems.append(f"{message.text} ({message.location.get('url')})")
-
-    page.on("console", console)
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    return problems
 
 
 def test_the_run_page_draws_the_series_and_a_live_snapshot_adds_a_point(browser, asgi_server, organizer, volunteer, screenshot):

@@ -120,6 +120,8 @@ API = [
     ("/api/v1/volunteers/{vik}/contributions",       "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{public}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{invite}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/evaluations",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/evaluations",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
 ]
 
 # What a POST carries, by path template; a POST whose path is not here sends an empty form.

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SLUG = "hidden-run"
 PAGES = ["/runs/{slug}/", "/runs/{slug}/health/", "/runs/{slug}/join/"]
 API = ["/api/v1/runs/{slug}/", "/api/v1/runs/{slug}/leaderboard", "/api/v1/runs/{slug}/checkpoints",
-       "/api/v1/runs/{slug}/series"]
+       "/api/v1/runs/{slug}/series", "/api/v1/runs/{slug}/evaluations"]
 
 
 @pytest.fixture
