@@ -36,7 +36,7 @@ def _metadata(run: Run, config: RunConfig) -> dict:
     metrics = ["f1" if probe.task == Probe.Task.TOKENS else "accuracy" for probe in run.probes.all()]
     metadata = {
         "language": list(run.languages) or None,
-        "license": run.license,
+        "license": str(run.license),  # a TextChoices member until the row is read back
         "library_name": "transformers",
         "pipeline_tag": "fill-mask",
         "tags": ["albert", "collaborative-training", "hivemind", "dedloc"],
