@@ -14,6 +14,8 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
+import time
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -32,9 +34,11 @@ def evaluation_record(*, run: Run, checkpoint: Checkpoint | None, mlm_accuracy: 
                       tokens_per_sample: int) -> Evaluation:
     """Store the held-out scores of ``checkpoint`` (None: the baseline), over its claim if any."""
     samples = checkpoint.samples if checkpoint else 0
+    # Retention may have deleted the checkpoint while it was evaluated: its scores stay, unlinked.
+    kept = checkpoint if checkpoint and Checkpoint.objects.filter(pk=checkpoint.pk).exists() else None
     evaluation, _ = Evaluation.objects.update_or_create(
         run=run, epoch=checkpoint.epoch if checkpoint else None,
-        defaults=dict(checkpoint=checkpoint, samples=samples, tokens_seen=samples * tokens_per_sample,
+        defaults=dict(checkpoint=kept, samples=samples, tokens_seen=samples * tokens_per_sample,
                       mlm_accuracy=mlm_accuracy, perplexity=perplexity, sop_accuracy=sop_accuracy, examples=examples,
                       masked_tokens=masked_tokens, cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, error=""),
     )
@@ -77,21 +81,53 @@ def evaluation_command(evaluation: Evaluation) -> list[str]:
             "--save", "--threads", str(settings.EVALUATION_THREADS), "--nice", str(settings.EVALUATION_NICE)]
 
 
+def _worker_stopping() -> bool:
+    from celery.worker import state
+
+    # As celery.worker.state.maybe_shutdown reads them: a warm shutdown sets should_stop to EX_OK, 0.
+    return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
+
+
+def _child_run(command: list[str], env: dict) -> tuple[int | None, str]:
+    """Run the evaluating child; (its exit status, or None when it was stopped, and its stderr).
+    It is stopped past EVALUATION_TIMEOUT_SECONDS, or as soon as the worker is asked to stop (a warm
+    shutdown would otherwise wait out the whole evaluation)."""
+    deadline = time.monotonic() + settings.EVALUATION_TIMEOUT_SECONDS
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        child = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        while True:
+            try:
+                status = child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if _worker_stopping() or time.monotonic() > deadline:
+                    child.kill()
+                    child.wait()
+                    status = None
+                    break
+        stderr.seek(0)
+        return status, stderr.read()
+
+
 def evaluation_perform(evaluation: Evaluation) -> bool:
     """Evaluate a claimed row in a child process; a failure is stored on the row (not retried)."""
     # OpenMP reads its thread count when torch loads, before the child could bound it itself.
     env = {**os.environ, "OMP_NUM_THREADS": str(settings.EVALUATION_THREADS)}
-    try:
-        done = subprocess.run(evaluation_command(evaluation), env=env, cwd=settings.BASE_DIR, capture_output=True,
-                              text=True, timeout=settings.EVALUATION_TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired:
+    status, stderr = _child_run(evaluation_command(evaluation), env)
+    if status == 0:
+        return True
+    gone = evaluation.epoch is not None and not Checkpoint.objects.filter(run=evaluation.run, epoch=evaluation.epoch).exists()
+    if gone or (status is None and _worker_stopping()):
+        # Retention deleted the checkpoint meanwhile (nothing is left to evaluate, nor a failure to
+        # show), or the worker is stopping: the claim goes, and the next worker takes it up again.
+        Evaluation.objects.filter(pk=evaluation.pk, mlm_accuracy=None).delete()
+        return False
+    if status is None:
         detail = f"the evaluation took longer than EVALUATION_TIMEOUT_SECONDS ({settings.EVALUATION_TIMEOUT_SECONDS} s)"
     else:
-        if done.returncode == 0:
-            return True
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        detail = lines[-1] if lines else f"the evaluating process exited with status {done.returncode}"
-        logger.warning("evaluation of %s epoch %s failed:\n%s", evaluation.run.slug, evaluation.epoch, done.stderr[-4000:])
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        detail = lines[-1] if lines else f"the evaluating process exited with status {status}"
+        logger.warning("evaluation of %s epoch %s failed:\n%s", evaluation.run.slug, evaluation.epoch, stderr[-4000:])
     Evaluation.objects.filter(pk=evaluation.pk, mlm_accuracy=None).update(error=detail[:2000])
     return False
 
@@ -101,7 +137,7 @@ def evaluations_pending(*, limit: int = PER_TASK) -> int:
     claims_expire(now=timezone.now())
     made = 0
     for run, checkpoint in evaluations_due():
-        if made >= limit:
+        if made >= limit or _worker_stopping():
             break
         evaluation = evaluation_claim(run=run, checkpoint=checkpoint)
         if evaluation is not None:

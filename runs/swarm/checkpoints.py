@@ -22,7 +22,7 @@ from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write, checkpoi
 from peer_agent.metrics import metrics_read
 from peer_agent.protocol import AveragingConfig, RunConfig
 from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
-from runs.models import Checkpoint, ContributionEvent, Run
+from runs.models import Checkpoint, ContributionEvent, Evaluation, Run
 from runs.swarm.cards import model_card_write
 
 if TYPE_CHECKING:
@@ -85,8 +85,12 @@ def checkpoints_to_delete(checkpoints: list[Checkpoint], *, keep_last: int) -> l
 
 
 def checkpoint_retention_apply(*, run: Run, policy: CheckpointPolicy) -> list[int]:
-    """Delete the run's checkpoints that retention no longer keeps, files first; their epochs."""
+    """Delete the run's checkpoints that retention no longer keeps, files first; their epochs. One
+    being evaluated waits for a later pass (runs/evaluation/services.py claims it before starting)."""
     doomed = checkpoints_to_delete(list(run.checkpoints.all()), keep_last=policy.keep_last)
+    evaluating = set(Evaluation.objects.filter(checkpoint__in=doomed, mlm_accuracy=None, error="")
+                     .values_list("checkpoint_id", flat=True))
+    doomed = [checkpoint for checkpoint in doomed if checkpoint.pk not in evaluating]
     for checkpoint in doomed:
         checkpoint.file.delete(save=False)
         checkpoint.delete()

@@ -132,6 +132,12 @@ def test_the_task_evaluates_each_checkpoint_and_the_baseline_once_in_a_child(chi
     assert failed.mlm_accuracy is None and "zip" in failed.error.lower()
     assert services.evaluations_due() == [], "a failed evaluation is not retried forever"
 
+    doomed = checkpoint_train(run, tmp_path, epoch=6, steps=1)
+    claim = services.evaluation_claim(run=run, checkpoint=doomed)
+    doomed.delete()  # retention, while the evaluation waited
+    assert services.evaluation_perform(claim) is False
+    assert not run.evaluations.filter(epoch=6).exists(), "no failure is shown for a checkpoint that is gone"
+
 
 def test_a_claimed_checkpoint_is_not_evaluated_twice_until_its_claim_expires(run, tmp_path, settings):
     import datetime
@@ -155,3 +161,35 @@ def test_an_evaluation_outlives_its_checkpoints_retention(run, tmp_path):
     kept = run.evaluations.get()
     assert (kept.epoch, kept.checkpoint, kept.samples) == (1, None, 16)
 
+
+
+def test_retention_spares_a_checkpoint_while_it_is_being_evaluated(run, tmp_path):
+    from tests.runs.evaluation_world import POLICY
+
+    tight = POLICY.__class__(every_epochs=1, every_minutes=None, keep_last=1, keep_every_nth=None)
+    first = checkpoint_train(run, tmp_path, epoch=1, steps=1)
+    services.evaluation_claim(run=run, checkpoint=first)
+    from runs.swarm.checkpoints import checkpoint_retention_apply
+
+    checkpoint_train(run, tmp_path, epoch=2, steps=1)
+    assert checkpoint_retention_apply(run=run, policy=tight) == []
+    assert sorted(run.checkpoints.values_list("epoch", flat=True)) == [1, 2]
+    evaluation_run(run, first, save=True)
+    assert checkpoint_retention_apply(run=run, policy=tight) == [1], "evaluated, it goes"
+    assert run.evaluations.get(epoch=1).mlm_accuracy is not None
+
+
+def test_a_stopping_worker_ends_the_evaluation_at_once_and_gives_its_claim_back(run, tmp_path, monkeypatch):
+    """Else a warm shutdown waits out the evaluation, and the demo's worker is killed at Ctrl-C."""
+    import time
+
+    from celery.worker import state
+
+    checkpoint = checkpoint_train(run, tmp_path, epoch=1, steps=1)
+    claim = services.evaluation_claim(run=run, checkpoint=checkpoint)
+    monkeypatch.setattr(state, "should_stop", 0)  # what a warm shutdown (SIGTERM) sets: EX_OK
+    started = time.monotonic()
+    assert services.evaluation_perform(claim) is False
+    assert time.monotonic() - started < 5
+    assert not run.evaluations.exists(), "the claim is given back: the next worker evaluates it"
+    assert services.evaluations_pending() == 0, "a stopping worker starts no other"
