@@ -191,7 +191,10 @@ def _score_store(*, probe: Probe, checkpoint: Checkpoint | None, result: ProbeRe
     if checkpoint is None:
         score, _ = ProbeScore.objects.update_or_create(probe=probe, baseline=True, defaults=figures)
         return score
+    # Retention may have deleted the checkpoint while its probes ran (the model was in memory): the
+    # score stands, with its epoch and samples, and no link.
+    alive = Checkpoint.objects.filter(pk=checkpoint.pk).exists()
     score, _ = ProbeScore.objects.update_or_create(
         probe=probe, baseline=False, epoch=checkpoint.epoch,
-        defaults={**figures, "checkpoint": checkpoint, "samples": checkpoint.samples})
+        defaults={**figures, "checkpoint": checkpoint if alive else None, "samples": checkpoint.samples})
     return score

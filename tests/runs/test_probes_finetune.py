@@ -62,3 +62,18 @@ def test_probes_run_on_every_nth_checkpoint_only_but_by_hand_on_any(organizer, t
     second = checkpoint_train(run, tmp_path, epoch=2, steps=2)
     evaluation_run(run, second, save=True)
     assert list(ProbeScore.objects.values_list("epoch", flat=True)) == [2]
+
+
+def test_a_score_outlives_a_checkpoint_that_retention_deleted_while_its_probes_ran(organizer):
+    from runs.evaluation.probing import ProbeResult, _score_store
+    from runs.models import Checkpoint
+    from tests.factories import RunFactory
+
+    run = RunFactory(organizers=[organizer])
+    train, test = entity_sets(n_train=10, n_test=5)
+    probe = probe_add(run=run, actor=organizer, name="names", task="tokens", train=train.encode(), test=test.encode())
+    checkpoint = Checkpoint.objects.create(run=run, epoch=7, samples=448, file="x/000003-epoch7.zip")
+    Checkpoint.objects.filter(pk=checkpoint.pk).delete()  # retention, meanwhile
+    score = _score_store(probe=probe, checkpoint=checkpoint, result=ProbeResult(score=0.5, wall_seconds=1, cpu_seconds=1))
+    score.refresh_from_db()
+    assert (score.epoch, score.samples, score.checkpoint, score.score) == (7, 448, None, 0.5)
