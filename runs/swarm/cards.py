@@ -11,7 +11,7 @@ import yaml
 from django.db.models import Q
 
 from peer_agent.protocol import RunConfig
-from runs.models import Checkpoint, Probe, ProbeScore, Run, RunCredit
+from runs.models import Checkpoint, Evaluation, Probe, ProbeScore, Run, RunCredit
 
 CARD_FILE = "README.md"
 CONTRIBUTORS_LISTED = 100  # the card names at most this many; the rest are counted
@@ -66,11 +66,32 @@ def _evaluation(run: Run, checkpoint: Checkpoint) -> list[str]:
         own, baseline = scores.get(False), scores.get(True)
         rows.append(f"| {probe.name} | {probe.get_task_display()} | {probe.metric} | "
                     f"{'—' if own is None else f'{own.score:.4f}'} | {'—' if baseline is None else f'{baseline.score:.4f}'} |")
+    held_out = _held_out(run, checkpoint)
     if not rows:
-        return ["No downstream probes were measured for this checkpoint."]
-    return ["Fine-tuned with a fixed small budget on each probe's train part, scored on its test part; the "
+        return [*held_out, "No downstream probes were measured for this checkpoint."]
+    return [*held_out, "Fine-tuned with a fixed small budget on each probe's train part, scored on its test part; the "
             "baseline is the same fine-tune from a randomly initialized model of the same shape.", "",
             "| probe | task | metric | this checkpoint | random-init baseline |", "|---|---|---|---|---|", *rows]
+
+
+def _held_out(run: Run, checkpoint: Checkpoint) -> list[str]:
+    """The held-out evaluation of the checkpoint beside the random-init baseline's (runs/evaluation/)."""
+    wanted = Q(epoch=checkpoint.epoch) | Q(epoch=None)
+    rows = {evaluation.epoch: evaluation for evaluation in Evaluation.objects.filter(wanted, run=run)}
+    own, baseline = rows.get(checkpoint.epoch), rows.get(None)
+
+    def figure(evaluation, name: str, percent: bool) -> str:
+        value = getattr(evaluation, name, None) if evaluation else None
+        return "—" if value is None else (f"{value:.2%}" if percent else f"{value:.1f}")
+
+    if own is None and baseline is None:
+        return []
+    lines = ["On the run's held-out text, which no volunteer trained on:", "",
+             "| metric | this checkpoint | random-init baseline |", "|---|---|---|"]
+    for name, label, percent in (("mlm_accuracy", "masked-LM accuracy", True), ("perplexity", "perplexity", False),
+                                 ("sop_accuracy", "sentence-order accuracy", True)):
+        lines.append(f"| {label} | {figure(own, name, percent)} | {figure(baseline, name, percent)} |")
+    return [*lines, ""]
 
 
 def model_card(*, run: Run, checkpoint: Checkpoint) -> str:
