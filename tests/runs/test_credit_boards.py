@@ -129,7 +129,7 @@ def test_the_daily_dump_lists_credit_and_leaves_hidden_volunteers_out(client, vo
 
     listing = client.get("/api/v1/stats").json()
     assert listing[0]["day"] == DAY and {file["name"] for file in listing[0]["files"]} == {
-        f"{kind}.{fmt}" for kind in ("users", "teams", "runs") for fmt in ("json.gz", "csv.gz")}
+        f"{kind}.{fmt}" for kind in ("users", "teams", "runs", "evaluations") for fmt in ("json.gz", "csv.gz")}
     download = client.get(f"/stats/{DAY}/users.csv.gz")
     assert download.status_code == 200 and gzip.decompress(b"".join(download.streaming_content)).startswith(b"name,")
     assert "users.csv.gz" in client.get("/stats/").content.decode()

@@ -71,3 +71,42 @@ def test_no_held_out_line_reaches_an_agent_through_its_join_answer_and_data_link
     assert not set(streamed) & held_out, "an agent was sent held-out text"
     media = httpx.get(f"{asgi_server}/media/{run.heldout_file.name}")
     assert media.status_code == 404, "the held-out file is served by no URL"
+
+
+def form_data(preset: str = "tiny", **changes) -> dict:
+    from runs.setup.forms import RunForm, preset_config
+
+    data = {key: value for key, value in RunForm.initial_from(config=preset_config(preset)).items()
+            if value is not None and value is not False}
+    data.update(name="Held out", slug="held-out", description="", visibility="public", **changes)
+    return data
+
+
+@pytest.mark.parametrize(("changes", "field", "reason"), [
+    ({"heldout_size": 5}, "heldout_size", "greater than or equal to 10"),
+    ({"heldout_size": 10**6}, "heldout_size", "less than or equal to 100000"),
+    ({"heldout_size": "many"}, "heldout_size", "whole number"),
+    ({"validation_split": "train"}, "validation_split", "must differ from the split agents train on (train)"),
+    ({"validation_split": "v" * 101}, "validation_split", "at most 100 characters"),
+])
+def test_the_form_refuses_held_out_settings_that_cannot_work_with_a_reason(client_for, organizer, changes, field, reason):
+    from django.urls import reverse
+
+    from runs.models import Run
+
+    response = client_for(organizer).post(reverse("run-create") + "?preset=large", form_data("large", **changes))
+    assert response.status_code == 200
+    assert reason in " ".join(response.context["form"].errors[field])
+    assert not Run.objects.exists()
+
+
+def test_the_held_out_settings_lock_once_the_run_has_started(db, organizer):
+    from peer_agent.protocol import RunConfig
+    from runs.setup.services import RunError, run_update
+
+    run = RunFactory(organizers=[organizer], heldout_size=100)
+    with pytest.raises(RunError, match="heldout_size"):
+        run_update(run=run, actor=organizer, name=run.name, description="", visibility=run.visibility,
+                   config=RunConfig.model_validate(run.config), heldout_size=50)
+    run.refresh_from_db()
+    assert run.heldout_size == 100
