@@ -206,6 +206,10 @@ COORDINATOR_HEARTBEAT_STALE_SECONDS = env_int("COORDINATOR_HEARTBEAT_STALE_SECON
 # would go without a monitor reading after a host died.
 COORDINATOR_DUTIES_LEASE_SECONDS = env_int("COORDINATOR_DUTIES_LEASE_SECONDS", 180, minimum=2)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+# Downstream probes (docs/organizers.md "Probes"): the largest train or test part an organizer may upload.
+PROBE_MAX_FILE_BYTES = env_int("PROBE_MAX_FILE_BYTES", 10 * 1024 * 1024, minimum=1024)
+# `manage.py publish_checkpoint --hub REPO` uploads with this Hugging Face token; without one it refuses.
+HF_TOKEN = env_str("HF_TOKEN", "")
 
 # --- Prometheus metrics (portal/scrape.py, docs/deploy.md "Metrics") ------------------------------
 # Who may read /metrics: a scraper with this bearer token, or one from these networks; nobody when neither is set.

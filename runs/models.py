@@ -1,5 +1,7 @@
 import datetime
+import re
 import secrets
+from pathlib import Path
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -16,6 +18,19 @@ def _hivemind_run_id() -> str:
 
 def _join_code() -> str:
     return secrets.token_urlsafe(9)
+
+
+class ModelLicense(models.TextChoices):
+    """Common licenses, by their Hugging Face Hub identifiers (a model card's ``license:``)."""
+
+    APACHE = "apache-2.0", "Apache 2.0"
+    MIT = "mit", "MIT"
+    CC_BY = "cc-by-4.0", "CC BY 4.0"
+    CC_BY_SA = "cc-by-sa-4.0", "CC BY-SA 4.0"
+    CC_BY_NC = "cc-by-nc-4.0", "CC BY-NC 4.0"
+    GPL = "gpl-3.0", "GPL 3.0"
+    OPENRAIL = "openrail", "OpenRAIL"
+    OTHER = "other", "Other"
 
 
 class Run(models.Model):
@@ -67,6 +82,10 @@ class Run(models.Model):
     tokenizer_status = models.CharField(max_length=16, choices=TokenizerStatus.choices, default=TokenizerStatus.MISSING)
     tokenizer_file = models.FileField(upload_to="tokenizers/", blank=True)
     tokenizer_error = models.TextField(blank=True)
+    license = models.CharField(max_length=32, choices=ModelLicense.choices, default=ModelLicense.APACHE,
+                               help_text="The license of the model it releases, for its model card.")
+    languages = models.JSONField(default=list, blank=True, help_text="ISO 639-1 codes of the languages it learns (model card).")
+    probe_every = models.PositiveSmallIntegerField(default=1, help_text="Run the downstream probes on every n-th checkpoint.")
     heldout_size = models.PositiveIntegerField(
         default=200, validators=[MinValueValidator(10), MaxValueValidator(100_000)],
         help_text="Documents kept apart from the uploaded files to evaluate checkpoints on (files source), or "
@@ -346,6 +365,67 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["-epoch", "-id"]
         constraints = [models.UniqueConstraint(fields=["run", "epoch"], name="one_checkpoint_per_epoch")]
+
+    @property
+    def number(self) -> int:
+        """The checkpoint's sequence number in its run (1 for the first ever saved).
+
+        It lives in the file name, since retention deletes rows and a count of rows would repeat numbers.
+        """
+        match = re.match(r"^(\d+)-epoch", Path(self.file.name).name)
+        return int(match.group(1)) if match else 0
+
+
+class Probe(models.Model):
+    """A labelled set an organizer uploaded to measure what the model learned: each probed
+    checkpoint, and once a randomly initialized model of the same shape, is fine-tuned on its train
+    part with a fixed budget (runs/swarm/probing.py) and scored on its test part."""
+
+    class Task(models.TextChoices):
+        TOKENS = "tokens", _("Token classification (CoNLL/WikiANN lines)")
+        TEXT = "text", _("Text classification (CSV text,label)")
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="probes")
+    name = models.CharField(max_length=100)
+    task = models.CharField(max_length=16, choices=Task.choices)
+    labels = models.JSONField(default=list, help_text="The train part's labels, sorted.")
+    train_file = models.FileField(upload_to="probes/")
+    test_file = models.FileField(upload_to="probes/")
+    train_examples = models.PositiveIntegerField()
+    test_examples = models.PositiveIntegerField()
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    uploaded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["uploaded_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="one_probe_name_per_run")]
+
+    @property
+    def metric(self) -> str:
+        return "f1" if self.task == self.Task.TOKENS else "accuracy"
+
+
+class ProbeScore(models.Model):
+    """A probe's score after the fine-tune: of a checkpoint's epoch, or of the random-init baseline.
+    It outlives the checkpoint (retention deletes most), so the run page keeps its history."""
+
+    probe = models.ForeignKey(Probe, on_delete=models.CASCADE, related_name="scores")
+    baseline = models.BooleanField(default=False, help_text="From a randomly initialized model, not a checkpoint.")
+    checkpoint = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="probe_scores")
+    epoch = models.PositiveIntegerField(null=True, blank=True)
+    samples = models.PositiveBigIntegerField(default=0, help_text="Samples the collaboration had processed.")
+    score = models.FloatField(help_text="Entity-level F1 (seqeval) or accuracy, 0 to 1.")
+    wall_seconds = models.FloatField(default=0)
+    cpu_seconds = models.FloatField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["probe", "baseline", "epoch"]
+        constraints = [
+            models.UniqueConstraint(fields=["probe", "epoch"], condition=models.Q(baseline=False),
+                                    name="one_probe_score_per_epoch"),
+            models.UniqueConstraint(fields=["probe"], condition=models.Q(baseline=True), name="one_probe_baseline"),
+        ]
 
 
 class Evaluation(models.Model):

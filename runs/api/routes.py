@@ -29,6 +29,7 @@ from runs.access.sessions import session_link_target, session_link_token, sessio
 from runs.credit.boards import PAGE_MAX, leaderboard_rows
 from runs.credit.exports import stats_dumps
 from runs.credit.volunteers import volunteer_daily, volunteer_for_profile
+from runs.evaluation.probe_scores import probe_score_rows
 from runs.evaluation.selectors import evaluation_row, evaluations_of
 from runs.models import Checkpoint, Run, TrainingSession
 from runs.swarm.series import series_points
@@ -210,6 +211,33 @@ def run_checkpoints(request: HttpRequest, slug: Slug):
          "download_url": _absolute(request, reverse("run-checkpoint", args=[run.slug, checkpoint.epoch]))}
         for checkpoint in run.checkpoints.all()
     ]
+
+
+class ProbeEpochOut(Schema):
+    epoch: int
+    samples: int
+    score: float
+    cpu_seconds: float
+    wall_seconds: float
+
+
+class ProbeScoresOut(Schema):
+    name: str
+    task: Literal["tokens", "text"]
+    metric: Literal["f1", "accuracy"]
+    labels: list[str]
+    train_examples: int
+    test_examples: int
+    baseline: float | None = Field(description="The same fine-tune from a randomly initialized model, once per run.")
+    latest: ProbeEpochOut | None
+    gain: float | None = Field(description="The newest score minus the baseline.")
+    scores: list[ProbeEpochOut]
+
+
+@router.get("/runs/{slug}/probes", response=answers(list[ProbeScoresOut], 400, 404),
+            summary="A run's downstream probes: each checkpoint's score beside the random-init baseline")
+def run_probes(request: HttpRequest, slug: Slug):
+    return probe_score_rows(run=_visible_run(request, slug))
 
 
 PROBE_DOWNLOAD_MAX = 8 << 20

@@ -154,7 +154,9 @@ def heldout_evaluate(subject: Subject) -> list[Score]:
             for name in ("mlm_accuracy", "perplexity", "sop_accuracy")]
 
 
-EVALUATORS: list[Evaluator] = [heldout_evaluate]
+from runs.evaluation.probing import probes_evaluate  # noqa: E402  (it builds this module's Score rows)
+
+EVALUATORS: list[Evaluator] = [heldout_evaluate, probes_evaluate]
 
 
 def subject_load(run: Run, checkpoint: Checkpoint | None, workdir: Path, *, save: bool) -> Subject:

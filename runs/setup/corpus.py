@@ -19,6 +19,7 @@ MIN_DOCUMENT, MAX_DOCUMENT = 3, 8
 class _Language:
     templates: dict[str, str]  # one str.format template per kind of sentence
     subjects: Sequence[tuple[str, int]]  # (subject, grammatical person 0/1/2)
+    names: Sequence[str]  # the subjects that are people's names (tagged PER in runs/setup/labelled.py)
     actions: Sequence[tuple[Sequence[str], Sequence[str]]]  # (verb per person, objects that fit it)
     per_person: dict[str, Sequence[str]]  # other words that agree with the subject
     places: Sequence[str]
@@ -54,7 +55,9 @@ _BENGALI = _Language(
     subjects=[
         ("আমি", 0), ("তুমি", 1), ("সে", 2), ("রহিম", 2), ("সীমা", 2), ("কৃষক", 2), ("শিক্ষক", 2),
         ("আমার বন্ধু", 2), ("বৃদ্ধ লোকটি", 2), ("ছোট মেয়েটি", 2), ("নৌকার মাঝি", 2),
+        ("করিম", 2), ("নাসরিন", 2), ("ফরিদা", 2), ("আনোয়ার", 2), ("জামাল", 2), ("রিনা", 2),
     ],
+    names=["রহিম", "সীমা", "করিম", "নাসরিন", "ফরিদা", "আনোয়ার", "জামাল", "রিনা"],
     actions=[
         (("খাই", "খাও", "খায়"), ("ভাত", "মাছ", "রুটি", "আম", "মিষ্টি", "ডাল")),
         (("পড়ি", "পড়ো", "পড়ে"), ("বই", "খবরের কাগজ", "কবিতা", "চিঠি", "গল্পের বই")),
@@ -67,7 +70,7 @@ _BENGALI = _Language(
     ],
     per_person={"go": ("যাই", "যাও", "যায়"), "went": ("গিয়েছিলাম", "গিয়েছিলে", "গিয়েছিল")},
     places=["স্কুলে", "বাজারে", "নদীর ধারে", "মাঠে", "অফিসে", "গ্রামে", "হাসপাতালে", "দূরের শহরে", "উৎসবে"],
-    cities=["ঢাকায়", "কলকাতায়", "চট্টগ্রামে", "সিলেটে", "খুলনায়"],
+    cities=["ঢাকায়", "কলকাতায়", "চট্টগ্রামে", "সিলেটে", "খুলনায়", "রাজশাহীতে", "বরিশালে", "কুমিল্লায়", "রংপুরে"],
     times=["ভোরে", "সকালে", "দুপুরে", "বিকেলে", "সন্ধ্যায়", "রাতে"],
     sightings=[
         ("বাগানে", ("ফুল", "পাখি", "গাছ")),
@@ -93,7 +96,9 @@ _ENGLISH = _Language(
     subjects=[
         ("I", 0), ("you", 1), ("he", 2), ("she", 2), ("Rahim", 2), ("Sima", 2), ("the farmer", 2),
         ("the teacher", 2), ("my friend", 2), ("the old man", 2), ("the little girl", 2), ("the boatman", 2),
+        ("Karim", 2), ("Nasrin", 2), ("Farida", 2), ("Anwar", 2), ("Jamal", 2), ("Rina", 2),
     ],
+    names=["Rahim", "Sima", "Karim", "Nasrin", "Farida", "Anwar", "Jamal", "Rina"],
     actions=[
         (("eat", "eat", "eats"), ("rice", "fish", "bread", "mangoes", "sweets", "lentils")),
         (("read", "read", "reads"), ("books", "the newspaper", "a poem", "letters", "a storybook")),
@@ -114,7 +119,7 @@ _ENGLISH = _Language(
         "to school", "to the market", "to the river", "to the field", "to the office", "to the village",
         "to the hospital", "to the distant town", "to the festival",
     ],
-    cities=["Dhaka", "Kolkata", "Chittagong", "Sylhet", "Khulna"],
+    cities=["Dhaka", "Kolkata", "Chittagong", "Sylhet", "Khulna", "Rajshahi", "Barisal", "Comilla", "Rangpur"],
     times=["at dawn", "in the morning", "at noon", "in the afternoon", "in the evening", "at night"],
     sightings=[
         ("in the garden", ("flowers", "birds", "trees")),

@@ -1,16 +1,20 @@
 """Run forms. The configuration fields are generated from `peer_agent.protocol.RunConfig`, which
 also validates them: the browser form and the agent can never disagree on what a config is."""
 
+import re
 import types
 import typing
 from typing import Any, Literal
 
 from django import forms
+from django.conf import settings
+from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, config_error_details, config_from_preset
 from portal.formats import digits_localize
-from runs.models import Run
+from runs.models import ModelLicense, Probe, Run
+from runs.setup import probes
 from runs.setup.config_labels import FIELDS
 
 SECTIONS = {
@@ -117,14 +121,28 @@ class RunForm(forms.Form):
                                    help_text=_("Who may join the run, and whether it is listed."))
     audience = forms.ChoiceField(choices=Run.Audience.choices, initial=Run.Audience.EVERYONE, required=False,
                                  label=_("Audience"), help_text=_("Who may see the run: its pages, API, live board and charts."))
+    license = forms.ChoiceField(choices=ModelLicense.choices, initial=ModelLicense.APACHE, required=False, label=_("License"),
+                                help_text=_("The license of the released model, in its model card."))
+    languages = forms.CharField(required=False, max_length=200, initial="bn, en", label=_("Languages"),
+                                help_text=_("ISO 639-1 codes of the languages the model learns, comma-separated (model card)."))
+    probe_every = forms.IntegerField(min_value=1, max_value=1000, initial=1, required=False, label=_("Probe every"),
+                                     help_text=_("Run the downstream probes on every n-th checkpoint (each costs a fine-tune)."))
+
+    def clean_languages(self) -> list[str]:
+        codes = [code.strip().lower() for code in self.cleaned_data["languages"].replace(";", ",").split(",") if code.strip()]
+        bad = [code for code in codes if not re.fullmatch(r"[a-z]{2,3}", code)]
+        if bad:
+            raise forms.ValidationError(_("Not a language code: %(codes)s. Use ISO 639-1 codes such as bn, en.")
+                                        % {"codes": ", ".join(bad[:5])})
+        return list(dict.fromkeys(codes))
 
     heldout_size = forms.IntegerField(
-        min_value=10, max_value=100_000, required=False, label="Held-out size",
-        help_text="Documents kept apart from the uploaded files to evaluate each checkpoint on (no agent trains on "
-                  "them), or documents read from the validation split of a hub dataset.")
+        min_value=10, max_value=100_000, required=False, label=_("Held-out size"),
+        help_text=_("Documents kept apart from the uploaded files to evaluate each checkpoint on (no agent trains on "
+                    "them), or documents read from the validation split of a hub dataset."))
     validation_split = forms.CharField(
-        max_length=100, required=False, label="Validation split",
-        help_text="Hub datasets only: the split checkpoints are evaluated on. It must differ from the training split.")
+        max_length=100, required=False, label=_("Validation split"),
+        help_text=_("Hub datasets only: the split checkpoints are evaluated on. It must differ from the training split."))
 
     def clean_audience(self) -> str:
         return self.cleaned_data.get("audience") or (self.run.audience if self.run else Run.Audience.EVERYONE)
@@ -158,11 +176,20 @@ class RunForm(forms.Form):
         initial.update(heldout_size=_HELDOUT_SIZE, validation_split=_VALIDATION_SPLIT)
         if run is not None:
             initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility,
-                           audience=run.audience, heldout_size=run.heldout_size, validation_split=run.validation_split)
+                           audience=run.audience, license=run.license, languages=", ".join(run.languages),
+                           probe_every=run.probe_every, heldout_size=run.heldout_size,
+                           validation_split=run.validation_split)
         return initial
 
     def run_fields(self) -> list:
-        return [self[name] for name in ("name", "slug", "description", "visibility", "audience")]
+        return [self[name] for name in ("name", "slug", "description", "visibility", "audience", "license", "languages",
+                                        "probe_every")]
+
+    def card(self) -> dict:
+        """The run's model-card metadata and probe cadence, as run_create and run_update take them: those
+        the form was sent (a client that predates them changes none)."""
+        return {name: self.cleaned_data[name] for name in ("license", "languages", "probe_every")
+                if name in self.data and (name == "languages" or self.data[name] != "")}
 
     def heldout_fields(self) -> list:
         return [self["heldout_size"], self["validation_split"]]
@@ -195,4 +222,47 @@ class RunForm(forms.Form):
             if self.config.data.source == "hub" and split == self.config.data.split:
                 self.add_error("validation_split", f"must differ from the split agents train on ({split}): "
                                                    "evaluating on training data says nothing")
+        return cleaned
+
+
+class ProbeForm(forms.Form):
+    """A downstream probe's upload: both parts are read and checked here (runs/setup/probes.py), so a
+    refused upload stores nothing and says what to fix."""
+
+    name = forms.SlugField(max_length=64, help_text=_("A short name, e.g. wikiann-bn or news-topics."))
+    task = forms.ChoiceField(choices=Probe.Task.choices)
+    train = forms.FileField(help_text=_("The part the probe fine-tunes on."))
+    test = forms.FileField(help_text=_("The part it is scored on; only labels the train part has."))
+
+    def __init__(self, *args, run: Run, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.run = run
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if self.run.probes.filter(name=name).exists():
+            raise forms.ValidationError("The run already has a probe with this name.")
+        return name
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        parts, self.contents = {}, {}
+        for part in ("train", "test"):
+            upload = cleaned[part]
+            if upload.size > settings.PROBE_MAX_FILE_BYTES:
+                limit = settings.PROBE_MAX_FILE_BYTES // 1024
+                self.add_error(part, _("The file is larger than %(limit)s KiB.") % {"limit": limit})
+                continue
+            self.contents[part] = upload.read()
+            try:
+                parts[part] = probes.labelled_set_read(task=cleaned["task"], content=self.contents[part], part=part)
+            except probes.ProbeFormatError as exc:
+                self.add_error(part, capfirst(str(exc)) + ".")
+        if len(parts) == 2:
+            try:
+                probes.labelled_sets_check(parts["train"], parts["test"])
+            except probes.ProbeFormatError as exc:
+                self.add_error("test", capfirst(str(exc)) + ".")
         return cleaned

@@ -51,7 +51,9 @@ def run_event_record(*, run: Run, actor: User | None, kind: str, detail: str = "
 
 @transaction.atomic
 def run_create(*, organizer: User, name: str, slug: str, description: str, visibility: str, config: RunConfig,
-               audience: str = Run.Audience.EVERYONE, heldout_size: int = 200, validation_split: str = "validation") -> Run:
+               audience: str = Run.Audience.EVERYONE, heldout_size: int = 200, validation_split: str = "validation",
+               card: dict | None = None) -> Run:
+    """A draft run; ``card`` holds its model-card metadata and probe cadence (license, languages, probe_every)."""
     public_key, encrypted_private_key = authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
     run = Run.objects.create(
         name=name,
@@ -64,6 +66,7 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
         validation_split=validation_split,
         authority_public_key=public_key,
         authority_private_key=encrypted_private_key,
+        **(card or {}),
     )
     run.organizers.add(organizer)
     run_event_record(run=run, actor=organizer, kind=RunEvent.Kind.CREATED)
@@ -72,9 +75,11 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
 
 @transaction.atomic
 def run_update(*, run: Run, actor: User, name: str, description: str, visibility: str, config: RunConfig,
-               audience: str | None = None, heldout_size: int | None = None, validation_split: str | None = None) -> set[str]:
+               audience: str | None = None, heldout_size: int | None = None, validation_split: str | None = None,
+               card: dict | None = None) -> set[str]:
     """Save an edit and return the config fields it changed; only mid-run-safe ones once started.
-    The held-out settings are locked too: evaluations compare only on one held-out set."""
+    The held-out settings are locked too: evaluations compare only on one held-out set. ``card``: the
+    model-card metadata and probe cadence, editable any time."""
     changed = changed_fields(RunConfig.model_validate(run.config), config)
     heldout = {"heldout_size": heldout_size or run.heldout_size, "validation_split": validation_split or run.validation_split}
     changed |= {name for name, value in heldout.items() if value != getattr(run, name)}
@@ -85,7 +90,9 @@ def run_update(*, run: Run, actor: User, name: str, description: str, visibility
     run.audience = audience or run.audience
     run.config = config.model_dump(mode="json")
     run.heldout_size, run.validation_split = heldout["heldout_size"], heldout["validation_split"]
-    run.save(update_fields=["name", "description", "visibility", "audience", "config", *heldout])
+    for field, value in (card or {}).items():
+        setattr(run, field, value)
+    run.save(update_fields=["name", "description", "visibility", "audience", "config", *heldout, *(card or {})])
     if changed:
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
     return changed

@@ -5,7 +5,6 @@ and every n-th for good."""
 from __future__ import annotations
 
 import logging
-import re
 import tempfile
 import threading
 import time
@@ -24,6 +23,7 @@ from peer_agent.metrics import metrics_read
 from peer_agent.protocol import AveragingConfig, RunConfig
 from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
 from runs.models import Checkpoint, ContributionEvent, Evaluation, Run
+from runs.swarm.cards import model_card_write
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
@@ -35,7 +35,6 @@ logger = logging.getLogger(__name__)
 CHECK_PERIOD_S = 15.0  # how often the checkpointer reads the swarm's epoch
 RETRY_PERIOD_S = 60.0  # after a failed or fruitless attempt (no peer online to download from)
 STATE_DOWNLOAD_TIMEOUT_S = 600.0
-_NUMBER = re.compile(r"^(\d+)-epoch")
 
 # hivemind fast-forwards the schedule to the downloaded epoch without an optimizer step; torch
 # mistakes that for calling the scheduler and the optimizer in the wrong order.
@@ -75,12 +74,8 @@ class SwarmReading:
 
 
 def checkpoint_number(checkpoint: Checkpoint) -> int:
-    """The checkpoint's sequence number in its run (1 for the first ever saved).
-
-    It lives in the file name, since retention deletes rows and a count of rows would repeat numbers.
-    """
-    match = _NUMBER.match(Path(checkpoint.file.name).name)
-    return int(match.group(1)) if match else 0
+    """The checkpoint's sequence number in its run (1 for the first ever saved); see ``Checkpoint.number``."""
+    return checkpoint.number
 
 
 def checkpoints_to_delete(checkpoints: list[Checkpoint], *, keep_last: int) -> list[Checkpoint]:
@@ -103,14 +98,17 @@ def checkpoint_retention_apply(*, run: Run, policy: CheckpointPolicy) -> list[in
 
 
 def checkpoint_save(*, run: Run, directory: Path, metadata: CheckpointMetadata, policy: CheckpointPolicy) -> Checkpoint:
-    """Zip a checkpoint directory into media as the run's next checkpoint, then apply retention."""
+    """Zip a checkpoint directory, with its model card, into media as the run's next checkpoint, then
+    apply retention."""
     newest = run.checkpoints.first()
     number = (checkpoint_number(newest) if newest else 0) + 1
+    checkpoint = Checkpoint(run=run, epoch=metadata.epoch, loss=metadata.loss, samples=metadata.samples,
+                            kept=policy.kept_for_good(number))
+    model_card_write(run=run, checkpoint=checkpoint, directory=directory)
     with tempfile.TemporaryDirectory() as scratch:
         archive = Path(scratch) / "checkpoint.zip"
         checkpoint_zip(directory, archive)
-        checkpoint = Checkpoint(run=run, epoch=metadata.epoch, loss=metadata.loss, samples=metadata.samples,
-                                size=archive.stat().st_size, kept=policy.kept_for_good(number))
+        checkpoint.size = archive.stat().st_size
         with archive.open("rb") as content, transaction.atomic():
             checkpoint.file.save(f"{run.hivemind_run_id}/{number:06d}-epoch{metadata.epoch}.zip", File(content), save=False)
             checkpoint.save()

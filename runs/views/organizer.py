@@ -1,8 +1,9 @@
 """Pages and actions for a run's organizers: configure, start and stop, moderate, data, tokenizer,
-flagged credit."""
+downstream probes, flagged credit."""
 
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -15,10 +16,11 @@ from django.views.decorators.http import require_POST
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
 from runs.access.rules import run_is_organizer
-from runs.models import DataFile, Run, SessionEpoch, TrainingSession
+from runs.models import DataFile, Probe, Run, SessionEpoch, TrainingSession
 from runs.setup import services
 from runs.setup.config_labels import FIELDS
-from runs.setup.forms import PRESETS, RunForm, preset_config
+from runs.setup.forms import PRESETS, ProbeForm, RunForm, preset_config
+from runs.setup.probes import ProbeFormatError, probe_add, probe_remove
 from runs.swarm import verification
 
 MAX_TOKENIZER_BYTES = 20 * 1024 * 1024
@@ -70,6 +72,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
             config=form.config,
             heldout_size=data["heldout_size"],
             validation_split=data["validation_split"],
+            card=form.card(),
         )
         messages.success(request, _("Run “%(name)s” was created as a draft. Add data and a tokenizer, then activate it.")
                          % {"name": run.name})
@@ -86,7 +89,7 @@ def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
         try:
             changed = services.run_update(
                 run=run, actor=request.user, name=data["name"], description=data["description"],
-                visibility=data["visibility"], audience=data["audience"], config=form.config,
+                visibility=data["visibility"], audience=data["audience"], config=form.config, card=form.card(),
                 heldout_size=data["heldout_size"], validation_split=data["validation_split"],
             )
         except services.RunError as exc:
@@ -252,3 +255,34 @@ def run_flag_decide(request: HttpRequest, slug: str, pk: int, decision: str) -> 
         messages.success(request, _("Epoch %(epoch)s of %(name)s: %(status)s.")
                          % {"epoch": flag.epoch, "name": flag.session.user.username, "status": flag.get_status_display()})
     return redirect("run-flags", slug=run.slug)
+
+
+@organizer_required
+def run_probes(request: HttpRequest, run: Run) -> HttpResponse:
+    """The run's downstream probes and the form that uploads one; a refused upload answers 400 with
+    the form's errors and stores nothing."""
+    form = ProbeForm(request.POST or None, request.FILES or None, run=run)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                probe_add(run=run, actor=request.user, name=data["name"], task=data["task"],
+                          train=form.contents["train"], test=form.contents["test"])
+            except ProbeFormatError as exc:
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, _("Probe %(name)s added; it runs on the next checkpoint due.") % {"name": data["name"]})
+                return redirect("run-probes", slug=run.slug)
+        status = 400
+    context = {"run": run, "form": form, "probes": run.probes.all(), "max_kib": settings.PROBE_MAX_FILE_BYTES // 1024}
+    return render(request, "runs/run_probes.html", context, status=status)
+
+
+@require_POST
+@organizer_required
+def run_probe_remove(request: HttpRequest, run: Run, pk: int) -> HttpResponse:
+    probe = get_object_or_404(Probe, pk=pk, run=run)
+    probe_remove(probe=probe, actor=request.user)
+    messages.success(request, _("Probe %(name)s removed, with its scores.") % {"name": probe.name})
+    return redirect("run-probes", slug=run.slug)

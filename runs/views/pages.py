@@ -20,6 +20,7 @@ from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
 from runs.access.rules import run_is_organizer, run_join_refusal, run_list_public, run_may_download_checkpoints, visible_run
 from runs.credit import exports
 from runs.credit.boards import BY, WINDOWS, leaderboard_rows, run_snapshot
+from runs.evaluation.probe_scores import probe_score_rows
 from runs.models import Run, RunCredit
 from runs.setup import services
 
@@ -65,6 +66,7 @@ def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "checkpoints": run.checkpoints.all() if run_may_download_checkpoints(run=run, user=request.user) else None,
         "certificate": request.user.is_authenticated
         and RunCredit.objects.filter(run=run, user=request.user, credit__gt=0).exists(),
+        "probe_rows": probe_score_rows(run=run),
     }
     if is_organizer and request.GET.get("try") and run.tokenizer_status == Run.TokenizerStatus.READY:
         context["tokens_tried"] = services.run_tokenizer_try(run=run, text=request.GET["try"][:1000])

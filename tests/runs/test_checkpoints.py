@@ -141,7 +141,8 @@ def test_checkpoint_download_page_and_api_follow_the_run_visibility(client_for, 
     if who in CAN_DOWNLOAD[visibility]:
         assert download.status_code == 200
         assert download["Content-Disposition"] == 'attachment; filename="the-run-epoch5.zip"'
-        assert zipfile.ZipFile(io.BytesIO(b"".join(download.streaming_content))).namelist() == ["model.safetensors"]
+        names = zipfile.ZipFile(io.BytesIO(b"".join(download.streaming_content))).namelist()
+        assert names == ["README.md", "model.safetensors"], "the model card goes with the weights"
         assert listing.status_code == 200
         [entry] = listing.json()
         assert (entry["epoch"], entry["loss"], entry["kept"]) == (5, 1.5, False)

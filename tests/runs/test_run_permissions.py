@@ -7,7 +7,7 @@ from django.urls import reverse
 from runs.setup.services import run_ban
 from tests.factories import RunFactory, UserFactory
 
-ORGANIZER_PAGES = ["run-edit", "run-participants"]
+ORGANIZER_PAGES = ["run-edit", "run-participants", "run-probes"]
 ORGANIZER_ACTIONS = [
     ("run-action", {"action": "pause"}),
     ("run-ban", {}),
@@ -16,6 +16,8 @@ ORGANIZER_ACTIONS = [
     ("run-data-upload", {}),
     ("run-tokenizer-train", {}),
     ("run-tokenizer-upload", {}),
+    ("run-probes", {}),
+    ("run-probe-remove", {"pk": 1}),
 ]
 
 

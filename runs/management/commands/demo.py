@@ -1,8 +1,9 @@
 """`manage.py demo`: the whole platform on embedded defaults, on one machine, in one command.
 
 It prepares a demo organizer, two volunteers in a team and an active `tiny` run on a corpus the
-project generates, then starts the web server, a Celery worker with beat, the coordinator and
-peer agents that join through the real CLI and token flow. Ctrl-C stops every process it started.
+project generates, with downstream probes on labelled sets generated to go with it, then starts the
+web server, a Celery worker with beat, the coordinator and peer agents that join through the real
+CLI and token flow. Ctrl-C stops every process it started.
 """
 
 import datetime
@@ -21,10 +22,12 @@ from django.utils import timezone
 from accounts.models import Team, User
 from accounts.services import team_create, team_join, token_create
 from peer_agent.join import STOP_WITHIN_S
-from runs.models import Run
+from runs.models import ModelLicense, Probe, Run
 from runs.setup import services
 from runs.setup.corpus import corpus_lines
 from runs.setup.forms import preset_config
+from runs.setup.labelled import entity_sets, topic_sets
+from runs.setup.probes import probe_add
 
 ORGANIZER = ("organizer", "organizer-demo-pass")
 VOLUNTEERS = [("amina", "amina-demo-pass"), ("rahim", "rahim-demo-pass"), ("nusrat", "nusrat-demo-pass"),
@@ -66,17 +69,27 @@ def demo_run_ensure(*, organizer: User, preset: str) -> Run:
         run = services.run_create(
             organizer=organizer, name="Bengali ALBERT (demo)", slug=RUN_SLUG, visibility=Run.Visibility.PUBLIC,
             description="A tiny ALBERT pretrained collaboratively on generated Bengali and English text.",
-            config=config,
+            config=config, card={"license": ModelLicense.APACHE, "languages": ["bn", "en"]},
         )
         text = "\n".join(corpus_lines(n_lines=20000))
         services.data_file_add(run=run, actor=organizer, name="demo-corpus.txt", content=text.encode())
         services.tokenizer_train(run_id=run.pk)
         run.refresh_from_db()
+    demo_probes_ensure(run=run, organizer=organizer)
     if run.status == Run.Status.DRAFT:
         services.run_transition(run=run, actor=organizer, action="activate")
     elif run.status in (Run.Status.PAUSED, Run.Status.FINISHED):
         Run.objects.filter(pk=run.pk).update(status=Run.Status.ACTIVE)
     return run
+
+
+def demo_probes_ensure(*, run: Run, organizer: User) -> None:
+    """The demo run's downstream probes: entity tags for the names and cities the corpus generator
+    inserts, and the topic of an activity (runs/setup/labelled.py)."""
+    for name, task, (train, test) in (("names-and-places", Probe.Task.TOKENS, entity_sets()),
+                                      ("activity-topics", Probe.Task.TEXT, topic_sets())):
+        if not run.probes.filter(name=name).exists():
+            probe_add(run=run, actor=organizer, name=name, task=task, train=train.encode(), test=test.encode())
 
 
 def web_command(host: str, port: int) -> list[str]:

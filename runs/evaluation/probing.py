@@ -1,0 +1,200 @@
+"""Downstream probes: fine-tune a checkpoint on a probe's train part with a fixed small budget and
+score it on the test part (seqeval's entity-level F1 for token classification, accuracy for text
+classification); the same fine-tune from a randomly initialized model of the same shape, once per
+probe, is the baseline that shows what pretraining added. One of the evaluators of
+runs/evaluation/runner.py: it runs in the evaluation's low-priority child process, never in the web.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from django.db import transaction
+
+from runs.models import Checkpoint, Probe, ProbeScore
+from runs.setup.probes import LabelledSet, probe_read
+
+if TYPE_CHECKING:
+    from transformers import AlbertForPreTraining, PreTrainedModel, PreTrainedTokenizerFast
+
+    from runs.evaluation.runner import Score, Subject
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProbeBudget:
+    """The fixed fine-tune every probe gets, the same for checkpoints and the baseline (docs/organizers.md)."""
+
+    epochs: int = 3
+    learning_rate: float = 1e-4  # AdamW, constant, for the pretrained encoder: a tiny budget has no room for a schedule
+    head_learning_rate: float = 1e-2  # for the new classification head, which starts from nothing
+    max_train_examples: int = 1000  # the first ones of the train part
+    max_test_examples: int = 500
+    batch_size: int = 16
+    max_length: int = 64  # tokens per example, longer ones truncated
+    seed: int = 0  # the head's initial weights, the baseline's weights and the order of examples
+
+
+BUDGET = ProbeBudget()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    score: float
+    wall_seconds: float
+    cpu_seconds: float
+
+
+def probe_f1(true: list[list[str]], predicted: list[list[str]]) -> float:
+    """Entity-level micro F1 (seqeval, the CoNLL way: an entity counts when its type and span both match)."""
+    from seqeval.metrics import f1_score
+
+    return float(f1_score(true, predicted))
+
+
+def _model_build(task: str, labels: list[str], *, encoder: AlbertForPreTraining, seed: int) -> PreTrainedModel:
+    """A classifier of ``task`` over ``encoder``'s ALBERT (a copy of its weights), with a fresh head from ``seed``."""
+    from transformers import AlbertForSequenceClassification, AlbertForTokenClassification
+
+    model_class = AlbertForTokenClassification if task == Probe.Task.TOKENS else AlbertForSequenceClassification
+    config = encoder.config.__class__.from_dict({
+        **encoder.config.to_dict(), "num_labels": len(labels), "id2label": dict(enumerate(labels)),
+        "label2id": {label: index for index, label in enumerate(labels)}})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    # A token classifier's ALBERT has no pooler; every other weight must carry over.
+    missing, _ = model.albert.load_state_dict(encoder.albert.state_dict(), strict=False)
+    if missing:
+        raise ValueError(f"the probe's model lacks the checkpoint's weights {missing[:3]}")
+    return model
+
+
+def _token_batch(tokenizer: PreTrainedTokenizerFast, sentences: list, label_ids: dict[str, int], max_length: int):
+    """Encode word-split sentences; each word's label sits on its first sub-token, the rest are ignored (-100)."""
+    encoded = tokenizer([words for words, _ in sentences], is_split_into_words=True, truncation=True,
+                        max_length=max_length, padding=True, return_tensors="pt")
+    labels = torch.full(encoded["input_ids"].shape, -100, dtype=torch.long)
+    for row, (_, tags) in enumerate(sentences):
+        previous = None
+        for position, word in enumerate(encoded.word_ids(row)):
+            if word is not None and word != previous:
+                labels[row, position] = label_ids[tags[word]]
+            previous = word
+    return encoded, labels
+
+
+def _text_batch(tokenizer: PreTrainedTokenizerFast, rows: list, label_ids: dict[str, int], max_length: int):
+    encoded = tokenizer([text for text, _ in rows], truncation=True, max_length=max_length, padding=True,
+                        return_tensors="pt")
+    return encoded, torch.tensor([label_ids[label] for _, label in rows])
+
+
+def _batches(examples: list, size: int):
+    for start in range(0, len(examples), size):
+        yield examples[start:start + size]
+
+
+def _train(model: PreTrainedModel, encode, examples: list, budget: ProbeBudget) -> None:
+    head = [param for name, param in model.named_parameters() if not name.startswith("albert.")]
+    optimizer = torch.optim.AdamW([{"params": model.albert.parameters(), "lr": budget.learning_rate},
+                                   {"params": head, "lr": budget.head_learning_rate}])
+    rng = random.Random(budget.seed)
+    model.train()
+    for _ in range(budget.epochs):
+        order = rng.sample(examples, len(examples))
+        for batch in _batches(order, budget.batch_size):
+            encoded, labels = encode(batch)
+            loss = model(**encoded, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+@torch.no_grad()
+def _score(model: PreTrainedModel, encode, task: str, examples: list, labels: list[str], budget: ProbeBudget) -> float:
+    model.eval()
+    true, predicted = [], []
+    for batch in _batches(examples, budget.batch_size):
+        encoded, targets = encode(batch)
+        guesses = model(**encoded).logits.argmax(-1)
+        if task == Probe.Task.TEXT:
+            true += targets.tolist()
+            predicted += guesses.tolist()
+            continue
+        for row, (_, tags) in enumerate(batch):
+            # Words cut off by max_length are predicted O, so they count against recall.
+            guess = ["O"] * len(tags)
+            for position in (targets[row] != -100).nonzero().flatten().tolist():
+                guess[encoded.word_ids(row)[position]] = labels[guesses[row, position]]
+            true.append(list(tags))
+            predicted.append(guess)
+    if task == Probe.Task.TOKENS:
+        return probe_f1(true, predicted)
+    return sum(t == p for t, p in zip(true, predicted, strict=True)) / len(true)
+
+
+def probe_finetune(*, task: str, train: LabelledSet, test: LabelledSet, labels: list[str],
+                   tokenizer: PreTrainedTokenizerFast, encoder: AlbertForPreTraining,
+                   budget: ProbeBudget = BUDGET) -> ProbeResult:
+    """Fine-tune a copy of ``encoder`` (a checkpoint's model, or the run's random initialization) with a
+    new head on the train part within ``budget``; its score on the test part, 0 to 1."""
+    started, cpu_started = time.monotonic(), time.process_time()
+    label_ids = {label: index for index, label in enumerate(labels)}
+    batch = _token_batch if task == Probe.Task.TOKENS else _text_batch
+
+    def encode(examples):
+        return batch(tokenizer, examples, label_ids, budget.max_length)
+
+    model = _model_build(task, labels, encoder=encoder, seed=budget.seed)
+    _train(model, encode, train.examples[:budget.max_train_examples], budget)
+    score = _score(model, encode, task, test.examples[:budget.max_test_examples], labels, budget)
+    return ProbeResult(score=score, wall_seconds=time.monotonic() - started, cpu_seconds=time.process_time() - cpu_started)
+
+
+def probes_due(checkpoint: Checkpoint) -> bool:
+    """Whether the run probes this checkpoint: every ``probe_every``-th one it saved."""
+    return checkpoint.number % max(checkpoint.run.probe_every, 1) == 0
+
+
+def probes_evaluate(subject: Subject) -> list[Score]:
+    """The probes' evaluator (runs/evaluation/runner.py): each probe of the run fine-tuned from the
+    subject's model, the checkpoint when it is due (all of them by hand, without --save) or the
+    random-init baseline; stored when the subject says so."""
+    from runs.evaluation.runner import Score
+
+    checkpoint = subject.checkpoint
+    if subject.save and checkpoint is not None and not probes_due(checkpoint):
+        return []
+    scores = []
+    for probe in subject.run.probes.all():
+        train, test = probe_read(probe)
+        result = probe_finetune(task=probe.task, train=train, test=test, labels=probe.labels,
+                                tokenizer=subject.tokenizer, encoder=subject.model)
+        if subject.save:
+            _score_store(probe=probe, checkpoint=checkpoint, result=result)
+        examples = min(len(test.examples), BUDGET.max_test_examples)
+        scores.append(Score(f"probe {probe.name}", probe.metric, result.score, examples, result.cpu_seconds,
+                            result.wall_seconds))
+    return scores
+
+
+@transaction.atomic
+def _score_store(*, probe: Probe, checkpoint: Checkpoint | None, result: ProbeResult) -> ProbeScore:
+    figures = {"score": result.score, "wall_seconds": result.wall_seconds, "cpu_seconds": result.cpu_seconds}
+    if checkpoint is None:
+        score, _ = ProbeScore.objects.update_or_create(probe=probe, baseline=True, defaults=figures)
+        return score
+    # Retention may have deleted the checkpoint while its probes ran (the model was in memory): the
+    # score stands, with its epoch and samples, and no link.
+    alive = Checkpoint.objects.filter(pk=checkpoint.pk).exists()
+    score, _ = ProbeScore.objects.update_or_create(
+        probe=probe, baseline=False, epoch=checkpoint.epoch,
+        defaults={**figures, "checkpoint": checkpoint if alive else None, "samples": checkpoint.samples})
+    return score
