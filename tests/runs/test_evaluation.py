@@ -13,6 +13,8 @@ from runs.models import Evaluation
 from tests.runs.evaluation_world import checkpoint_train
 from tests.runs.evaluation_world import evaluation_run as make_run
 
+pytestmark = pytest.mark.slow  # trains a model in-process: CI runs it once, on PostgreSQL (.ci/run)
+
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():

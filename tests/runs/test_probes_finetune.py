@@ -13,6 +13,8 @@ from runs.setup.probes import probe_add
 from tests.runs.evaluation_world import checkpoint_train
 from tests.runs.evaluation_world import evaluation_run as run_with_heldout
 
+pytestmark = pytest.mark.slow  # trains a model in-process: CI runs it once, on PostgreSQL (.ci/run)
+
 
 def test_entity_f1_counts_an_entity_only_when_its_type_and_whole_span_match():
     true = [["B-PER", "I-PER", "O", "B-LOC"], ["B-LOC", "O", "B-PER"], ["B-ORG", "I-ORG"]]
