@@ -493,7 +493,7 @@ class DialBackRequest(_Schema):
 class DialBackAnswer(_Schema):
     """Whether a fresh peer on the backbone's host reached the caller at one of the addresses."""
 
-    reachable: bool
+    reachable: bool = Field(description="Whether the fresh peer connected to the caller at one of the addresses.")
     dialed: list[DialBackMaddr] = Field(default_factory=list, max_length=MAX_DIALBACK_MADDRS,
                                         description="The addresses tried, as dialed.")
     refused: list[str] = Field(default_factory=list, max_length=MAX_DIALBACK_MADDRS,

@@ -17,8 +17,9 @@ from runs.credit.rollup import credit_per_sample
 from runs.setup.compute import training_flops_per_sample
 from runs.setup.forms import preset_config
 
-BEFORE = [("runs", "0008_run_credit_total")]
-AFTER = [("runs", "0009_credit_counts_layer_applications")]
+# Volunteers as they were then too: later columns of theirs have no default in the database.
+BEFORE = [("runs", "0008_run_credit_total"), ("accounts", "0002_initial")]
+AFTER = [("runs", "0009_credit_counts_layer_applications"), ("accounts", "0002_initial")]
 
 
 def counted_training_flops(config: RunConfig) -> int:

@@ -11,7 +11,7 @@ from accounts.notifications import unsubscribe_link
 from accounts.services import team_create, token_create, token_revoke
 from accounts.verification import verification_link
 from runs.access.sessions import session_link_token
-from runs.models import Certificate, Checkpoint, RunCredit, RunMembership, SessionEpoch
+from runs.models import Certificate, Checkpoint, Probe, RunCredit, RunMembership, SessionEpoch
 from runs.setup.services import data_file_add, run_ban
 from tests.factories import UserFactory
 from tests.security.world import World, world_run, world_session
@@ -52,6 +52,9 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
                                             status=SessionEpoch.Status.FLAGGED).pk,
         "vik": volunteer.username,
         "vik_certificate": certificate.code,
+        "probe": Probe.objects.create(run=public, name="topics", task=Probe.Task.TEXT, labels=["a", "b"], train_examples=2,
+                                      test_examples=2, train_file=ContentFile(b"text,label\nx,a\ny,b\n", name="train.csv"),
+                                      test_file=ContentFile(b"text,label\nx,a\ny,b\n", name="test.csv")).pk,
         "vik_verify": verification_link(user=volunteer).rsplit("/verify/", 1)[1].strip("/"),
         "vik_unsubscribe": unsubscribe_link(user=volunteer, kind="run_paused").rsplit("/unsubscribe/", 1)[1].strip("/"),
         "invite_data_link": f"{session_link_token(session=invite_session, kind='data', target=data_file)}/{data_file.pk}.txt",

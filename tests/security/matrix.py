@@ -79,6 +79,9 @@ PAGES = [
     ("/runs/{invite}/health/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/runs/{public}/checkpoints/epoch-3.zip",    "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/runs/{invite}/checkpoints/epoch-3.zip",    "GET",  404,  404,   200,  404,   200,  404,  200),
+    ("/runs/{public}/probes/",                    "GET",  L,    403,   403,  403,   200,  403,  403),
+    ("/runs/{public}/probes/",                    "POST", L,    403,   403,  403,   400,  403,  403),
+    ("/runs/{public}/probes/{probe}/remove/",     "POST", L,    403,   403,  403,   302,  403,  403),
     ("/runs/{public}/flags/",                     "GET",  L,    403,   403,  403,   200,  403,  200),
     ("/runs/{public}/flags/{flag}/accept/",       "POST", L,    403,   403,  403,   302,  403,  302),
     ("/runs/{public}/flags/{flag}/reject/",       "GET",  405,  405,   405,  405,   405,  405,  405),
@@ -137,6 +140,8 @@ API = [
     ("/api/v1/runs/{invite}/series",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{public}/evaluations",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
     ("/api/v1/runs/{invite}/evaluations",            "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{public}/probes",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
+    ("/api/v1/runs/{invite}/probes",                 "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
 ]
 
 # What a POST carries, by path template; a POST whose path is not here sends an empty form.
