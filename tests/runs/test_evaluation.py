@@ -2,6 +2,7 @@
 random-init baseline, the idempotent task that runs them in a child process, and the command."""
 
 import os
+from urllib.parse import quote
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -106,10 +107,19 @@ def test_the_command_prints_the_table_and_refuses_unknown_epochs(run, tmp_path, 
         call_command("evaluate_checkpoint", run.slug, "latest")
 
 
+def _database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    user = quote(db["USER"] or "", safe="") + (":" + quote(db["PASSWORD"], safe="") if db["PASSWORD"] else "")
+    return f"postgres://{user}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
 @pytest.fixture
 def child_sees_the_test_database(transactional_db, settings, monkeypatch):
-    """The evaluating child process reads the test's database file and media folder."""
-    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{connection.settings_dict['NAME']}")
+    """The evaluating child process reads the test's database (SQLite's file, or PostgreSQL's test
+    database) and media folder."""
+    monkeypatch.setenv("DATABASE_URL", _database_url())
     monkeypatch.setenv("MEDIA_ROOT", str(settings.MEDIA_ROOT))
     settings.EVALUATION_THREADS = 1
 
