@@ -71,6 +71,7 @@ def test_the_organizer_panel_reads_bengali(bengali_organizer, bangla):
                   "নিষিদ্ধ", "রানটি চিরতরে শেষ করবেন?"):
         assert words in panel, words
     assert english_words(panel) == set()
+    assert "০\xa0বাইট" in page, "a checkpoint's size in Bengali digits"
 
 
 def test_a_draft_runs_data_and_tokenizer_controls_read_bengali(bengali_organizer, organizer):
