@@ -75,6 +75,7 @@ Batch = dict[str, torch.Tensor]
 # ulps (up to ~1e-7) without compression; ~4.9e-4 with fp16 (its resolution near |w| = 1). A start-up
 # round that one peer took alone leaves them 1e-2..0.2 apart until parameter averaging pulls them together.
 PEERS_AGREE = {"none": 1e-6, "fp16": 2e-3}
+RESYNCS = 3  # times the second peer may load the first's state to start a comparison again (swarm_train)
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ class SwarmRecord:
     snapshots: list[dict[int, PeerState]]  # per peer: epoch -> state on entering it
     anomalies: list[Anomaly] = field(default_factory=list)  # rounds hivemind did not average normally
     group_sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # (peer, epoch) -> peers averaged with
+    resyncs: list[int] = field(default_factory=list)  # epochs at which the second peer loaded the first's state
     wall_s: float = 0.0
 
     def epochs_reached(self) -> int:
@@ -173,13 +175,14 @@ class SwarmRecord:
         return max((a - b).abs().max().item() for a, b in pairs)
 
     def comparable_start(self, settle: int, agree: float) -> int | None:
-        """The first epoch from ``settle`` on where the peers' parameters are at most ``agree`` apart.
+        """The first epoch from ``settle`` (or the last resync) on where the peers' parameters are at most
+        ``agree`` apart.
 
         The replay starts from one peer's state: while the peers still disagree (after a start-up
         round that one of them took alone) the swarm's next steps mix their states, which no single
         process reproduces.
         """
-        for epoch in range(settle, self.epochs_reached()):
+        for epoch in range(max([settle, *self.resyncs]), self.epochs_reached()):
             if self.peer_gap(epoch) <= agree:
                 return epoch
         return None
@@ -206,7 +209,10 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
     first round, before either has found the other), averaging never brings them together again:
     state averaging averages the parameters but not LAMB's statistics, so each keeps stepping its own
     way. After ``settle`` steps the second peer then loads the first's state, as a latecomer does, so
-    that the comparison can start from one state both share.
+    that the comparison can start from one state both share. A round missed later (a part that did
+    not arrive in time on a loaded machine) splits them the same way: when fewer than ``steps`` epochs
+    follow the last agreement, the second peer loads the first's state again and both train ``steps``
+    more, at most ``RESYNCS`` times.
     """
     pool = BatchPool(workload.batch_stream(seed))
     trainers: list[Trainer] = []
@@ -233,11 +239,19 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
                 record.snapshots[peer][result.local_epoch] = PeerState.of(trainer)
 
         deadline = time.monotonic() + deadline_s
+        agree = PEERS_AGREE[workload.config.averaging.state_compression]
         train_together(trainers, settle, step_time_s=step_time_s, deadline_s=deadline_s, after_step=snapshot)
-        if _parameters_gap(trainers) > PEERS_AGREE[workload.config.averaging.state_compression]:
-            trainers[1].optimizer.load_state_from_peers()
-        train_together(trainers, settle + steps, step_time_s=step_time_s, deadline_s=deadline - time.monotonic(),
-                       after_step=snapshot)
+        target = settle + steps
+        for _ in range(RESYNCS):
+            if _parameters_gap(trainers) > agree:
+                trainers[1].optimizer.load_state_from_peers()
+                record.resyncs.append(max(trainer.optimizer.local_epoch for trainer in trainers))
+            train_together(trainers, target, step_time_s=step_time_s, deadline_s=deadline - time.monotonic(),
+                           after_step=snapshot)
+            start = record.comparable_start(settle, agree)
+            if start is not None and record.epochs_reached() - start >= steps or time.monotonic() >= deadline:
+                break
+            target = record.epochs_reached() + steps
     finally:
         for trainer in trainers:
             trainer.shutdown()

@@ -90,7 +90,12 @@ def test_an_aggregator_takes_a_share_of_every_round_and_contributes_no_samples(t
         for entry in with_it:
             index = entry["peers"].index(aggregator_id)
             assert entry["modes"][index] == AveragingMode.AUX.value, "it joined as an auxiliary, sending nothing"
-            share = entry["fractions"][index] / sum(entry["fractions"])
+        # In a round of two, hivemind's LP gives every split the same cost (each peer moves the whole
+        # vector once: load_balance_peers), so only rounds with both trainers show the partition.
+        with_all = [entry for entry in with_it if len(entry["peers"]) == 3]
+        assert with_all, f"no gradient round had the aggregator and both trainers: {rounds}"
+        for entry in with_all:
+            share = entry["fractions"][entry["peers"].index(aggregator_id)] / sum(entry["fractions"])
             assert share > 0.5, f"the partition gives the 500 Mbit/s aggregator the largest share, not {share:.2f}"
         assert aggregator.local_epoch >= 1 and 3 in groups, f"it followed the epochs, averaging in their rounds: {groups}"
         assert aggregator.optimizer.tracker.local_progress.samples_accumulated == 0, "it accumulated no samples"

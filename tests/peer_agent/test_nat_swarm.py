@@ -94,18 +94,20 @@ def test_dial_back_finds_a_public_host_reachable_directly_and_a_natted_one_only_
     assert natted["maddrs"] and all(f"/p2p/{backbone_id}/p2p-circuit/p2p/" in maddr for maddr in natted["maddrs"])
 
 
-@pytest.mark.xfail(reason="regressed in the merge with the aggregator branch: the relayed trainers time out "
-                          "(issue #19, closing note of this stop); passed on the NAT branch alone", strict=False)
 def test_two_agents_each_behind_nat_train_and_average_with_each_other_through_the_backbones_relay(
         lab_prefix, work, tokenizer, corpus_file, tiny_config):
     tokenizer.backend_tokenizer.save(str(work / "tokenizer.json"))
     (work / "corpus.txt").write_text(corpus_file.read_text())
-    (work / "config.json").write_text(tiny_config(averaging=dict(averaging_timeout=15.0)).model_dump_json())
+    # The relay resets a connection after 128 KiB each way (peer_agent/reachability.py): a model of
+    # ~4k parameters keeps the state download and four rounds of fp16 gradients well under it.
+    small = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, embedding_size=16)
+    config = tiny_config(model=small, averaging=dict(averaging_timeout=15.0))
+    (work / "config.json").write_text(config.model_dump_json())
     with NetLab(3, prefix=lab_prefix, nat=[1, 2], subnet=PUBLIC_SUBNET) as lab:
         peers = Peers(lab, work)
         try:
             backbone = peers.backbone()
-            trainers = [peers.start(index, "trainer", "--index", str(index), "--epochs", "3", "--relayed")
+            trainers = [peers.start(index, "trainer", "--index", str(index), "--epochs", "4", "--relayed")
                         for index in (1, 2)]
             for trainer in trainers:
                 trainer.wait(timeout=240)
@@ -115,7 +117,7 @@ def test_two_agents_each_behind_nat_train_and_average_with_each_other_through_th
     first, second = (json.loads((work / f"trainer{index}.json").read_text()) for index in (1, 2))
     backbone_id = backbone[0].split("/p2p/")[1]
     for me, other in ((first, second), (second, first)):
-        assert me["epoch"] >= 3, me
+        assert me["epoch"] >= 4, me
         # Each announced itself through the backbone only, and reached the other through it.
         assert any(f"/p2p/{backbone_id}/p2p-circuit/p2p/{me['peer_id']}" in maddr for maddr in me["maddrs"]), me
         assert me["connections"][other["peer_id"]], "connected to the other agent"
