@@ -257,13 +257,29 @@ async def dialback_serve(dht, node) -> None:
 
 class DialQueue:
     """One dial at a time, and at most ``waiting`` callers waiting for it: a flood of requests costs
-    the backbone one short-lived daemon at a time, and the rest are told to come back."""
+    the backbone one short-lived daemon at a time, and the rest are told to come back. And at most
+    ``per_source`` dials in ``window_s`` for one source (the IPs the caller is connected from, or its
+    peer id when it has no direct connection): peer ids cost nothing to make, addresses do, so one
+    host cannot keep the queue to itself. An agent asks at most twice per check (direct, then relayed)."""
 
-    def __init__(self, waiting: int = 4) -> None:
+    def __init__(self, waiting: int = 4, per_source: int = 4, window_s: float = 60.0) -> None:
         self.lock, self.waiting, self.limit = asyncio.Lock(), 0, waiting
+        self.per_source, self.window_s = per_source, window_s
+        self._dials: dict[str, list[float]] = {}  # source -> times of its dials within the window
 
     def full(self) -> bool:
         return self.waiting >= self.limit
+
+    def admit(self, sources: set[str], now: float | None = None) -> bool:
+        """Count a dial for ``sources``; False, counting nothing, when one of them used its budget."""
+        now = time.monotonic() if now is None else now
+        self._dials = {source: kept for source, times in self._dials.items()
+                       if (kept := [at for at in times if now - at < self.window_s])}
+        if any(len(self._dials.get(source, ())) >= self.per_source for source in sources):
+            return False
+        for source in sources:
+            self._dials.setdefault(source, []).append(now)
+        return True
 
 
 async def _dialback_answer(p2p, text: str, caller, queue: DialQueue, dial=None) -> DialBackAnswer:
@@ -271,13 +287,18 @@ async def _dialback_answer(p2p, text: str, caller, queue: DialQueue, dial=None) 
         request = DialBackRequest.model_validate_json(text)
     except ValidationError as exc:
         return DialBackAnswer(reachable=False, detail=f"invalid request: {exc.errors()[0]['msg']}"[:2000])
+    observed_ips = await _observed_ips(p2p, caller)
     targets, refused = dialback_targets(request.maddrs, caller=str(caller), backbone=str(p2p.peer_id),
-                                        observed_ips=await _observed_ips(p2p, caller))
+                                        observed_ips=observed_ips)
     if not targets:
         return DialBackAnswer(reachable=False, refused=refused,
                               detail=f"no address this backbone may dial ({'; '.join(refused)})"[:2000])
     if queue.full():
         return DialBackAnswer(reachable=False, refused=refused, detail="busy: too many dial-backs waiting; ask again later")
+    if not queue.admit(observed_ips or {str(caller)}):
+        return DialBackAnswer(reachable=False, refused=refused,
+                              detail=f"busy: more than {queue.per_source} dial-backs from your address within "
+                                     f"{queue.window_s:g} s; ask again later")
     queue.waiting += 1
     try:
         async with queue.lock:

@@ -133,3 +133,42 @@ def test_the_dial_back_dials_the_caller_where_it_connected_from_and_a_flood_is_t
     assert [answer.reachable for answer in answers] == [True, True, False, False, False]
     assert all("busy" in answer.detail for answer in answers[2:])
     assert dialed == [[f"/ip4/11.77.0.2/tcp/4001/p2p/{CALLER}"]] * 2  # at its router's address, not its own
+
+
+def test_one_host_cannot_keep_the_dial_back_to_itself_whatever_peer_ids_it_makes():
+    import asyncio
+
+    from peer_agent.reachability import DialQueue, _dialback_answer
+
+    dialed = []
+
+    async def dial(targets, caller):
+        dialed.append(caller)
+
+    class FreshIdsP2P(FakeP2P):
+        """The same host calling with a new peer id each time."""
+
+        async def list_peers(self):
+            from types import SimpleNamespace
+
+            return [SimpleNamespace(peer_id=caller, addrs=["/ip4/11.77.0.2/tcp/50000"]) for caller in callers]
+
+    callers = [f"12D3KooWCaller{index}" for index in range(6)]
+    queue = DialQueue(per_source=4, window_s=60.0)
+    request = '{"maddrs": ["/ip4/11.77.0.2/tcp/4001"]}'
+    answers = [asyncio.run(_dialback_answer(FreshIdsP2P(), request, caller, queue, dial)) for caller in callers]
+    assert [answer.reachable for answer in answers] == [True] * 4 + [False] * 2
+    assert all("from your address" in answer.detail for answer in answers[4:])
+    assert dialed == callers[:4]
+
+
+def test_the_dial_back_budget_is_per_source_and_comes_back_after_its_window():
+    from peer_agent.reachability import DialQueue
+
+    queue = DialQueue(per_source=2, window_s=60.0)
+    assert queue.admit({"11.77.0.2"}, now=0) and queue.admit({"11.77.0.2"}, now=1)
+    assert not queue.admit({"11.77.0.2"}, now=2), "its budget is spent"
+    assert not queue.admit({"11.77.0.2", "11.77.0.9"}, now=3), "a second address does not lift it"
+    assert queue.admit({"11.77.0.3"}, now=3), "another host has its own"
+    assert queue.admit({"11.77.0.2"}, now=61), "the window moved on"
+    assert queue.admit({"12D3KooWRelayedOnly"}, now=61), "a caller with no direct connection is counted by peer id"
