@@ -110,3 +110,24 @@ def test_the_held_out_settings_lock_once_the_run_has_started(db, organizer):
                    config=RunConfig.model_validate(run.config), heldout_size=50)
     run.refresh_from_db()
     assert run.heldout_size == 100
+
+
+def test_a_hub_dataset_streams_its_train_split_to_agents_and_its_validation_split_to_the_evaluation(tmp_path):
+    """The real loading code on a dataset laid out as on the hub (a split per file), read from disk:
+    no hub is reachable here, and ``datasets`` reads a local directory the way it reads a hub repo."""
+    import json
+
+    from runs.evaluation.runner import heldout_texts
+    from runs.models import Run
+
+    for split, count in (("train", 30), ("validation", 8)):
+        rows = [{"id": n, "content": f"{split} doc {n} first line. {split} doc {n} second line."} for n in range(count)]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = RunConfig.model_validate({"data": {"source": "hub", "path": str(tmp_path), "name": None, "split": "train",
+                                                "text_column": "content"}})
+
+    trained = [row["text"] for row in dataset_stream(config, data_files=None, seed=0)]
+    held_out = heldout_texts(Run(validation_split="validation", heldout_size=5), config)
+
+    assert len(trained) == 30 and all(text.startswith("train doc") for text in trained), "agents get the train split only"
+    assert held_out == [f"validation doc {n} first line. validation doc {n} second line." for n in range(5)]
