@@ -212,7 +212,7 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
     that the comparison can start from one state both share. A round missed later (a part that did
     not arrive in time on a loaded machine) splits them the same way: when fewer than ``steps`` epochs
     follow the last agreement, the second peer loads the first's state again and both train ``steps``
-    more, at most ``RESYNCS`` times.
+    more, at most ``RESYNCS`` times (once with delayed updates).
     """
     pool = BatchPool(workload.batch_stream(seed))
     trainers: list[Trainer] = []
@@ -242,7 +242,9 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
         agree = PEERS_AGREE[workload.config.averaging.state_compression]
         train_together(trainers, settle, step_time_s=step_time_s, deadline_s=deadline_s, after_step=snapshot)
         target = settle + steps
-        for _ in range(RESYNCS):
+        # With delayed updates a peer's last step reaches its model only at its next step, so between
+        # steps the peers differ by design: they are compared once, after settling.
+        for _ in range(1 if workload.config.averaging.delay_updates else RESYNCS):
             if _parameters_gap(trainers) > agree:
                 trainers[1].optimizer.load_state_from_peers()
                 record.resyncs.append(max(trainer.optimizer.local_epoch for trainer in trainers))
@@ -539,6 +541,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-time", type=float, default=0.25,
                         help="seconds each peer waits before a local step, standing in for compute")
     parser.add_argument("--held-out-size", type=int, default=64)
+    parser.add_argument("--matchmaking-time", type=float, default=1.0,
+                        help="the run's matchmaking window; hivemind also waits this long for each part of a round "
+                             "(next_chunk_timeout), so a loaded machine needs more")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds before the swarm gives up")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -546,7 +551,8 @@ def main(argv: list[str] | None = None) -> None:
         workload = workload_build(Path(folder), target_batch_size=args.target_batch_size,
                                   per_device_batch_size=args.per_device_batch_size, learning_rate=args.learning_rate,
                                   warmup_steps=args.warmup_steps, compression=args.compression,
-                                  aggregation=args.aggregation, delay_updates=args.delay_updates)
+                                  aggregation=args.aggregation, delay_updates=args.delay_updates,
+                                  matchmaking_time=args.matchmaking_time)
         comparison = equivalence_measure(workload, steps=args.steps, settle=args.settle, seed=args.seed,
                                          step_time_s=args.step_time, held_out_size=args.held_out_size,
                                          dropout=args.dropout, deadline_s=args.deadline)
