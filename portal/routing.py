@@ -5,6 +5,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
+from accounts.live import NotificationsLiveConsumer
 from runs.credit.live import BoardLiveConsumer, RunLiveConsumer
 from runs.ingest.consumers import AgentConsumer
 
@@ -17,4 +18,5 @@ websocket_urlpatterns = [
     path("ws/agent/", AgentConsumer.as_asgi()),
     path("ws/runs/<slug:slug>/live/", for_browsers(RunLiveConsumer.as_asgi())),
     path("ws/leaderboard/live/", for_browsers(BoardLiveConsumer.as_asgi())),
+    path("ws/notifications/live/", for_browsers(NotificationsLiveConsumer.as_asgi())),
 ]

@@ -1,5 +1,5 @@
 """The bell, the notifications page, the verification and the unsubscribe links in a real Chromium:
-the unread count follows what the volunteer reads, the e-mails' links work from a logged-out
+the unread count follows what the volunteer reads and rings live when a notice is made, the e-mails' links work from a logged-out
 browser, and axe-core finds no serious or critical violation on the pages they lead to."""
 
 import re
@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 
 from accounts.models import User
 from accounts.notifications import notify
-from tests.browser.steps import AXE, AXE_RUN, log_in, open_mailed_link
+from tests.browser.steps import AXE, AXE_RUN, log_in, open_mailed_link, watch_console
 from tests.factories import PASSWORD, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -20,7 +20,9 @@ def axe_problems(page) -> list[str]:
     return page.evaluate(AXE_RUN)
 
 
-def test_the_bell_counts_unread_notifications_until_they_are_read(page, live_server, screenshot):
+def test_the_bell_counts_unread_notifications_until_they_are_read(browser, asgi_server, screenshot):
+    page = browser.new_page(base_url=asgi_server, viewport={"width": 1280, "height": 900})  # websockets too
+    problems = watch_console(page)
     amina = UserFactory(username="amina")
     for key, run in (("run-event:1", "Bangla ALBERT"), ("run-event:2", "Hindi BERT")):
         notify(user=amina, kind="run_paused", key=key, context={"run": run, "url": "/runs/"})
@@ -41,6 +43,15 @@ def test_the_bell_counts_unread_notifications_until_they_are_read(page, live_ser
     page.get_by_role("button", name="Mark all read").click()
     expect(bell.locator(".bell-count")).to_have_count(0)
     expect(bell).to_have_accessible_name("Notifications")
+
+    # A notice the worker makes while the page is open rings the bell, with no reload.
+    page.evaluate("window.stillThisPage = true")
+    notify(user=amina, kind="run_resumed", key="run-event:4", context={"run": "Bangla ALBERT", "url": "/runs/"})
+    expect(bell).to_have_accessible_name("Notifications: 1 unread", timeout=15_000)
+    expect(bell.locator(".bell-count")).to_have_text("1")
+    assert page.evaluate("window.stillThisPage === true")
+    assert problems == []
+    page.close()
 
 
 def test_the_unsubscribe_link_of_an_email_works_in_a_logged_out_browser(page, live_server, screenshot):

@@ -9,6 +9,7 @@ LIVE: `WS /ws/runs/{slug}/live/` with each persona's session cookie. The cell is
 feed opened and pushed the board), 4404 (no such run for this viewer) or DENIED (a foreign
 `Origin`: the handshake is refused before any run is looked up). `WS /ws/leaderboard/live/` (the board
 across runs) is everyone's, as its page is; a choice of board it does not have is 4400.
+`WS /ws/notifications/live/` (the bell's count) is for a signed-in person only: 4401 otherwise.
 
 A websocket route with no row fails `test_every_websocket_route_has_a_row`.
 """
@@ -55,6 +56,8 @@ LIVE = [
     ("/ws/leaderboard/live/",           "http://127.0.0.1",    "snapshot", "snapshot", "snapshot", "snapshot", "snapshot", "snapshot", "snapshot"),  # noqa: E501
     ("/ws/leaderboard/live/?by=robots", "http://127.0.0.1",    4400, 4400, 4400, 4400, 4400, 4400, 4400),
     ("/ws/leaderboard/live/",           "http://evil.example", DENIED, DENIED, DENIED, DENIED, DENIED, DENIED, DENIED),
+    ("/ws/notifications/live/",         "http://127.0.0.1",    4401, "snapshot", "snapshot", "snapshot", "snapshot", "snapshot", "snapshot"),  # noqa: E501
+    ("/ws/notifications/live/",         "http://evil.example", DENIED, DENIED, DENIED, DENIED, DENIED, DENIED, DENIED),
 ]
 
 
@@ -107,7 +110,7 @@ async def _live_outcome(path: str, origin: str, cookie: list) -> str | int:
         if not connected:
             return code if code != 1000 else DENIED  # the origin check closes with no code of its own
         snapshot = json.loads(await communicator.receive_from(timeout=10))
-        assert "leaderboard" in snapshot
+        assert "leaderboard" in snapshot or set(snapshot) == {"unread"}
         return "snapshot"
     finally:
         await communicator.disconnect()
