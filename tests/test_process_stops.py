@@ -158,4 +158,5 @@ def test_the_coordinator_stops_its_backbone_peers_aggregator_within_10_s(portal_
     assert coordinator.stop() < STOP_WITHIN_S, coordinator.output()
     messages = [record["message"] for record in coordinator.records()]
     assert any("stops, after 0 gradient rounds" in message for message in messages), coordinator.output()
-    assert messages[-1] == "coordinator stopped", coordinator.output()
+    # Not always the last record: at exit asyncio may still log a pending task of hivemind's as it collects it.
+    assert "coordinator stopped" in messages, coordinator.output()
