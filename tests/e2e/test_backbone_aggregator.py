@@ -1,7 +1,7 @@
 """A run whose organizer turned `averaging.backbone_aggregates` on, with a real coordinator and two real
 agents: the backbone peer's aggregator joins their gradient rounds as hivemind's auxiliary, with a share
 of the vector from its declared bandwidth, opens no session and earns nothing; training goes on; turning
-the option off stops it."""
+the option off stops it, and so does a pause."""
 
 import json
 import os
@@ -15,6 +15,7 @@ from accounts.services import token_create
 from harness.processes import children_reap
 from peer_agent import aggregation
 from runs.models import Backbone, ContributionEvent, Run, TrainingSession
+from runs.setup import services
 from tests.e2e.agents import agent, serve_until, small_run
 from tests.factories import UserFactory
 
@@ -79,6 +80,15 @@ def test_the_backbone_peers_aggregator_takes_a_share_of_the_agents_rounds_and_ea
             process.send_signal(signal.SIGTERM)
         for name, process in processes.items():
             assert process.wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:]
+
+        config["averaging"]["backbone_aggregates"] = True  # on again: a new aggregator, then the organizer pauses
+        Run.objects.filter(pk=run.pk).update(config=config)
+        serve_until(coordinator, lambda: coordinator.peers[run.pk].aggregator, 180, "the aggregator to start again")
+        rounds_before = coordinator.peers[run.pk].aggregator_rounds
+        services.run_transition(run=Run.objects.get(pk=run.pk), actor=organizer, action="pause")
+        coordinator.cycle()
+        assert run.pk in coordinator.peers and coordinator.peers[run.pk].aggregator is None, "a pause stops it"
+        assert coordinator.peers[run.pk].aggregator_rounds == rounds_before >= backbone.aggregator_rounds
     finally:
         for process in processes.values():
             if process.poll() is None:
