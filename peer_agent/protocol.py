@@ -45,8 +45,8 @@ MODEL_DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "
 MID_RUN_EDITABLE: frozenset[str] = frozenset({
     "averaging.matchmaking_time", "averaging.averaging_timeout", "averaging.min_bandwidth_mbps", "averaging.client_mode",
     "averaging.checkpoint_every_epochs", "averaging.checkpoint_every_minutes", "averaging.keep_last_checkpoints",
-    "averaging.keep_every_nth_checkpoint", "data.shuffle_buffer", "training.per_device_batch_size",
-    "training.gradient_accumulation_steps", "training.precision",
+    "averaging.keep_every_nth_checkpoint", "averaging.backbone_aggregates", "data.shuffle_buffer",
+    "training.per_device_batch_size", "training.gradient_accumulation_steps", "training.precision",
     "verification.spot_checks", "verification.checks_per_epoch", "verification.tolerance",
     "verification.failures_to_suspend",
 })
@@ -235,6 +235,8 @@ class AveragingConfig(_Schema):
                             'training) or "centered_clip" (a peer sending bad gradients cannot steer the model; docs/trust.md).')
     client_mode: Literal["auto", "always", "never"] = Field(
         "auto", description='"auto": peers that cannot accept connections join as clients.')
+    backbone_aggregates: bool = Field(False, description=(
+        "Each coordinator's backbone peer also joins gradient rounds as an aggregator, with its declared bandwidth."))
     min_bandwidth_mbps: float = Field(10.0, gt=0, le=100_000, description="Bandwidth expected of a peer, in Mbit/s.")
     checkpoint_every_epochs: int | None = Field(None, ge=1, le=1_000_000, description="Checkpoint every n optimizer steps.")
     checkpoint_every_minutes: float | None = Field(30.0, gt=0, le=10_080, description="Checkpoint at least this often.")

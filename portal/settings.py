@@ -205,6 +205,12 @@ COORDINATOR_HEARTBEAT_STALE_SECONDS = env_int("COORDINATOR_HEARTBEAT_STALE_SECON
 # Longer than one duty takes (a checkpoint downloads the whole state), shorter than an organizer
 # would go without a monitor reading after a host died.
 COORDINATOR_DUTIES_LEASE_SECONDS = env_int("COORDINATOR_DUTIES_LEASE_SECONDS", 180, minimum=2)
+# A run whose organizers turned on `averaging.backbone_aggregates`: each backbone peer also runs an
+# aggregator (peer_agent/aggregator.py), a second peer on this host that listens here and declares this
+# upload bandwidth to the partition (the host's link, which the coordinator does not measure itself).
+COORDINATOR_AGGREGATOR_HOST_MADDRS = env_list("COORDINATOR_AGGREGATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])
+COORDINATOR_AGGREGATOR_ANNOUNCE_MADDRS = env_list("COORDINATOR_AGGREGATOR_ANNOUNCE_MADDRS", [])
+COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS = env_int("COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS", 100, minimum=1)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 # Downstream probes (docs/organizers.md "Probes"): the largest train or test part an organizer may upload.
 PROBE_MAX_FILE_BYTES = env_int("PROBE_MAX_FILE_BYTES", 10 * 1024 * 1024, minimum=1024)

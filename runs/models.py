@@ -124,6 +124,8 @@ class Backbone(models.Model):
     host = models.CharField(max_length=255, help_text="The host its coordinator runs on.")
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
+    aggregates = models.BooleanField(default=False, help_text="It runs an aggregator in the run's gradient rounds.")
+    aggregator_rounds = models.PositiveIntegerField(default=0, help_text="Gradient rounds its aggregator joined.")
 
     class Meta:
         ordering = ["started_at", "id"]

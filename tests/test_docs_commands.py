@@ -62,7 +62,7 @@ EXERCISED = [
     (r'(pg_dump|pg_restore|tar) .*', BACKUP_TEST),
     (r"(PEER_AGENT_TOKEN=\S+ )?peer-agent join --portal \S+ \S+",
      "tests/browser/test_full_story.py::test_a_run_from_setup_to_pause_and_resume_with_real_agents"),
-    (r"(PEER_AGENT_TOKEN=\S+ )?peer-agent aggregate --portal \S+ \S+( --bandwidth-mbps \S+)?",
+    (r"(PEER_AGENT_TOKEN=\S+ )?peer-agent aggregate( --portal \S+ \S+( --bandwidth-mbps \S+)?)?",
      "tests/e2e/test_aggregator_with_portal.py::test_an_organizers_aggregator_helps_a_trainer_average_and_claims_nothing"),
     (r"peer-agent join --config agent\.toml",
      CLI_TESTS + "test_a_flag_beats_the_environment_which_beats_the_config_file_which_beats_the_login"),

@@ -52,6 +52,8 @@ FIELDS = {
         'How each part of the gradient all-reduce is combined: "mean" (exactly large-batch training) or '
         '"centered_clip" (a peer sending bad gradients cannot steer the model; docs/trust.md).')),
     "averaging.client_mode": (_("Client mode"), _('"auto": peers that cannot accept connections join as clients.')),
+    "averaging.backbone_aggregates": (_("Backbone peers aggregate"), _(
+        "Each coordinator's backbone peer also joins gradient rounds as an aggregator, with its declared bandwidth.")),
     "averaging.min_bandwidth_mbps": (_("Minimum bandwidth (Mbit/s)"), _("Bandwidth expected of a peer, in Mbit/s.")),
     "averaging.checkpoint_every_epochs": (_("Checkpoint every n epochs"), _("Checkpoint every n optimizer steps.")),
     "averaging.checkpoint_every_minutes": (_("Checkpoint every n minutes"), _("Checkpoint at least this often.")),

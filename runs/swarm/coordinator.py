@@ -1,12 +1,14 @@
 """The run coordinator: for every active run, a stable hivemind backbone peer whose addresses are
 among the run's `initial_peers`, a heartbeat that organizers see, and the run's duties: its monitor
-(runs.swarm.monitor), checkpointer and spot-check validator.
+(runs.swarm.monitor), checkpointer and spot-check validator; and, when the run's organizers ask for it
+(``averaging.backbone_aggregates``), an aggregator beside each backbone peer.
 
 A run may have several backbone peers, from coordinators on several hosts (docs/deploy.md): every
 one of them is an initial peer of every join, and one at a time holds the duties, on a lease it
 renews each cycle; when its coordinator dies, another takes them over once the lease lapses."""
 
 import datetime
+import functools
 import json
 import logging
 import socket
@@ -23,6 +25,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import dht_result, metrics_validators
+from peer_agent.protocol import RunConfig, access_username
 from peer_agent.reachability import dialback_install, relay_options
 from portal.logs import log_context
 from runs.access.authority import access_token_sign, authority_load
@@ -33,6 +36,73 @@ from runs.swarm.spotcheck import Validator
 
 logger = logging.getLogger(__name__)
 COORDINATOR_USERNAME = "coordinator"
+AGGREGATOR_STEP_S = 0.1  # how often the aggregator looks whether a round is due (peer_agent.aggregate does the same)
+
+
+def aggregator_access_sign(*, authority, peer_public_key: bytes) -> dict:
+    """A backbone aggregator's hivemind access token: the run's authority signs it as it signs every
+    session's, naming the aggregator role (``coordinator#aggregator``)."""
+    return access_token_sign(private_key=authority, username=access_username(COORDINATOR_USERNAME, "aggregator"),
+                             peer_public_key=peer_public_key,
+                             lifetime=datetime.timedelta(minutes=settings.HIVEMIND_ACCESS_MINUTES))
+
+
+class BackboneAggregator:
+    """The run's aggregator on a backbone peer's host (``averaging.backbone_aggregates``): a second peer
+    that enters the swarm through the backbone peer and joins every gradient round in hivemind's auxiliary
+    mode (``peer_agent.aggregator``), declaring COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS to the partition.
+
+    Its access token is signed by the run's authority as every session's is (``access_token_sign`` with
+    ``access_username``, runs/access/sessions.py), naming the aggregator role, so authorizers and
+    membership proofs treat it as an organizer's aggregator. It opens no session: it reports no samples
+    and earns no credit. A thread of its own steps it, since the coordinator's cycle blocks for seconds."""
+
+    def __init__(self, run: Run, *, authority, initial_peers: list[str]) -> None:
+        from peer_agent.aggregator import Aggregator
+        from peer_agent.tokenizer import tokenizer_load
+        from peer_agent.training import TrainerSetup
+
+        key = RSAPrivateKey()  # its own: the backbone peer's progress records must not be overwritten
+        fetch_token = functools.partial(aggregator_access_sign, authority=authority,
+                                        peer_public_key=key.get_public_key().to_bytes())
+
+        setup = TrainerSetup(
+            config=RunConfig.model_validate(run.config), run_id=run.hivemind_run_id, initial_peers=initial_peers,
+            bandwidth=float(settings.COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS), private_key=key,
+            authorizer=PortalAuthorizer(key, rsa_public_key_parse(run.authority_public_key), fetch_token),
+            host_maddrs=settings.COORDINATOR_AGGREGATOR_HOST_MADDRS,
+            announce_maddrs=settings.COORDINATOR_AGGREGATOR_ANNOUNCE_MADDRS or None,
+        )
+        tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
+        self.aggregator = Aggregator(setup, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+        self.peer_id = str(self.aggregator.dht.peer_id)
+        self.rounds = 0  # gradient rounds it took its part in
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"aggregator-{run.slug}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.wait(AGGREGATOR_STEP_S):
+            try:
+                group = self.aggregator.step()
+            except Exception:  # a failed round must not end the aggregator: the next epoch brings another
+                logger.exception("aggregator %s: a gradient round failed", self.peer_id)
+                continue
+            if group:
+                self.rounds += 1
+                logger.info("aggregator %s: averaged gradients in a group of %d peers at epoch %d", self.peer_id,
+                            group, self.aggregator.local_epoch)
+            elif group is not None:
+                logger.info("aggregator %s: the round of epoch %d went on without it", self.peer_id,
+                            self.aggregator.local_epoch)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.aggregator.dht.is_alive()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)  # a step returns at once; this waits out the one under way
+        self.aggregator.shutdown()
 
 
 class BackbonePeer:
@@ -41,7 +111,8 @@ class BackbonePeer:
 
     def __init__(self, run: Run, *, state_dir: Path, host_maddrs: list[str], announce_maddrs: list[str] | None) -> None:
         self.run_pk, self.slug, self.run_id = run.pk, run.slug, run.hivemind_run_id
-        authority = authority_load(encrypted=run.authority_private_key, secret=settings.AUTHORITY_ENCRYPTION_KEY)
+        self.authority = authority = authority_load(encrypted=run.authority_private_key,
+                                                    secret=settings.AUTHORITY_ENCRYPTION_KEY)
         self.private_key = RSAPrivateKey()
         lifetime = datetime.timedelta(minutes=settings.HIVEMIND_ACCESS_MINUTES)
         public_key = self.private_key.get_public_key().to_bytes()
@@ -80,14 +151,44 @@ class BackbonePeer:
         self.checkpointer = Checkpointer(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht)
         self.validator = Validator(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht,
                                    checkpointer=self.checkpointer)
+        self.aggregator: BackboneAggregator | None = None
+        self._rounds_before = 0  # rounds of the aggregators this peer ran before the current one
+
+    @property
+    def aggregator_rounds(self) -> int:
+        return self._rounds_before + (self.aggregator.rounds if self.aggregator else 0)
+
+    def aggregator_sync(self, run: Run) -> None:
+        """Run an aggregator while the run is active and its organizers want one, and stop it otherwise
+        (a pause, the option turned off) or when it died (a new one starts at the next cycle)."""
+        wanted = (run.status == Run.Status.ACTIVE and run.tokenizer_status == Run.TokenizerStatus.READY
+                  and RunConfig.model_validate(run.config).averaging.backbone_aggregates)
+        if self.aggregator is not None and not (wanted and self.aggregator.alive()):
+            self._aggregator_stop()
+        if wanted and self.aggregator is None:
+            try:
+                self.aggregator = BackboneAggregator(run, authority=self.authority, initial_peers=self.maddrs)
+            except Exception:  # a busy host's p2p daemon may not start in time: the next cycle tries again
+                logger.exception("run %s: the backbone peer's aggregator did not start", self.slug)
+                return
+            logger.info("run %s: aggregator %s joins the gradient rounds beside backbone peer %s", self.slug,
+                        self.aggregator.peer_id, self.peer_id)
+
+    def _aggregator_stop(self) -> None:
+        aggregator, self.aggregator = self.aggregator, None
+        self._rounds_before += aggregator.rounds
+        logger.info("run %s: aggregator %s stops, after %d gradient rounds", self.slug, aggregator.peer_id,
+                    aggregator.rounds)
+        aggregator.shutdown()
 
     def heartbeat(self) -> None:
         """Tell the portal the backbone peer is up, so that joins name its addresses (while its DHT lives)."""
         if not self.dht.is_alive():
             raise RuntimeError(f"run {self.slug}: the backbone peer's DHT process has died")
         now = timezone.now()
-        Backbone.objects.update_or_create(run_id=self.run_pk, peer_id=self.peer_id,
-                                          defaults=dict(maddrs=self.maddrs, host=self.host, heartbeat_at=now))
+        Backbone.objects.update_or_create(run_id=self.run_pk, peer_id=self.peer_id, defaults=dict(
+            maddrs=self.maddrs, host=self.host, heartbeat_at=now, aggregates=self.aggregator is not None,
+            aggregator_rounds=self.aggregator_rounds))
         Run.objects.filter(pk=self.run_pk).update(coordinator_heartbeat_at=now)
         initial_peers_publish(run_pk=self.run_pk, now=now)
 
@@ -133,6 +234,11 @@ class BackbonePeer:
 
     def shutdown(self) -> None:
         logger.info("run %s: backbone peer stopping", self.slug)
+        if self.aggregator is not None:
+            try:
+                self._aggregator_stop()
+            except Exception:  # the backbone peer must still leave
+                logger.exception("run %s: the aggregator did not stop cleanly", self.slug)
         try:
             # Joins stop naming this peer at once, not only when its heartbeat goes stale, and another
             # backbone peer may take the duties over at its next cycle.
@@ -230,6 +336,7 @@ class Coordinator:
                         run, state_dir=self.state_dir, host_maddrs=settings.COORDINATOR_HOST_MADDRS,
                         announce_maddrs=settings.COORDINATOR_ANNOUNCE_MADDRS or None,
                     )
+                self.peers[pk].aggregator_sync(run)
                 self.peers[pk].tick(self.stopping)
 
     @staticmethod

@@ -113,3 +113,14 @@ def test_each_backbone_peer_shows_its_state_and_only_organizers_see_where_it_run
 
     Run.objects.filter(pk=run.pk).update(duties_until=now - datetime.timedelta(seconds=1))
     assert "holds the duties" not in page(client_for(organizer)).content.decode(), "a lapsed hold is no one's"
+
+
+def test_each_backbone_peer_shows_whether_it_aggregates_and_how_many_rounds_it_joined(client_for, run, outsider):
+    Backbone.objects.create(run=run, peer_id="QmAggregating", host="a.example", aggregates=True, aggregator_rounds=1234)
+    Backbone.objects.create(run=run, peer_id="QmPlain", host="b.example", aggregates=False, aggregator_rounds=7)
+
+    html = page(client_for(outsider)).content.decode()
+    html = html[html.index('<table id="backbones">'):html.index("</table>")]
+    aggregating, plain = html.index("QmAggregating"), html.index("QmPlain")
+    assert "1,234" in html[aggregating:plain] and "does not aggregate" not in html[aggregating:plain]
+    assert "does not aggregate" in html[plain:] and ">7<" not in html[plain:], "rounds of a stopped aggregator are not shown"

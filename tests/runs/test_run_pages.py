@@ -6,14 +6,7 @@ from django.urls import reverse
 from runs.models import Run, RunEvent
 from runs.setup.forms import RunForm, preset_config
 from tests.factories import RunFactory, UserFactory
-
-
-def run_form_data(preset: str = "tiny", **changes) -> dict:
-    initial = RunForm.initial_from(config=preset_config(preset))
-    data = {key: value for key, value in initial.items() if value is not None and value is not False}
-    data.update(name="Bengali ALBERT", slug="bengali-albert", description="sahajBERT again", visibility="public")
-    data.update(changes)
-    return data
+from tests.runs.run_forms import run_form_data
 
 
 def test_an_organizer_creates_a_draft_run_from_a_preset(client_for, organizer):
