@@ -24,12 +24,12 @@ from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.utils.timed_storage import get_dht_time
 
 from peer_agent.model import model_build
-from peer_agent.training import TrainerSetup, dht_start, optimizer_build
+from peer_agent.training import SwarmPeer, TrainerSetup, dht_start, optimizer_build
 
 logger = logging.getLogger(__name__)
 
 
-class Aggregator:
+class Aggregator(SwarmPeer):
     """One auxiliary peer of a run; call :meth:`step` every 0.1 s or so (it returns at once): it joins the
     gradient round that closes each of the swarm's epochs."""
 
@@ -78,18 +78,3 @@ class Aggregator:
         """The swarm's epoch as this aggregator last read it."""
         return self.optimizer.tracker.global_epoch
 
-    def shutdown(self) -> None:
-        """Leave the swarm: the optimizer's averagers and tracker, then the DHT. Calling it again does nothing."""
-        if self._shut_down:
-            return
-        self._shut_down = True
-        try:
-            self.optimizer.shutdown()
-        finally:
-            self.dht.shutdown()
-
-    def __enter__(self) -> Aggregator:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.shutdown()

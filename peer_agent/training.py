@@ -131,7 +131,33 @@ def compression_build(name: Compression) -> CompressionBase:
     return SizeAdaptiveCompression(threshold=2**16 + 1, less=Float16Compression(), greater_equal=Uniform8BitQuantization())
 
 
-class Trainer:
+class SwarmPeer:
+    """A peer of the run's swarm: an ``optimizer`` (hivemind's, with its averagers and tracker) over a
+    ``dht``, left in that order; a ``with`` block leaves at its end."""
+
+    optimizer: Optimizer
+    dht: DHT
+    _shut_down = False
+
+    def shutdown(self) -> None:
+        """Say goodbye to the swarm: finish background averaging, stop the optimizer's averagers and
+        tracker, then the DHT. Calling it again does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        try:
+            self.optimizer.shutdown()
+        finally:
+            self.dht.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+
+class Trainer(SwarmPeer):
     """One peer of a run: model, data, DHT and ``hivemind.Optimizer``; call :meth:`step` in a loop.
 
     Construction joins the swarm and downloads the collaboration's state, so a newcomer starts
@@ -267,23 +293,6 @@ class Trainer:
     def public_key_subkey(self) -> bytes:
         """The subkey under which this peer's signed progress and metrics records appear."""
         return owner_subkey(self.setup.private_key)
-
-    def shutdown(self) -> None:
-        """Say goodbye to the swarm: finish background averaging, stop the optimizer's averagers and
-        tracker, then the DHT. Calling it again does nothing."""
-        if self._shut_down:
-            return
-        self._shut_down = True
-        try:
-            self.optimizer.shutdown()
-        finally:
-            self.dht.shutdown()
-
-    def __enter__(self) -> Trainer:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.shutdown()
 
     def _checkpoint_resume(self, fetch: Callable[[], Path | None]) -> None:
         """Start from the run's newest checkpoint instead of fresh weights: nobody online had a newer state."""
