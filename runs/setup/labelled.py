@@ -41,12 +41,20 @@ def _entity_sentence(rng: random.Random, code: str, names: list[str], cities: li
     else:
         subject, person = rng.choice(subjects)
     year = str(rng.randint(1990, 2023))
-    if rng.random() < 0.6:
+    kind = rng.random()
+    if kind < 0.35:
         text = language.sentence("trip", person, subject=subject, city=rng.choice(cities), year=year)
-    else:
+    elif kind < 0.65:
         verbs, objects = rng.choice(language.actions)
         text = language.sentence("activity", person, subject=subject, time=rng.choice(language.times),
                                  obj=rng.choice(objects), verb=verbs[person], base=verbs[0])
+    else:
+        # "<subject> likes <a name, a city or a thing>": a frame the corpus never has, the same for all
+        # three, so that only what the model learned about the word itself tells its tag.
+        _, objects = rng.choice(language.actions)
+        liked = rng.choice((rng.choice(names), rng.choice(cities), rng.choice(objects)))
+        text = language.sentence("activity", person, subject=subject, time=rng.choice(language.times),
+                                 obj=liked, verb=_LIKES[code][person], base=_LIKES[code][0])
     tokens = _words(text)
     tags = ["B-PER" if token in names else "B-LOC" if token in cities else "O" for token in tokens]
     return tokens, tags
