@@ -59,6 +59,8 @@ def test_a_pretrained_checkpoint_beats_the_random_init_baseline_on_the_entity_pr
         assert 0 <= baseline.score <= 1 and 0 <= scored.score <= 1
         assert scored.wall_seconds > 0 and scored.cpu_seconds > 0
     names = {score.baseline: score.score for score in ProbeScore.objects.filter(probe__name="names")}
+    print("probe scores (baseline, checkpoint):", {probe.name: tuple(round(s.score, 3) for s in probe.scores.order_by("-baseline"))
+                                                   for probe in run.probes.all()})  # shown with -s; docs/benchmarks.md
     assert names[False] >= names[True] + ENTITY_MARGIN, names
     # The topic probe's checkpoint does not beat its baseline at this much pretraining (issue #16): not asserted.
 
