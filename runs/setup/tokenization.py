@@ -103,7 +103,17 @@ def tokenizer_train(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, unk_token=UNK, show_progress=False
     )
     tokenizer.train_from_iterator(lines, trainer=trainer)
-    return tokenizer
+    return _vocab_canonical(tokenizer)
+
+
+def _vocab_canonical(tokenizer: Tokenizer) -> Tokenizer:
+    """The trained pieces in one order for the same text: the trainer's order of pieces whose scores
+    tie up to float noise (1e-14) varies from one training to the next, which moved token ids and so
+    gave the same run id different initial weights (docs/benchmarks.md section 15)."""
+    parsed = json.loads(tokenizer.to_str())
+    specials, pieces = parsed["model"]["vocab"][:len(SPECIAL_TOKENS)], parsed["model"]["vocab"][len(SPECIAL_TOKENS):]
+    parsed["model"]["vocab"] = specials + sorted(pieces, key=lambda piece: (-round(piece[1], 8), piece[0]))
+    return Tokenizer.from_str(json.dumps(parsed))
 
 
 def tokenizer_validate(json_text: str) -> Tokenizer:

@@ -137,3 +137,11 @@ def test_the_organizer_removes_a_probe_with_its_files(client_for, organizer, run
 def test_a_parse_error_names_the_line():
     with pytest.raises(ProbeFormatError, match="line 3"):
         tokens_parse("a O\nb O\nc\n")
+
+
+def test_the_demo_sets_are_the_same_on_every_call_and_put_entities_in_a_frame_the_corpus_lacks():
+    assert entity_sets(n_train=60, n_test=20) == entity_sets(n_train=60, n_test=20)
+    assert topic_sets(n_train=60, n_test=20) == topic_sets(n_train=60, n_test=20)
+    framed = [sentence for sentence in entity_sets(n_train=300, n_test=0)[0].split("\n\n") if "en:likes" in sentence]
+    tags = {line.split()[1] for sentence in framed for line in sentence.splitlines() if line.split()[0] != "en:likes"}
+    assert {"B-PER", "B-LOC"} <= tags

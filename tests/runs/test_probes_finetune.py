@@ -33,11 +33,15 @@ def threads():
     torch.set_num_threads(before)
 
 
-def test_a_probe_scores_a_pretrained_checkpoint_beside_the_random_init_baseline(organizer, tmp_path, threads):
-    # Whether the pretrained checkpoint beats the baseline is not asserted: with 1,000 pretraining steps of the
-    # tiny model it does in some runs and not in others, for either probe (the run's random initial weights
-    # differ each time; names F1 0.53 against 0.30 once, 0.0 against 0.46 another time). Issue #16 keeps it open.
-    run = run_with_heldout(organizer, slug="probed")
+# The entity probe's lead of the checkpoint over the baseline that the test asks for: with this run id the
+# lead is +0.134 F1 on every run, over other initial seeds +0.03 to +0.23 (docs/benchmarks.md section 15).
+ENTITY_MARGIN = 0.08
+
+
+def test_a_pretrained_checkpoint_beats_the_random_init_baseline_on_the_entity_probe(organizer, tmp_path, threads):
+    # A fixed run id: the run's initial weights (crc32 of it, as the peers draw them) and so the baseline
+    # are the same on every test run, and the checkpoint is trained from them.
+    run = run_with_heldout(organizer, slug="probed", hivemind_run_id="probe-test-run")
     for name, task, (train, test) in (("names", "tokens", entity_sets()), ("topics", "text", topic_sets())):
         probe_add(run=run, actor=organizer, name=name, task=task, train=train.encode(), test=test.encode())
     checkpoint = checkpoint_train(run, tmp_path, epoch=3, steps=1000)
@@ -54,6 +58,11 @@ def test_a_probe_scores_a_pretrained_checkpoint_beside_the_random_init_baseline(
         assert (scored.epoch, scored.samples, scored.checkpoint) == (3, checkpoint.samples, checkpoint)
         assert 0 <= baseline.score <= 1 and 0 <= scored.score <= 1
         assert scored.wall_seconds > 0 and scored.cpu_seconds > 0
+    names = {score.baseline: score.score for score in ProbeScore.objects.filter(probe__name="names")}
+    scores = {probe.name: tuple(round(s.score, 3) for s in probe.scores.order_by("-baseline")) for probe in run.probes.all()}
+    print("probe scores (baseline, checkpoint):", scores)  # shown with -s: docs/benchmarks.md section 15
+    assert names[False] >= names[True] + ENTITY_MARGIN, names
+    # The topic probe's checkpoint does not beat its baseline at this much pretraining (issue #16): not asserted.
 
 
 def test_probes_run_on_every_nth_checkpoint_only_but_by_hand_on_any(organizer, tmp_path, threads):

@@ -188,3 +188,12 @@ def test_validate_rejects_an_untrained_tokenizer_with_an_empty_vocab():
     untrained.add_special_tokens(SPECIAL_TOKENS)
     with pytest.raises(ValueError, match="has 6 tokens; a run needs at least 100"):
         tokenizer_validate(untrained.to_str())
+
+
+def test_the_same_text_trains_the_same_token_ids():
+    # The trainer orders pieces whose scores tie to float noise differently on each training; the ids
+    # must not move, or a run's seeded initial weights differ per token (docs/benchmarks.md section 15).
+    lines = corpus_lines(n_lines=4000)
+    vocabularies = [tokenizer_train(lines=lines, vocab_size=400).get_vocab() for _ in range(3)]
+    assert vocabularies[0] == vocabularies[1] == vocabularies[2]
+    assert [vocabularies[0][token] for token in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
