@@ -1,9 +1,11 @@
 """Stepping real hivemind trainers together, each in its own thread, as the agent's swarm tests
 (tests/peer_agent/) and the benchmarks (bench/equivalence.py) do."""
 
+import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 STEP_TIME_S = 0.25  # stands in for compute, so the swarm's progress reads keep up as they would on real hardware
 DEADLINE_S = 120
@@ -76,3 +78,21 @@ def optimizer_watch(trainer, *, on_anomaly: Callable[[str, int], None],
             on_group(list(control.result()), epoch)
 
     optimizer._average_gradients_and_load_into_optimizer = averaged
+
+
+def gradient_rounds_recorder(record: Path) -> type:
+    """An ``AllReduceRunner`` class that appends each gradient round it runs to ``record`` (JSON lines:
+    the peers, their fractions of the vector and their modes), for ``peer_agent.aggregation.RUNNERS``.
+    Averagers fork from the test's process, so each peer's averager writes its own line."""
+    from hivemind.averaging.allreduce import AllReduceRunner
+
+    class RecordingRunner(AllReduceRunner):
+        def __init__(self, *args, peer_fractions, ordered_peer_ids, prefix, modes=None, **kwargs):
+            if prefix.endswith("_grad_averager"):
+                with record.open("a") as file:
+                    file.write(json.dumps(dict(fractions=list(peer_fractions), peers=[str(p) for p in ordered_peer_ids],
+                                               modes=[mode.value for mode in modes or ()])) + "\n")
+            super().__init__(*args, peer_fractions=peer_fractions, ordered_peer_ids=ordered_peer_ids, prefix=prefix,
+                             modes=modes, **kwargs)
+
+    return RecordingRunner

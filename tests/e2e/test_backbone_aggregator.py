@@ -9,10 +9,11 @@ import signal
 
 import pytest
 from django.db.models import Max
-from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
+from hivemind.averaging.allreduce import AveragingMode
 
 from accounts.services import token_create
 from harness.processes import children_reap
+from harness.swarm import gradient_rounds_recorder
 from peer_agent import aggregation
 from runs.models import Backbone, ContributionEvent, Run, TrainingSession
 from runs.setup import services
@@ -27,18 +28,7 @@ def test_the_backbone_peers_aggregator_takes_a_share_of_the_agents_rounds_and_ea
 ):
     record = tmp_path / "grad_rounds.jsonl"
 
-    class RecordingRunner(AllReduceRunner):
-        """Writes down each gradient round as the aggregator's averager (forked from this process) runs it."""
-
-        def __init__(self, *args, peer_fractions, ordered_peer_ids, prefix, modes=None, **kwargs):
-            if prefix.endswith("_grad_averager"):
-                with record.open("a") as file:
-                    file.write(json.dumps(dict(fractions=list(peer_fractions), peers=[str(p) for p in ordered_peer_ids],
-                                               modes=[mode.value for mode in modes or ()])) + "\n")
-            super().__init__(*args, peer_fractions=peer_fractions, ordered_peer_ids=ordered_peer_ids, prefix=prefix,
-                             modes=modes, **kwargs)
-
-    monkeypatch.setitem(aggregation.RUNNERS, "mean", RecordingRunner)
+    monkeypatch.setitem(aggregation.RUNNERS, "mean", gradient_rounds_recorder(record))
     monkeypatch.setenv("PEER_AGENT_BANDWIDTH_MBPS", "20")  # volunteers on thin links, as the agents declare it
     settings.COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS = 500
     run = small_run(organizer)

@@ -5,10 +5,10 @@ import json
 import threading
 
 import pytest
-from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
+from hivemind.averaging.allreduce import AveragingMode
 from hivemind.utils.crypto import RSAPrivateKey
 
-from harness.swarm import train_together
+from harness.swarm import gradient_rounds_recorder, train_together
 from peer_agent import aggregation
 from peer_agent.aggregator import Aggregator
 from peer_agent.authorizer import PortalAuthorizer
@@ -28,18 +28,7 @@ def test_an_aggregator_takes_a_share_of_every_round_and_contributes_no_samples(t
                                                                               monkeypatch, tmp_path):
     record = tmp_path / "grad_rounds.jsonl"
 
-    class RecordingRunner(AllReduceRunner):
-        """Writes down each gradient round as every peer (a forked averager process) runs it."""
-
-        def __init__(self, *args, peer_fractions, ordered_peer_ids, prefix, modes=None, **kwargs):
-            if prefix.endswith("_grad_averager"):
-                with record.open("a") as file:
-                    file.write(json.dumps(dict(fractions=list(peer_fractions), peers=[str(p) for p in ordered_peer_ids],
-                                               modes=[mode.value for mode in modes or ()])) + "\n")
-            super().__init__(*args, peer_fractions=peer_fractions, ordered_peer_ids=ordered_peer_ids, prefix=prefix,
-                             modes=modes, **kwargs)
-
-    monkeypatch.setitem(aggregation.RUNNERS, "mean", RecordingRunner)  # read as each averager is made
+    monkeypatch.setitem(aggregation.RUNNERS, "mean", gradient_rounds_recorder(record))  # read as each averager is made
     authority = RunAuthority()
     config = tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0))
 
