@@ -8,12 +8,13 @@
 - ``trainer``: an agent's ``Trainer`` (``WORKDIR/config.json``, ``tokenizer.json``, ``corpus.txt``),
   direct or relayed through the backbone, that trains to ``--epochs`` and writes what it saw to
   ``WORKDIR/trainer<I>.json``: the peers of each gradient round, the addresses of its connections
-  (``/p2p-circuit`` ones went through a relay) and a checksum of its parameters.
+  (``/p2p-circuit`` ones went through a relay) and the averaged gradients of each round.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import time
@@ -59,7 +60,17 @@ async def _announced(dht, node) -> list[str]:
     return [str(maddr) for maddr in await node.p2p.get_visible_maddrs(latest=True)]
 
 
+def _ask(trainer, coroutine, default, timeout: float = 15.0):
+    """Run ``coroutine`` in the trainer's DHT process; ``default`` when it has not answered in ``timeout`` s."""
+    try:
+        return trainer.dht.run_coroutine(coroutine, return_future=True).result(timeout=timeout)
+    except TimeoutError:
+        return default
+
+
 def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s: float) -> None:
+    # A start, step or shutdown stuck past the deadline: the threads' stacks go to the log and the process exits.
+    faulthandler.dump_traceback_later(deadline_s + 60, exit=True)
     import torch
 
     from harness.swarm import STEP_TIME_S, optimizer_watch
@@ -73,9 +84,15 @@ def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s:
     setup = TrainerSetup(config=config, run_id="nat_run", initial_peers=backbones, relayed=relayed, seed=index,
                          host_maddrs=["/ip4/0.0.0.0/tcp/0"], data_files=[str(work / "corpus.txt")])
     trainer = Trainer(setup, tokenizer_load(work / "tokenizer.json"))
-    rounds, anomalies, connections = [], [], {}
-    optimizer_watch(trainer, on_anomaly=lambda what, epoch: anomalies.append([what, epoch]),
-                    on_group=lambda peers, epoch: rounds.append([epoch, sorted(str(peer) for peer in peers)]))
+    rounds, anomalies, connections, averaged, maddrs = [], [], {}, {}, []
+
+    def on_group(peers, epoch: int) -> None:
+        rounds.append([epoch, sorted(str(peer) for peer in peers)])
+        # The round's averaged gradients are in the optimizer's .grad now; each peer of it holds the same.
+        optimized = [param for group in trainer.optimizer.state_averager.optimizer.param_groups for param in group["params"]]
+        averaged[epoch] = torch.cat([param.grad.flatten() for param in optimized]).tolist()
+
+    optimizer_watch(trainer, on_anomaly=lambda what, epoch: anomalies.append([what, epoch]), on_group=on_group)
     deadline = time.monotonic() + deadline_s
     try:
         (work / f"ready{index}").touch()
@@ -83,15 +100,15 @@ def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s:
             time.sleep(STEP_TIME_S)
             trainer.step()
             if rounds and not connections:  # while the first round's connections are still open
-                connections = trainer.dht.run_coroutine(_connections)
-        connections = {**connections, **trainer.dht.run_coroutine(_connections)}
+                connections, maddrs = _ask(trainer, _connections, {}), _ask(trainer, _announced, [])
+        # The daemon may not answer once the other peer is gone: what it said after the first round stands.
+        connections = {**connections, **_ask(trainer, _connections, {})}
+        maddrs = _ask(trainer, _announced, []) or maddrs
         peer_id = str(trainer.dht.peer_id)
-        maddrs = trainer.dht.run_coroutine(_announced)
     finally:
         trainer.shutdown()
-    checksum = float(sum(parameter.detach().double().sum() for parameter in trainer.model.parameters()))
     result = dict(peer_id=peer_id, maddrs=maddrs, epoch=trainer.optimizer.local_epoch, rounds=rounds,
-                  anomalies=anomalies, connections=connections, checksum=checksum)
+                  anomalies=anomalies, connections=connections, averaged=averaged)
     (work / f"trainer{index}.json").write_text(json.dumps(result))
 
 
