@@ -80,17 +80,22 @@ def optimizer_watch(trainer, *, on_anomaly: Callable[[str, int], None],
     optimizer._average_gradients_and_load_into_optimizer = averaged
 
 
-def gradient_rounds_recorder(record: Path) -> type:
-    """An ``AllReduceRunner`` class that appends each gradient round it runs to ``record`` (JSON lines:
-    the peers, their fractions of the vector and their modes), for ``peer_agent.aggregation.RUNNERS``.
-    Averagers fork from the test's process, so each peer's averager writes its own line."""
+def averaging_rounds_recorder(record: Path) -> type:
+    """An ``AllReduceRunner`` class that appends each averaging round it runs to ``record`` (JSON lines:
+    ``kind``, "gradients" or "parameters", the peers, their fractions of the vector and their modes), for
+    ``peer_agent.aggregation.RUNNERS``. Averagers fork from the test's process, so each peer's averager
+    writes its own line."""
     from hivemind.averaging.allreduce import AllReduceRunner
+
+    kinds = {"_grad_averager": "gradients", "_state_averager": "parameters"}
 
     class RecordingRunner(AllReduceRunner):
         def __init__(self, *args, peer_fractions, ordered_peer_ids, prefix, modes=None, **kwargs):
-            if prefix.endswith("_grad_averager"):
+            kind = next((kind for suffix, kind in kinds.items() if prefix.endswith(suffix)), None)
+            if kind is not None:
                 with record.open("a") as file:
-                    file.write(json.dumps(dict(fractions=list(peer_fractions), peers=[str(p) for p in ordered_peer_ids],
+                    file.write(json.dumps(dict(kind=kind, fractions=list(peer_fractions),
+                                               peers=[str(p) for p in ordered_peer_ids],
                                                modes=[mode.value for mode in modes or ()])) + "\n")
             super().__init__(*args, peer_fractions=peer_fractions, ordered_peer_ids=ordered_peer_ids, prefix=prefix,
                              modes=modes, **kwargs)

@@ -100,6 +100,14 @@ class AggregatingAverager(DecentralizedAverager):
         # hivemind 1.1.12's DecentralizedAverager._run_allreduce_inplace_ (hivemind/averaging/averager.py),
         # which names its runner class inline, with the run's runner class instead.
         group_id = group_info.group_id if group_id is None else group_id
+        declared = [AveragingMode(self.serializer.loads(data)[1]) for data in group_info.gathered]
+        if "modes" not in kwargs and AveragingMode.AUX in declared:
+            # hivemind 1.1.12 does not pass the members' modes on (each declares its own in its gathered
+            # data: [bandwidth, mode, its own data]), and its runner guesses them from the parts: a member
+            # without a part is a client, one with a part a node. An auxiliary (an aggregator) taken for a
+            # node sends a zero-weight vector, and every member downloads a useless slice from it.
+            guessed = (AveragingMode.CLIENT if part == 0 else AveragingMode.NODE for part in kwargs["peer_fractions"])
+            kwargs["modes"] = tuple(mode if mode == AveragingMode.AUX else guess for mode, guess in zip(declared, guessed))
         runner = self._runner_class(p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,
                                     group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs)
         assert group_id in self._running_groups, f"Group id {group_id} was not registered in _register_allreduce_group"

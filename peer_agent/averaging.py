@@ -201,11 +201,6 @@ class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, Aggregating
             can_aggregate = [mode != AveragingMode.CLIENT and (bandwidth is None or bandwidth > 0)
                              for bandwidth, mode in zip(bandwidths, modes)]
             kwargs["peer_fractions"] = shares_with_floor(parts, can_aggregate)
-            if AveragingMode.AUX in modes:
-                # hivemind 1.1.12 does not pass the modes on, and its runner then takes an auxiliary for a
-                # sender of a zero-weight vector: every aggregator, a volunteer on a thin link included,
-                # would download a useless slice from it. With the modes, it only receives and reduces.
-                kwargs.setdefault("modes", modes)
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
 

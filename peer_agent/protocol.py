@@ -68,8 +68,9 @@ MAX_COMMITTED_STEPS = 1024
 # spot-checked and confirmed. From 0.7.0 on they pass each peer's mode to the all-reduce, so that an
 # auxiliary aggregator in a group is a receiver and not a sender (an older agent would download a
 # useless part from it and fail the round), and reach NATed peers through the backbones' relays.
+# From 0.8.0 on they pass the modes in parameter averaging too, which aggregators now join.
 # The portal refuses joins from older agents.
-SWARM_COMPATIBLE_SINCE = "0.7.0"
+SWARM_COMPATIBLE_SINCE = "0.8.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).

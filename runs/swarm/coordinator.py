@@ -49,8 +49,9 @@ def aggregator_access_sign(*, authority, peer_public_key: bytes) -> dict:
 
 class BackboneAggregator:
     """The run's aggregator on a backbone peer's host (``averaging.backbone_aggregates``): a second peer
-    that enters the swarm through the backbone peer and joins every gradient round in hivemind's auxiliary
-    mode (``peer_agent.aggregator``), declaring COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS to the partition.
+    that enters the swarm through the backbone peer and joins every gradient round and parameter averaging
+    in hivemind's auxiliary mode (``peer_agent.aggregator``), declaring COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS
+    to the partition.
 
     Its access token is signed by the run's authority as every session's is (``access_token_sign`` with
     ``access_username``, runs/access/sessions.py), naming the aggregator role, so authorizers and
@@ -77,6 +78,7 @@ class BackboneAggregator:
         self.aggregator = Aggregator(setup, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
         self.peer_id = str(self.aggregator.dht.peer_id)
         self.rounds = 0  # gradient rounds it took its part in
+        self._state_groups_logged = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"aggregator-{run.slug}", daemon=True)
         self._thread.start()
@@ -95,6 +97,12 @@ class BackboneAggregator:
             elif group is not None:
                 logger.info("aggregator %s: the round of epoch %d went on without it", self.peer_id,
                             self.aggregator.local_epoch)
+            for group in self.aggregator.state_groups[self._state_groups_logged:]:
+                if group:
+                    logger.info("aggregator %s: averaged parameters in a group of %d peers", self.peer_id, group)
+                else:
+                    logger.info("aggregator %s: a parameter averaging went on without it", self.peer_id)
+            self._state_groups_logged = len(self.aggregator.state_groups)
 
     def alive(self) -> bool:
         return self._thread.is_alive() and self.aggregator.dht.is_alive()

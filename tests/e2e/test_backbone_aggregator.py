@@ -13,7 +13,7 @@ from hivemind.averaging.allreduce import AveragingMode
 
 from accounts.services import token_create
 from harness.processes import children_reap
-from harness.swarm import gradient_rounds_recorder
+from harness.swarm import averaging_rounds_recorder
 from peer_agent import aggregation
 from runs.models import Backbone, ContributionEvent, Run, TrainingSession
 from runs.setup import services
@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.swarm, pytest.mark.timeout(900)]
 def test_the_backbone_peers_aggregator_takes_a_share_of_the_agents_rounds_and_earns_nothing(
     asgi_server, coordinator, organizer, settings, monkeypatch, tmp_path
 ):
-    record = tmp_path / "grad_rounds.jsonl"
+    record = tmp_path / "rounds.jsonl"
 
-    monkeypatch.setitem(aggregation.RUNNERS, "mean", gradient_rounds_recorder(record))
+    monkeypatch.setitem(aggregation.RUNNERS, "mean", averaging_rounds_recorder(record))
     monkeypatch.setenv("PEER_AGENT_BANDWIDTH_MBPS", "20")  # volunteers on thin links, as the agents declare it
     settings.COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS = 500
     run = small_run(organizer)
@@ -41,7 +41,8 @@ def test_the_backbone_peers_aggregator_takes_a_share_of_the_agents_rounds_and_ea
     amina, rahim = UserFactory(username="amina"), UserFactory(username="rahim")
 
     def rounds() -> list[dict]:
-        return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+        lines = record.read_text().splitlines() if record.exists() else []
+        return [entry for entry in map(json.loads, lines) if entry["kind"] == "gradients"]
 
     processes = {}
     try:

@@ -1,5 +1,6 @@
 """An aggregator (``peer_agent.aggregator``, hivemind's auxiliary mode) among real trainers on loopback:
-it joins their gradient rounds with a token of its own, takes a share of the vector, and computes nothing."""
+it joins their gradient rounds and parameter averaging with a token of its own, takes a share of the
+vector, and computes nothing."""
 
 import json
 import threading
@@ -8,7 +9,7 @@ import pytest
 from hivemind.averaging.allreduce import AveragingMode
 from hivemind.utils.crypto import RSAPrivateKey
 
-from harness.swarm import gradient_rounds_recorder, train_together
+from harness.swarm import averaging_rounds_recorder, train_together
 from peer_agent import aggregation
 from peer_agent.aggregator import Aggregator
 from peer_agent.authorizer import PortalAuthorizer
@@ -26,9 +27,9 @@ def authorizer_for(authority: RunAuthority, key: RSAPrivateKey, username: str) -
 
 def test_an_aggregator_takes_a_share_of_every_round_and_contributes_no_samples(tiny_config, tokenizer, corpus_file,
                                                                               monkeypatch, tmp_path):
-    record = tmp_path / "grad_rounds.jsonl"
+    record = tmp_path / "rounds.jsonl"
 
-    monkeypatch.setitem(aggregation.RUNNERS, "mean", gradient_rounds_recorder(record))  # read as each averager is made
+    monkeypatch.setitem(aggregation.RUNNERS, "mean", averaging_rounds_recorder(record))  # read as each averager is made
     authority = RunAuthority()
     config = tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0))
 
@@ -65,8 +66,12 @@ def test_an_aggregator_takes_a_share_of_every_round_and_contributes_no_samples(t
         helper = threading.Thread(target=aggregate, daemon=True)
         helper.start()
         results = train_together([first, second], epochs=4)
-        for _ in range(3):  # a busy machine can make one peer miss a round: train on until one with all three
-            if any(len(json.loads(line)["peers"]) == 3 for line in record.read_text().splitlines()):
+        def all_three(kind: str) -> list[dict]:
+            entries = [json.loads(line) for line in record.read_text().splitlines()]
+            return [entry for entry in entries if entry["kind"] == kind and len(entry["peers"]) == 3]
+
+        for _ in range(3):  # a busy machine can make one peer miss a round: train on until rounds with all three
+            if all_three("gradients") and all_three("parameters"):
                 break
             results = train_together([first, second], epochs=max(first.optimizer.local_epoch, second.optimizer.local_epoch) + 2)
         stop.set()
@@ -74,19 +79,21 @@ def test_an_aggregator_takes_a_share_of_every_round_and_contributes_no_samples(t
 
         aggregator_id = str(aggregator.dht.peer_id)
         rounds = [json.loads(line) for line in record.read_text().splitlines()]
-        with_it = [entry for entry in rounds if aggregator_id in entry["peers"]]
-        assert with_it, f"the aggregator joined no gradient round: {rounds}"
-        for entry in with_it:
-            index = entry["peers"].index(aggregator_id)
-            assert entry["modes"][index] == AveragingMode.AUX.value, "it joined as an auxiliary, sending nothing"
-        # In a round of two, hivemind's LP gives every split the same cost (each peer moves the whole
-        # vector once: load_balance_peers), so only rounds with both trainers show the partition.
-        with_all = [entry for entry in with_it if len(entry["peers"]) == 3]
-        assert with_all, f"no gradient round had the aggregator and both trainers: {rounds}"
-        for entry in with_all:
-            share = entry["fractions"][entry["peers"].index(aggregator_id)] / sum(entry["fractions"])
-            assert share > 0.5, f"the partition gives the 500 Mbit/s aggregator the largest share, not {share:.2f}"
+        for kind in ("gradients", "parameters"):
+            with_it = [entry for entry in rounds if entry["kind"] == kind and aggregator_id in entry["peers"]]
+            assert with_it, f"the aggregator joined no averaging of {kind}: {rounds}"
+            for entry in with_it:
+                index = entry["peers"].index(aggregator_id)
+                assert entry["modes"][index] == AveragingMode.AUX.value, "it joined as an auxiliary, sending nothing"
+            # In a round of two, hivemind's LP gives every split the same cost (each peer moves the whole
+            # vector once: load_balance_peers), so only rounds with both trainers show the partition.
+            with_all = [entry for entry in with_it if len(entry["peers"]) == 3]
+            assert with_all, f"no averaging of {kind} had the aggregator and both trainers: {rounds}"
+            for entry in with_all:
+                share = entry["fractions"][entry["peers"].index(aggregator_id)] / sum(entry["fractions"])
+                assert share > 0.5, f"the partition gives the 500 Mbit/s aggregator the largest share of {kind}, not {share:.2f}"
         assert aggregator.local_epoch >= 1 and 3 in groups, f"it followed the epochs, averaging in their rounds: {groups}"
+        assert 3 in aggregator.state_groups, f"it averaged parameters with both trainers: {aggregator.state_groups}"
         assert aggregator.optimizer.tracker.local_progress.samples_accumulated == 0, "it accumulated no samples"
         assert min(first.optimizer.local_epoch, second.optimizer.local_epoch) >= 4
         assert all(result.samples == 4 for peer in results for result in peer), "the trainers' steps all counted"
