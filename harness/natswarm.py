@@ -8,7 +8,7 @@
 - ``trainer``: an agent's ``Trainer`` (``WORKDIR/config.json``, ``tokenizer.json``, ``corpus.txt``),
   direct or relayed through the backbone, that trains to ``--epochs`` and writes what it saw to
   ``WORKDIR/trainer<I>.json``: the peers of each gradient round, the addresses of its connections
-  (``/p2p-circuit`` ones went through a relay) and the averaged gradients of each round.
+  (``/p2p-circuit`` ones went through a relay) and the steps that did not average.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _ask(trainer, coroutine, default, timeout: float = 15.0):
         return default
 
 
-def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s: float) -> None:
+def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s: float, together: int) -> None:
+    deadline = time.monotonic() + deadline_s
     # A start, step or shutdown stuck past the deadline: the threads' stacks go to the log and the process exits.
     faulthandler.dump_traceback_later(deadline_s + 60, exit=True)
     import torch
@@ -76,26 +77,26 @@ def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s:
     from harness.swarm import STEP_TIME_S, optimizer_watch
     from peer_agent.protocol import RunConfig
     from peer_agent.tokenizer import tokenizer_load
-    from peer_agent.training import Trainer, TrainerSetup
+    from peer_agent.training import SwarmUnreachable, Trainer, TrainerSetup
 
     torch.set_num_threads(1)
     config = RunConfig.model_validate_json((work / "config.json").read_text())
     backbones = json.loads((work / BACKBONE_FILE).read_text())
     setup = TrainerSetup(config=config, run_id="nat_run", initial_peers=backbones, relayed=relayed, seed=index,
                          host_maddrs=["/ip4/0.0.0.0/tcp/0"], data_files=[str(work / "corpus.txt")])
-    trainer = Trainer(setup, tokenizer_load(work / "tokenizer.json"))
-    rounds, anomalies, connections, averaged, maddrs = [], [], {}, {}, []
-
-    def on_group(peers, epoch: int) -> None:
-        rounds.append([epoch, sorted(str(peer) for peer in peers)])
-        # The round's averaged gradients are in the optimizer's .grad now; each peer of it holds the same.
-        optimized = [param for group in trainer.optimizer.state_averager.optimizer.param_groups for param in group["params"]]
-        averaged[epoch] = torch.cat([param.grad.flatten() for param in optimized]).tolist()
-
-    optimizer_watch(trainer, on_anomaly=lambda what, epoch: anomalies.append([what, epoch]), on_group=on_group)
-    deadline = time.monotonic() + deadline_s
+    try:
+        trainer = Trainer(setup, tokenizer_load(work / "tokenizer.json"))
+    except SwarmUnreachable:  # the daemon's first dial through the NAT timed out on a loaded host: as a volunteer would, again
+        trainer = Trainer(setup, tokenizer_load(work / "tokenizer.json"))
+    rounds, anomalies, connections, maddrs = [], [], {}, []
+    optimizer_watch(trainer, on_anomaly=lambda what, epoch: anomalies.append([what, epoch]),
+                    on_group=lambda peers, epoch: rounds.append([epoch, sorted(str(peer) for peer in peers)]))
     try:
         (work / f"ready{index}").touch()
+        # Train only once ``together`` trainers are ready: one whose start took a second attempt at the
+        # state download (peer_agent.training.state_download_timeout) would find the others done.
+        while len(list(work.glob("ready*"))) < together and time.monotonic() < deadline:
+            time.sleep(0.2)
         while trainer.optimizer.local_epoch < epochs and time.monotonic() < deadline:
             time.sleep(STEP_TIME_S)
             trainer.step()
@@ -108,7 +109,7 @@ def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s:
     finally:
         trainer.shutdown()
     result = dict(peer_id=peer_id, maddrs=maddrs, epoch=trainer.optimizer.local_epoch, rounds=rounds,
-                  anomalies=anomalies, connections=connections, averaged=averaged)
+                  anomalies=anomalies, connections=connections)
     (work / f"trainer{index}.json").write_text(json.dumps(result))
 
 
@@ -120,14 +121,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, default=0, help="trainer: its number (and data seed)")
     parser.add_argument("--epochs", type=int, default=3, help="trainer: train until this local epoch")
     parser.add_argument("--relayed", action="store_true", help="trainer: reachable only through the backbone's relay")
-    parser.add_argument("--deadline", type=float, default=150.0, help="trainer: give up training after this many s")
+    parser.add_argument("--deadline", type=float, default=150.0, help="trainer: give up training this many s after start")
+    parser.add_argument("--together", type=int, default=1, help="trainer: start training once this many trainers are ready")
     args = parser.parse_args(argv)
     if args.role == "backbone":
         backbone_main(args.workdir, args.address)
     elif args.role == "probe":
         probe_main(args.workdir)
     else:
-        trainer_main(args.workdir, args.index, args.epochs, args.relayed, args.deadline)
+        trainer_main(args.workdir, args.index, args.epochs, args.relayed, args.deadline, args.together)
 
 
 if __name__ == "__main__":

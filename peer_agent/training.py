@@ -473,5 +473,16 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module, *, au
                                       aggregation=averaging.aggregation, **averager_opts),
         averager_opts=averager_opts,
         tracker_opts=dict(private_key=setup.private_key, max_refresh_period=setup.progress_refresh_s),
-        verbose=False,
+        load_state_timeout=state_download_timeout(model), verbose=False,
     )
+
+
+def state_download_timeout(model: torch.nn.Module) -> float:
+    """Seconds one attempt to download the swarm's state may take before hivemind tries again: the state
+    (the parameters and LAMB's two moments, fp32) at 1 Mbit/s plus a minute, and never more than hivemind's
+    own 600 s. hivemind 1.1.12's averager holds no reference to the task of a download it starts
+    (``DecentralizedAverager._run_internal``), and asyncio keeps only weak ones: now and then the task is
+    collected mid-download ("Task was destroyed but it is pending!"), and the attempt waits out its timeout.
+    Measured in tests/peer_agent/test_nat_swarm.py: a trainer of a 4k-parameter model stuck 600 s at start."""
+    state_bits = 3 * 32 * sum(parameter.numel() for parameter in model.parameters())
+    return min(600.0, 60.0 + state_bits / 1e6)

@@ -16,6 +16,7 @@ from peer_agent.data import batches, dataset_stream, sentence_pairs, sentences_s
 from peer_agent.model import model_build, parameter_count, precision_choose, precision_describe
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.protocol import config_from_preset
+from peer_agent.training import state_download_timeout
 
 
 def one_pass(tokenizer, config, corpus_file, seed=0, batch_size=4):
@@ -269,3 +270,9 @@ def test_schedule_warms_up_linearly_then_decays_to_zero():
 
     assert rates[0] == 0.0 and rates[5] == pytest.approx(0.5) and rates[10] == pytest.approx(1.0)
     assert rates[60] == pytest.approx(0.5) and rates[110] == pytest.approx(0.0)
+
+
+def test_one_state_download_attempt_lasts_what_the_state_takes_at_1_mbit_plus_a_minute_at_most_hiveminds_600_s():
+    small = torch.nn.Linear(100, 40)  # 4,040 parameters: 3 x 32 bits each (the parameter, LAMB's two moments)
+    assert state_download_timeout(small) == pytest.approx(60 + 3 * 32 * 4040 / 1e6)
+    assert state_download_timeout(torch.nn.Embedding(7_000_000, 1)) == 600.0  # 672 Mbit: hivemind's own limit
