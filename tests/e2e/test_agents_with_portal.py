@@ -13,7 +13,7 @@ from django.utils import timezone
 from accounts.services import token_create
 from harness.processes import children_reap
 from peer_agent.spool import spool_files, spool_read
-from runs.models import ContributionEvent, ReportRejection, TrainingSession
+from runs.models import ContributionEvent, ReportRejection, Run, TrainingSession
 from tests.e2e.agents import agent, small_run, wait_for
 from tests.factories import UserFactory
 from tests.netcut import CuttableLink
@@ -41,6 +41,10 @@ def test_agents_train_through_a_kill_and_a_portal_outage_and_every_report_counts
     link = CuttableLink(int(asgi_server.rsplit(":", 1)[1]))
     portal = f"http://127.0.0.1:{link.port}"  # the agents reach the portal through a link the test can cut
     run = small_run(organizer)
+    # The test asks that the loss falls over the few global steps it waits for: the tiny preset's rate,
+    # after 20 steps of warm-up, leaves it flat that early (measured 6.72 to 6.72 over 17 reports in CI).
+    run.config["training"].update(learning_rate=0.02, warmup_steps=1)
+    Run.objects.filter(pk=run.pk).update(config=run.config)
     coordinator.sync()
     amina, rahim = UserFactory(username="amina"), UserFactory(username="rahim")
     homes = {name: tmp_path / name for name in ("amina", "rahim")}
