@@ -96,12 +96,6 @@ class Aggregator(SwarmPeer):
         control.allow_allreduce()
         return control
 
-    def shutdown(self) -> None:
-        for control in (self._round, self._state_round):
-            if control is not None and not control.done():
-                control.cancel()
-        super().shutdown()
-
     @property
     def local_epoch(self) -> int:
         """The swarm's epoch as this aggregator last read it."""

@@ -483,6 +483,7 @@ def state_download_timeout(model: torch.nn.Module) -> float:
     own 600 s. hivemind 1.1.12's averager holds no reference to the task of a download it starts
     (``DecentralizedAverager._run_internal``), and asyncio keeps only weak ones: now and then the task is
     collected mid-download ("Task was destroyed but it is pending!"), and the attempt waits out its timeout.
-    Measured in tests/peer_agent/test_nat_swarm.py: a trainer of a 4k-parameter model stuck 600 s at start."""
+    Seen in tests/peer_agent/test_nat_swarm.py: a trainer of a 4k-parameter model stuck at start until
+    its test killed it 210 s later."""
     state_bits = 3 * 32 * sum(parameter.numel() for parameter in model.parameters())
     return min(600.0, 60.0 + state_bits / 1e6)
