@@ -263,7 +263,7 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
             start = record.comparable_start(settle, agree)
             if start is not None and record.epochs_reached() - start >= steps or time.monotonic() >= deadline:
                 break
-            target = record.epochs_reached() + steps
+            target = (record.epochs_reached() if start is None else start) + steps
     finally:
         for trainer in trainers:
             trainer.shutdown()
