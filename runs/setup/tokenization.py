@@ -7,8 +7,10 @@ Plain functions, no Django: the portal calls them from a Celery task and a manag
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -95,23 +97,61 @@ def tokenizer_train(
 
     `vocab_size` is an upper bound: a corpus with fewer useful pieces than that yields a smaller
     vocabulary (the trainer cannot invent pieces), so read the size back with `get_vocab_size()`.
-    Seed pieces are substrings shared by distinct words, so a corpus of a few hundred distinct words
-    (the synthetic demo corpus) stops near 400 tokens however many lines it has.
     """
     tokenizer = tokenizer_build(lowercase=lowercase, strip_accents=strip_accents)
     trainer = trainers.UnigramTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, unk_token=UNK, show_progress=False
     )
-    tokenizer.train_from_iterator(lines, trainer=trainer)
+    lines = list(lines)
+    tokenizer.train_from_iterator(itertools.chain(lines, _whole_word_seeds(tokenizer, lines)), trainer=trainer)
     return _vocab_canonical(tokenizer)
 
 
+def _whole_word_seeds(tokenizer: Tokenizer, lines: list[str]) -> list[str]:
+    """Extra training lines that make every word seen at least twice a candidate piece.
+
+    The trainer's candidate pieces (tokenizers 0.23, `UnigramTrainer`) are the substrings found in at
+    least two *distinct* words, whatever each word's count: a word that is no part of another word
+    is never a candidate, however frequent. Natural text hides most words inside longer ones, but a
+    corpus of a few hundred distinct words (the generated demo corpus) came out at ~420 pieces for
+    4,000 asked, its names split into letters (``▁ N a s r i n``), so a small model had to learn
+    words from letters. SentencePiece, whose recipe this follows, takes every substring seen twice in
+    the corpus. One line of each such word written twice over (``NasrinNasrin``) is a distinct word
+    that contains it: the word becomes a candidate, and a word seen once more barely moves the counts
+    the trainer then prunes by.
+    """
+    counts: Counter[str] = Counter()
+    for line in lines:
+        pieces = tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(line))
+        counts.update(piece for piece, _ in pieces)
+    words = (piece.removeprefix(METASPACE) for piece, count in counts.items() if count >= 2)
+    return [word + word for word in words if len(word) >= 2]
+
+
+# The trainer gives each character that pruning dropped a made-up score, the lowest score plus k times
+# this step, with k in the order of a hash set (tokenizers 0.23, `UnigramTrainer::finalize`).
+_DROPPED_CHARACTER_STEP = 1e-4
+
+
 def _vocab_canonical(tokenizer: Tokenizer) -> Tokenizer:
-    """The trained pieces in one order for the same text: the trainer's order of pieces whose scores
-    tie up to float noise (1e-14) varies from one training to the next, which moved token ids and so
-    gave the same run id different initial weights (docs/benchmarks.md section 15)."""
+    """The trained pieces in one order for the same text, whatever order the trainer happened to use.
+
+    Two things moved from one training to the next, and with them token ids, so that the same run id
+    gave different initial weights (docs/benchmarks.md section 15): the order of pieces whose scores
+    tie up to float noise (1e-14), and which dropped character got which made-up score. The made-up
+    scores are handed out again in the characters' order.
+    """
     parsed = json.loads(tokenizer.to_str())
     specials, pieces = parsed["model"]["vocab"][:len(SPECIAL_TOKENS)], parsed["model"]["vocab"][len(SPECIAL_TOKENS):]
+    lowest = min(score for _, score in pieces)
+
+    def made_up(piece: str, score: float) -> bool:
+        steps = (score - lowest) / _DROPPED_CHARACTER_STEP
+        return len(piece) == 1 and abs(steps - round(steps)) < 1e-6
+
+    dropped = {piece: score for piece, score in pieces if made_up(piece, score)}
+    rescored = dict(zip(sorted(dropped), sorted(dropped.values(), reverse=True), strict=True))
+    pieces = [[piece, rescored.get(piece, score)] for piece, score in pieces]
     parsed["model"]["vocab"] = specials + sorted(pieces, key=lambda piece: (-round(piece[1], 8), piece[0]))
     return Tokenizer.from_str(json.dumps(parsed))
 

@@ -135,6 +135,23 @@ def test_a_small_corpus_yields_a_vocab_no_larger_than_asked(trained):
     assert 100 <= trained.get_vocab_size() <= 2000
 
 
+def test_a_word_the_corpus_repeats_is_one_token_even_when_no_other_word_contains_it():
+    # The trainer's own candidates are substrings of two distinct words: "Nasrin" and "খায়" are part
+    # of no other word here, and used to come out letter by letter.
+    lines = [f"{name} {verb} {thing}." for name in ("Nasrin", "Rahim", "সীমা") for verb in ("eats", "খায়")
+             for thing in ("rice", "ভাত", "mangoes")] * 20 + ["Zebedee once."]
+    tokenizer = tokenizer_train(lines=lines, vocab_size=200)
+
+    for word in ("Nasrin", "Rahim", "সীমা", "eats", "খায়", "mangoes"):
+        assert tokenizer_try(tokenizer, word) == [f"▁{normalize(word)}"], word
+    assert len(tokenizer_try(tokenizer, "Zebedee")) > 1, "a word seen once is no piece of its own"
+
+
+def test_the_generated_corpus_trains_whole_words(trained):
+    assert tokenizer_try(trained, "Nasrin went to Rangpur.") == ["▁Nasrin", "▁went", "▁to", "▁Rangpur", "."]
+    assert tokenizer_try(trained, "আমার বন্ধু সকালে মিষ্টি খায়।") == ["▁আমার", "▁বন্ধু", "▁সকালে", "▁মিষ্টি", "▁খায়", "।"]
+
+
 def test_try_returns_tokens_without_special_tokens(trained):
     tokens = tokenizer_try(trained, "আমি ভাত খাই।")
     assert tokens and not set(tokens) & set(SPECIAL_TOKENS)
