@@ -126,7 +126,7 @@ def main() -> None:
           f"({args.kills}); uptime: {_uptime()}")
     call_command("migrate", verbosity=0)
     organizer, volunteers = demo_people_ensure(max(args.agents, 2))
-    run = demo_run_ensure(organizer=organizer, preset="tiny")
+    run = demo_run_ensure(organizer=organizer, preset="demo")
     url = f"http://127.0.0.1:{args.port}"
     logs = var_dir / "logs"
     logs.mkdir(exist_ok=True)

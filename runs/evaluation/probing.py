@@ -33,8 +33,11 @@ class ProbeBudget:
     """The fixed fine-tune every probe gets, the same for checkpoints and the baseline (docs/organizers.md):
     a linear probe first (the new head alone, on the frozen encoder's features computed once: cheap, and
     it starts the fine-tune from a head that already points the right way), then a short full fine-tune
-    (LP-FT). Dropout is off throughout: with so few steps it only adds noise. Measured in
-    docs/benchmarks.md section 15: 1e-4 for the encoder left both models at their linear probe's score."""
+    (LP-FT). The word embeddings stay frozen in the fine-tune: a probe's test part is about words its
+    train part never labels (runs/setup/labelled.py), and moving the train part's words away from the
+    rest undoes what pretraining taught about them (measured in docs/benchmarks.md section 15). Dropout
+    is off throughout: with so few steps it only adds noise. Measured there too: 1e-4 for the encoder
+    left both models at their linear probe's score."""
 
     linear_steps: int = 300  # full-batch Adam steps of the head on the frozen features
     linear_learning_rate: float = 1e-2
@@ -76,6 +79,7 @@ class _Classifier(torch.nn.Module):
         for module in self.albert.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
+        self.albert.embeddings.word_embeddings.weight.requires_grad_(False)  # see ProbeBudget
         self.tokens = task == Probe.Task.TOKENS
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -145,7 +149,8 @@ def _linear_probe(model: _Classifier, encode, examples: list, budget: ProbeBudge
 
 def _train(model: _Classifier, encode, examples: list, budget: ProbeBudget) -> None:
     _linear_probe(model, encode, examples, budget)
-    optimizer = torch.optim.AdamW([{"params": model.albert.parameters(), "lr": budget.learning_rate},
+    encoder = [parameter for parameter in model.albert.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": encoder, "lr": budget.learning_rate},
                                    {"params": model.head.parameters(), "lr": budget.head_learning_rate}])
     rng = random.Random(budget.seed)
     model.train()
