@@ -38,7 +38,17 @@ logger = logging.getLogger(__name__)
 CHECK_PERIOD_S = 2.0  # how often the validator looks for a new epoch and new commitments
 HELD_EPOCHS = 4  # epochs whose parameters are kept: a commitment arrives once its session left the epoch
 REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
+# How far apart two downloads of one state may be: states travel in fp16 (rounding by at most 5e-4),
+# while one optimizer step moves parameters by about the learning rate (LAMB scales it by each layer's norm).
+STATE_AGREEMENT = 1e-3
 _random = secrets.SystemRandom()
+
+
+def parameters_apart(first: list, second: list) -> float:
+    """The distance between two copies of a model's parameters, relative to the second's size (0 for the same)."""
+    difference = sum(float((a.double() - b.double()).pow(2).sum()) for a, b in zip(first, second, strict=True))
+    size = sum(float(b.double().pow(2).sum()) for b in second)
+    return (difference / max(size, 1e-24)) ** 0.5
 
 
 class Validator:
@@ -107,13 +117,24 @@ class Validator:
         return checked
 
     def _hold(self, swarm_epoch: int) -> None:
-        downloaded = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
-        if downloaded is None:
+        """Download the swarm's state twice and hold it by its epoch if the two agree. One download is
+        not enough: a peer counts its new epoch a moment before its optimizer step has run, so a state
+        can carry the new epoch with the old parameters, and a peer whose averaging round failed holds
+        parameters of its own. Held, such a state fails every honest check of its epoch; not held,
+        the epoch's commitments are unchecked (docs/trust.md)."""
+        first = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
+        second = self.checkpointer.state_download(swarm_epoch=swarm_epoch) if first is not None else None
+        if second is None:
             return
-        epoch, parameters, self._tokenizer = downloaded
+        epoch, parameters, self._tokenizer = second
         if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=swarm_epoch):
             logger.warning("run %s: spot checks refused a state of epoch %d, past the swarm's %d", self.slug, epoch,
                            swarm_epoch)
+            return
+        apart = parameters_apart(first[1], parameters)
+        if first[0] != epoch or apart > STATE_AGREEMENT:
+            logger.info("run %s: two downloads of the swarm's state disagree (epochs %d and %d, parameters %.2g apart);"
+                        " holding neither", self.slug, first[0], epoch, apart)
             return
         self.held[epoch] = parameters
         for old in sorted(self.held)[:-HELD_EPOCHS]:
