@@ -2,6 +2,7 @@
 (runs/swarm/spotcheck.py): a state caught between a peer's new epoch and its optimizer step, or a
 peer that stepped on its own gradients, would fail every honest check of the epoch (docs/trust.md)."""
 
+import pytest
 import torch
 
 from runs.swarm.spotcheck import STATE_AGREEMENT, Validator, parameters_apart
@@ -48,27 +49,17 @@ def test_two_agreeing_downloads_are_held_by_their_epoch():
     assert all(torch.equal(held, sent) for held, sent in zip(checks.held[7], through_fp16, strict=True))
 
 
-def test_a_state_with_the_new_epoch_and_the_old_parameters_is_not_held():
-    """The first download came between the peer's epoch count and its optimizer step."""
-    old = model_parameters(0)
-    checks = validator((8, old), (8, one_lamb_step(old, rate=0.00176)))  # sahajBERT's learning rate
-    checks._hold(7)
-    assert checks.held == {}
+OLD = model_parameters(0)
 
 
-def test_states_of_two_epochs_or_of_peers_that_stepped_apart_are_not_held():
-    parameters = model_parameters(0)
-    two_epochs = validator((7, parameters), (8, parameters))
-    two_epochs._hold(7)
-    assert two_epochs.held == {}
-    apart = validator((7, parameters), (7, one_lamb_step(parameters, rate=0.06)))
-    apart._hold(7)
-    assert apart.held == {}
-
-
-def test_a_state_past_the_swarm_is_not_held():
-    parameters = model_parameters(0)
-    checks = validator((9, parameters), (9, parameters))
+@pytest.mark.parametrize("first, second", [
+    ((8, OLD), (8, one_lamb_step(OLD, rate=0.00176))),  # the first came between the epoch count and the step
+    ((7, OLD), (8, OLD)),  # the swarm moved on between the downloads
+    ((7, OLD), (7, one_lamb_step(OLD, rate=0.06))),  # two peers that stepped apart (a failed round)
+    ((9, OLD), (9, OLD)),  # past the swarm's epoch 7 (runs/swarm/checkpoints.py: state_epoch_trusted)
+], ids=["new-epoch-old-parameters", "two-epochs", "stepped-apart", "past-the-swarm"])
+def test_a_state_the_downloads_disagree_on_or_past_the_swarm_is_not_held(first, second):
+    checks = validator(first, second)
     checks._hold(7)
     assert checks.held == {}
 
