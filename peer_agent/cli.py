@@ -74,8 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run() -> None:
+    """The ``peer-agent`` command (console script and ``python -m peer_agent``): :func:`main`, then an
+    exit that waits for nothing more. hivemind can hold the interpreter's exit past the agent's stop
+    bound (STOP_WITHIN_S in peer_agent.join): its step executor still waiting on a call that its DHT
+    process never received (peer_agent.join.swarm_leave). What the agent keeps is on disk by then."""
+    import multiprocessing
+
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for child in multiprocessing.active_children():  # hivemind's DHT and averagers, if still there
+        child.terminate()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``peer-agent`` console script."""
+    """The ``peer-agent`` command's work; its exit status."""
     args = build_parser().parse_args(argv)
     # No live progress line in JSON mode: every line on stderr is a log record then.
     console = Console(stderr=True, force_terminal=False if args.log_format == "json" else None)
@@ -190,4 +206,4 @@ def check_command(args: argparse.Namespace, console: Console) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from peer_agent.join import StepAbandoned, StopRequest
+from peer_agent.join import StepAbandoned, StopRequest, swarm_leave
 from tests.processes import forked_child
 
 
@@ -64,3 +64,27 @@ def test_a_step_that_ends_within_its_grace_is_not_abandoned(handlers_restored):
         time.sleep(0.1)
     time.sleep(1)  # past the grace, outside any step: nothing is raised
     assert stop.event.is_set()
+
+
+class Shutdown:
+    """A trainer's ``shutdown`` that returns when ``finished`` is set. hivemind's own hang (a call its
+    DHT process never received, see peer_agent.join.swarm_leave) cannot be caused on cue."""
+
+    def __init__(self) -> None:
+        self.finished, self.called = threading.Event(), threading.Event()
+
+    def shutdown(self) -> None:
+        self.called.set()
+        self.finished.wait(60)
+
+
+def test_leaving_the_swarm_waits_for_hiveminds_shutdown_but_not_past_its_time(caplog):
+    prompt = Shutdown()
+    prompt.finished.set()
+    assert swarm_leave(prompt, within=5.0) is True
+    stuck = Shutdown()
+    started = time.monotonic()
+    assert swarm_leave(stuck, within=0.5) is False
+    assert stuck.called.is_set() and 0.5 <= time.monotonic() - started < 3
+    assert "without waiting for hivemind's shutdown" in caplog.text
+    stuck.finished.set()

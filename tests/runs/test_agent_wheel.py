@@ -23,7 +23,7 @@ def test_the_wheel_is_built_served_and_named_on_the_join_page(client_for, volunt
     assert "peer_agent/protocol.py" in names and "peer_agent/cli.py" in names
     assert "peer_agent/locale/bn/LC_MESSAGES/peer_agent.mo" in names  # the CLI speaks Bengali once installed
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
-    assert "peer-agent = peer_agent.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "peer-agent = peer_agent.cli:run" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_an_unknown_wheel_name_is_404(client, db):
