@@ -35,14 +35,14 @@ from runs.evaluation.runner import heldout_batches, heldout_metrics  # noqa: E40
 from runs.setup.corpus import corpus_lines  # noqa: E402
 from runs.setup.forms import preset_config  # noqa: E402
 from runs.setup.heldout import heldout_split  # noqa: E402
-from runs.setup.labelled import entity_sets, topic_sets  # noqa: E402
+from runs.setup.labelled import entity_sets, kind_sets  # noqa: E402
 from runs.setup.probes import labelled_set_read  # noqa: E402
 from runs.setup.tokenization import tokenizer_train  # noqa: E402
 
 
 def probe_sets() -> dict:
     sets = {}
-    for name, task, (train, test) in (("names-and-places", "tokens", entity_sets()), ("activity-topics", "text", topic_sets())):
+    for name, task, (train, test) in (("names-and-places", "tokens", entity_sets()), ("person-place-thing", "text", kind_sets())):
         train_set = labelled_set_read(task=task, content=train.encode(), part="train")
         test_set = labelled_set_read(task=task, content=test.encode(), part="test")
         sets[name] = (task, train_set, test_set)

@@ -1,9 +1,9 @@
 """Labelled sets that go with the generated corpus (runs/setup/corpus.py), for the demo's probes.
 
 Each set's test part is about words its train part never labels, though the pretraining corpus has
-them: held-out names and cities for the entity tags, held-out objects for the topics. A model that
-learned from the corpus which words behave alike can label them; a randomly initialized model of the
-same shape has only the context to go on, so the probe measures what pretraining added.
+them: held-out names and cities for the entity tags, held-out names, cities and things for the kinds.
+A model that learned from the corpus which words behave alike can label them; a randomly initialized
+model of the same shape has only the context to go on, so the probe measures what pretraining added.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 from runs.setup.corpus import LANGUAGES
 
-# The verb that stands in for an action's own in half the topic sentences, so that only the object tells the topic.
+# "Likes": a verb the corpus never has, so the frames that use it tell nothing of the word they frame.
 _LIKES = {"bn": ("ভালোবাসি", "ভালোবাসো", "ভালোবাসে"), "en": ("like", "like", "likes")}
-_TOPICS = ("food", "reading", "writing", "watching", "shopping", "music", "games", "cooking")  # corpus actions, in order
 _PUNCTUATION = ".,?।"
 
 
@@ -76,24 +75,19 @@ def entity_sets(*, n_train: int = 600, n_test: int = 200, seed: int = 0) -> tupl
     return parts[0], parts[1]
 
 
-def _topic_objects(code: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Each topic's objects that no other action takes (so that the object alone tells the topic), and
-    those that another action takes too ("books" are read and bought: only the verb tells the topic)."""
+def _things(code: str, half: int) -> list[str]:
+    """One half of the objects that only one of the corpus's activities takes ("bread" is eaten and
+    made: left out), alternating within each activity so that both halves have things of every kind."""
     actions = LANGUAGES[code].actions
-    counts: dict[str, int] = {}
-    for _, objects in actions:
-        for obj in objects:
-            counts[obj] = counts.get(obj, 0) + 1
-    own, shared = ({topic: [obj for obj in objects if (counts[obj] == 1) == alone]
-                    for topic, (_, objects) in zip(_TOPICS, actions, strict=True)} for alone in (True, False))
-    return own, shared
+    taken = [obj for _, objects in actions for obj in objects]
+    return [obj for _, objects in actions for obj in _halves([o for o in objects if taken.count(o) == 1])[half]]
 
 
-def topic_sets(*, n_train: int = 600, n_test: int = 200, seed: int = 0) -> tuple[str, str]:
-    """CSV ``text,label`` of sentences of an activity and its topic, train and test parts: half say the
-    action's own verb, half only "like", so that there only the object tells the topic. Some of the
-    train part's sentences with the verb name an object that two actions take, so that a fine-tune
-    has to learn the verbs too rather than only the train part's objects."""
+def kind_sets(*, n_train: int = 600, n_test: int = 200, seed: int = 0) -> tuple[str, str]:
+    """CSV ``text,label`` of sentences that say someone likes a person, a place or a thing, labelled
+    with which: "The farmer likes Khulna at noon." is a place. The frame is the same for all three and
+    the corpus never has it, and the test part names people, cities and things that the train part
+    never does, so only what the model learned about the liked word itself tells the label."""
     rng = random.Random(seed)
     parts = []
     for half, size in ((0, n_train), (1, n_test)):
@@ -103,16 +97,14 @@ def topic_sets(*, n_train: int = 600, n_test: int = 200, seed: int = 0) -> tuple
         for index in range(size):
             code = ("bn", "en")[index % 2]
             language = LANGUAGES[code]
-            own, shared = _topic_objects(code)
-            topic, objects = rng.choice(list(own.items()))
-            subject, person = rng.choice(language.subjects)
-            liked = rng.random() < 0.5
-            verbs = _LIKES[code] if liked else dict(zip(_TOPICS, (v for v, _ in language.actions)))[topic]
-            candidates = _halves(objects)[half]
-            if not half and not liked and shared[topic] and rng.random() < 0.5:
-                candidates = shared[topic]
+            kinds = {"person": _halves(language.names)[half], "place": _halves(language.cities)[half],
+                     "thing": _things(code, half)}
+            kind = rng.choice(list(kinds))
+            # No name as the subject, so that the only person a sentence names is the liked one.
+            subject, person = rng.choice([(s, p) for s, p in language.subjects if s not in language.names])
             text = language.sentence("activity", person, subject=subject, time=rng.choice(language.times),
-                                     obj=rng.choice(candidates), verb=verbs[person], base=verbs[0])
-            writer.writerow([text, topic])
+                                     obj=rng.choice(kinds[kind]), verb=_LIKES[code][person],
+                                     base=_LIKES[code][0])
+            writer.writerow([text, kind])
         parts.append(out.getvalue())
     return parts[0], parts[1]

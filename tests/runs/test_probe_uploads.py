@@ -6,7 +6,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from runs.models import Probe
-from runs.setup.labelled import entity_sets, topic_sets
+from runs.setup.corpus import LANGUAGES
+from runs.setup.labelled import entity_sets, kind_sets
 from runs.setup.probes import LabelledSet, ProbeFormatError, text_parse, tokens_parse
 from tests.factories import RunFactory
 
@@ -42,7 +43,7 @@ def test_csv_rows_take_quoted_commas_and_an_optional_header():
 
 
 def test_the_generated_demo_sets_parse_and_their_test_labels_are_in_train():
-    for task, (train, test) in (("tokens", entity_sets(n_train=50, n_test=20)), ("text", topic_sets(n_train=80, n_test=20))):
+    for task, (train, test) in (("tokens", entity_sets(n_train=50, n_test=20)), ("text", kind_sets(n_train=80, n_test=20))):
         train_rows = tokens_parse(train) if task == "tokens" else text_parse(train)
         test_rows = tokens_parse(test) if task == "tokens" else text_parse(test)
         assert len(train_rows) == (50 if task == "tokens" else 80) and len(test_rows) == 20
@@ -53,6 +54,27 @@ def test_the_demo_entity_test_part_names_only_people_and_cities_the_train_part_n
     train, test = (tokens_parse(part) for part in entity_sets(n_train=200, n_test=100))
     entities = lambda rows: {token for tokens, tags in rows for token, tag in zip(tokens, tags) if tag != "O"}  # noqa: E731
     assert entities(test) and not entities(test) & entities(train)
+
+
+def test_the_demo_kind_test_part_likes_only_people_places_and_things_the_train_part_never_does():
+    kinds = {code: {"person": language.names, "place": language.cities,
+                    "thing": [obj for _, objects in language.actions for obj in objects]}
+             for code, language in LANGUAGES.items()}
+
+    def liked(text: str) -> tuple[str, str]:
+        """The liked word of a sentence (the longest that fits: "গল্পের বই" before "বই"), and its kind."""
+        code = "en" if text.isascii() else "bn"
+        fits = [(word, kind) for kind, words in kinds[code].items() for word in words
+                if f"like {word} " in text or f"likes {word} " in text or f" {word} ভালোবাস" in text]
+        assert fits, text
+        return max(fits, key=lambda fit: len(fit[0]))
+
+    train, test = (text_parse(part) for part in kind_sets(n_train=300, n_test=100))
+    for rows in (train, test):
+        assert all(liked(text)[1] == label for text, label in rows)
+    assert {label for _, label in test} == {"person", "place", "thing"}
+    train_words = {liked(text)[0] for text, _ in train}
+    assert not {liked(text)[0] for text, _ in test} & train_words
 
 
 def test_an_organizer_uploads_a_wikiann_probe_and_a_csv_probe(client_for, organizer, run):
@@ -141,7 +163,7 @@ def test_a_parse_error_names_the_line():
 
 def test_the_demo_sets_are_the_same_on_every_call_and_put_entities_in_a_frame_the_corpus_lacks():
     assert entity_sets(n_train=60, n_test=20) == entity_sets(n_train=60, n_test=20)
-    assert topic_sets(n_train=60, n_test=20) == topic_sets(n_train=60, n_test=20)
+    assert kind_sets(n_train=60, n_test=20) == kind_sets(n_train=60, n_test=20)
     framed = [sentence for sentence in entity_sets(n_train=300, n_test=0)[0].split("\n\n") if "en:likes" in sentence]
     tags = {line.split()[1] for sentence in framed for line in sentence.splitlines() if line.split()[0] != "en:likes"}
     assert {"B-PER", "B-LOC"} <= tags

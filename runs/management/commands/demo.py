@@ -27,7 +27,7 @@ from runs.models import ModelLicense, Probe, Run
 from runs.setup import services
 from runs.setup.corpus import corpus_lines
 from runs.setup.forms import preset_config
-from runs.setup.labelled import entity_sets, topic_sets
+from runs.setup.labelled import entity_sets, kind_sets
 from runs.setup.probes import probe_add
 
 ORGANIZER = ("organizer", "organizer-demo-pass")
@@ -107,9 +107,9 @@ def demo_config(preset: str) -> RunConfig:
 
 def demo_probes_ensure(*, run: Run, organizer: User) -> None:
     """The demo run's downstream probes: entity tags for the names and cities the corpus generator
-    inserts, and the topic of an activity (runs/setup/labelled.py)."""
+    inserts, and whether a sentence's liked one is a person, a place or a thing (runs/setup/labelled.py)."""
     for name, task, (train, test) in (("names-and-places", Probe.Task.TOKENS, entity_sets()),
-                                      ("activity-topics", Probe.Task.TEXT, topic_sets())):
+                                      ("person-place-thing", Probe.Task.TEXT, kind_sets())):
         if not run.probes.filter(name=name).exists():
             probe_add(run=run, actor=organizer, name=name, task=task, train=train.encode(), test=test.encode())
 
