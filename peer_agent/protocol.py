@@ -69,7 +69,8 @@ MAX_COMMITTED_STEPS = 1024
 # auxiliary aggregator in a group is a receiver and not a sender (an older agent would download a
 # useless part from it and fail the round), and reach NATed peers through the backbones' relays.
 # From 0.8.0 on they pass the modes in parameter averaging too, which aggregators now join.
-# The portal refuses joins from older agents.
+# The portal refuses joins from older agents. 0.9.0 adds the sketch of the parameters each step was
+# computed at to its commitments (StepCommitment.parameters); 0.8.0 agents still train and earn credit.
 SWARM_COMPATIBLE_SINCE = "0.8.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
@@ -518,6 +519,9 @@ class StepCommitment(_Schema):
     samples: StrictInt = Field(ge=1, le=1_000_000, description="Samples of the micro-batch.")
     fingerprint: str = Field(pattern=r"^[A-Za-z0-9+/]{86}==$",
                              description=f"Base64 of the {FINGERPRINT_WIDTH} float32 values of the gradient's sketch.")
+    parameters: str | None = Field(None, pattern=r"^[A-Za-z0-9+/]{86}==$", description=(
+        "Base64 of the sketch of the parameters the gradient was computed at, with the fingerprint's cells: on "
+        "the first micro-batch of each step, shared by the step's others (agents from 0.9.0 on)."))
 
 
 class EpochCommitment(_Schema):
@@ -542,8 +546,9 @@ class EpochCommitment(_Schema):
 
 def commitment_message(*, run_id: str, session_id: int, commitment: EpochCommitment) -> bytes:
     """What an agent signs with its peer key for a commitment: the run, the session and every field
-    but the signature, so that a signature is worth nothing for another session or epoch."""
-    body = commitment.model_dump(mode="json", exclude={"signature"})
+    but the signature, so that a signature is worth nothing for another session or epoch. Fields an
+    agent left out are left out here too, so that an older agent's signature still holds."""
+    body = commitment.model_dump(mode="json", exclude={"signature"}, exclude_none=True)
     return f"dedloc-portal commitment\n{run_id}\n{session_id}\n".encode() + json.dumps(
         body, sort_keys=True, separators=(",", ":")).encode()
 

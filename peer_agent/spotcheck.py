@@ -14,7 +14,8 @@ Three things make every micro-batch of a step checkable after the fact:
   per step: the gradient of half of a large step is close to the whole step's (docs/benchmarks.md,
   section 10), that of half a micro-batch is not.
 - **A commitment before any challenge**: when an epoch closes, the agent signs the list of its
-  micro-batches (cursor, samples, fingerprint) with its peer key and sends it with its reports
+  micro-batches (cursor, samples, fingerprint, and with each step's first micro-batch a sketch of
+  the parameters the step was computed at) with its peer key and sends it with its reports
   (``peer_agent.protocol.EpochCommitment``). The validator picks the ones to recompute only after
   it has the commitment.
 """
@@ -97,6 +98,20 @@ class Sketcher:
     def fingerprint(self, model: torch.nn.Module, epoch: int) -> str:
         """The fingerprint of the gradients now in ``model``'s parameters, for a step of ``epoch``."""
         return fingerprint_encode(self.sketch(model, epoch))
+
+    def parameters(self, model: torch.nn.Module, epoch: int) -> str:
+        """The fingerprint of ``model``'s parameters themselves, with the cells of ``epoch``'s sketch: what
+        a step's gradients were computed at. The distance of two such fingerprints is about the relative
+        difference of the two models' parameters."""
+        params = list(model.parameters())
+        if self._sketch is None or self._sketch.epoch != epoch:
+            self._sketch = Sketch(self.run_id, epoch, params)
+        return fingerprint_encode(self._sketch.apply([param.detach() for param in params]))
+
+
+def parameters_fingerprint(model: torch.nn.Module, run_id: str, epoch: int) -> str:
+    """The fingerprint of ``model``'s parameters (see :meth:`Sketcher.parameters`)."""
+    return Sketcher(run_id).parameters(model, epoch)
 
 
 def gradient_fingerprint(model: torch.nn.Module, run_id: str, epoch: int) -> str:

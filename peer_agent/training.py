@@ -225,6 +225,9 @@ class Trainer(SwarmPeer):
         started = time.perf_counter()
         self.model.train()
         epoch, cursor = self.optimizer.local_epoch, self._cursor
+        # What the step's gradients are computed at: a validator holding other parameters (this peer's
+        # averaging round failed, and it stepped alone) cannot check them (runs/swarm/spotcheck.py).
+        parameters = self._sketcher.parameters(self.model, epoch)
         loss_sum = torch.zeros((), device=self.setup.device)
         # The sketch is linear: each micro-batch's gradient is sketched as the difference the micro-batch
         # made to the accumulated gradients' sketch (peer_agent/spotcheck.py).
@@ -261,7 +264,7 @@ class Trainer(SwarmPeer):
             self._recover_from_bad_step(loss_value)
         else:
             self._bad_in_a_row = 0
-            self._step_commit(epoch, cursor, fingerprints)
+            self._step_commit(epoch, cursor, fingerprints, parameters)
             self._after_good_step(loss_value)
 
         samples = training.per_device_batch_size * training.gradient_accumulation_steps if contributed else 0
@@ -322,15 +325,15 @@ class Trainer(SwarmPeer):
         if epoch != self._backup_epoch or self._steps_since_backup >= self.setup.backup_every:
             self._backup_take()
 
-    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str]) -> None:
-        """Keep a good step's micro-batches (from ``cursor`` on, one fingerprint each) for its epoch's
-        commitment; sign the commitments of the epochs now behind."""
+    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str], parameters: str) -> None:
+        """Keep a good step's micro-batches (from ``cursor`` on, one fingerprint each, the step's
+        parameters with the first) for its epoch's commitment; sign the commitments of the epochs now behind."""
         training = self.setup.config.training
         steps = self._steps.setdefault(epoch, [])
         for offset, fingerprint in enumerate(fingerprints):
             if len(steps) < MAX_COMMITTED_STEPS:
                 steps.append(StepCommitment(cursor=cursor + offset, samples=training.per_device_batch_size,
-                                            fingerprint=fingerprint))
+                                            fingerprint=fingerprint, parameters=None if offset else parameters))
             elif len(steps) == MAX_COMMITTED_STEPS:
                 logger.warning("More than %d micro-batches in epoch %d: the rest cannot be committed to, so the portal "
                                "cannot confirm them; a larger --per-device-batch-size helps", MAX_COMMITTED_STEPS, epoch)

@@ -256,12 +256,15 @@ class StepCommitment(models.Model):
         PASSED = "passed"  # every recomputed step matched its fingerprint
         FAILED = "failed"  # a recomputed step did not
         UNCHECKED = "unchecked"  # the validator held no state of the epoch: it can never be checked
+        # A recomputed step did not match, but the session had computed it at parameters other than the
+        # held state's (its averaging round had failed): it cannot be checked, and earns nothing.
+        DIVERGED = "diverged"
 
     session = models.ForeignKey(TrainingSession, on_delete=models.CASCADE, related_name="commitments")
     epoch = models.PositiveIntegerField()
     micro_batch_size = models.PositiveIntegerField()
     shuffle_buffer = models.PositiveIntegerField()
-    steps = models.JSONField(help_text="[[cursor, samples, fingerprint], ...] in stream order.")
+    steps = models.JSONField(help_text="[[cursor, samples, fingerprint(, parameters)], ...] in stream order.")
     samples = models.PositiveBigIntegerField(help_text="The committed steps' samples.")
     received_at = models.DateTimeField(default=timezone.now)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.PENDING)

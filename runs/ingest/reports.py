@@ -399,7 +399,8 @@ def report_commitment(*, session_id: int, report: Report) -> StepCommitment | No
     return StepCommitment(
         session_id=session_id, epoch=commitment.epoch, micro_batch_size=commitment.micro_batch_size,
         shuffle_buffer=commitment.shuffle_buffer, samples=sum(step.samples for step in commitment.steps),
-        steps=[[step.cursor, step.samples, step.fingerprint] for step in commitment.steps])
+        steps=[[step.cursor, step.samples, step.fingerprint, *([step.parameters] if step.parameters else [])]
+               for step in commitment.steps])
 
 
 def report_events_store(*, events: list[ContributionEvent], commitments: list[StepCommitment] = ()) -> None:

@@ -8,8 +8,10 @@ steps at random, with the operating system's randomness and only now, after the 
 peer cannot know in advance which steps will be recomputed. It rebuilds their micro-batches from
 the run's data and the session's public seed (``peer_agent.spotcheck.BatchReplay``), recomputes
 their gradients at the held parameters and compares fingerprints; ``runs.swarm.verification``
-turns the distances into credit decisions. Commitments of epochs the validator did not hold are
-marked unchecked. docs/trust.md says what this proves and what it does not.
+turns the distances into credit decisions. A step that does not match but that its session says it
+computed at parameters other than the held ones (their sketches differ) cannot be checked: a peer
+whose averaging round failed steps alone and leaves the swarm's parameters for an epoch or more.
+Commitments of epochs the validator did not hold are marked unchecked. docs/trust.md says what this proves and what it does not.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ HELD_EPOCHS = 4  # epochs whose parameters are kept: a commitment arrives once i
 REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
 # How far apart two downloads of one state may be: states travel in fp16 (rounding by at most 5e-4),
 # while one optimizer step moves parameters by about the learning rate (LAMB scales it by each layer's norm).
+# A session whose step was computed further than this from the held state trained elsewhere.
 STATE_AGREEMENT = 1e-3
 _random = secrets.SystemRandom()
 
@@ -144,7 +147,13 @@ class Validator:
         import torch
 
         from peer_agent.model import model_build
-        from peer_agent.spotcheck import BatchReplay, data_seed, fingerprint_distance, step_fingerprint
+        from peer_agent.spotcheck import (
+            BatchReplay,
+            data_seed,
+            fingerprint_distance,
+            parameters_fingerprint,
+            step_fingerprint,
+        )
 
         if self._model is None:
             self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id,
@@ -167,14 +176,32 @@ class Validator:
                 del self._replays[next(iter(self._replays))]
         steps = commitment.steps
         chosen = sorted(_random.sample(range(len(steps)), min(config.verification.checks_per_epoch, len(steps))))
-        distances = {}
+        held = parameters_fingerprint(self._model, self.run_id, commitment.epoch)
+        distances, diverged = {}, {}
         for index in chosen:
-            cursor, samples, fingerprint = steps[index]
+            cursor, samples, fingerprint = steps[index][:3]
             micro_batches = replay.micro_batches(cursor, max(1, samples // commitment.micro_batch_size))
             recomputed = step_fingerprint(self._model, micro_batches, self.run_id, commitment.epoch)
             distances[cursor] = fingerprint_distance(fingerprint, recomputed)
+            claimed = step_parameters(steps, index)
+            if claimed is not None:
+                apart = fingerprint_distance(claimed, held)
+                if apart > STATE_AGREEMENT:
+                    diverged[cursor] = apart
         outcome = verification.check_record(
-            commitment=commitment, distances=distances, tolerance=config.verification.tolerance,
+            commitment=commitment, distances=distances, diverged=diverged, tolerance=config.verification.tolerance,
             failures_to_suspend=config.verification.failures_to_suspend)
         logger.info("run %s: spot check of session %d, epoch %d: %s (%s)", self.slug, session_id, commitment.epoch,
-                    outcome, ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in distances.items()))
+                    outcome, ", ".join(f"{cursor}: {distance:.4f}" + (f", parameters {diverged[cursor]:.4f} apart"
+                                                                       if cursor in diverged else "")
+                                       for cursor, distance in distances.items()))
+
+
+def step_parameters(steps: list[list], index: int) -> str | None:
+    """The parameters a session says the micro-batch at ``index`` of its stored commitment was computed
+    at: those of its step's first micro-batch, the nearest before it that carries them (None from agents
+    before 0.9.0)."""
+    for step in reversed(steps[:index + 1]):
+        if len(step) > 3:
+            return step[3]
+    return None

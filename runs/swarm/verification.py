@@ -27,7 +27,9 @@ validator could not check (it held no state of it), when the session has passed 
 none (vouched for, as BOINC trusts a host that validated before). A failed check flags the epoch with
 the figures; ``failures_to_suspend`` failed checks suspend the session (:func:`check_record`): its
 reports are refused and all of its epochs wait for an organizer. An epoch without a commitment earns
-nothing: it is rejected like one never seen.
+nothing: it is rejected like one never seen. So does an epoch whose steps did not recompute but were
+computed, the session says, at parameters other than the collaboration's ("diverged": an honest peer
+whose averaging round failed; nothing is held against it).
 
 Rows that an organizer decided (accepted, rejected) are final. A verified row is judged again
 when late reports arrive; it stays verified if the new sum still agrees, else it is flagged.
@@ -119,6 +121,8 @@ def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: Ep
     checked yet) and why."""
     if spot.check == _Outcome.FAILED:
         return _Status.FLAGGED, spot.detail or f"epoch {epoch}: a spot check failed"
+    if spot.check == _Outcome.DIVERGED:
+        return _Status.REJECTED, spot.detail
     if announced is None:
         return _Status.PROVISIONAL, NOT_SEEN_YET
     if announced > RUN_PACE_SLACK * limits.target_batch_size + limits.step_samples:
@@ -197,6 +201,8 @@ def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announce
         epoch_flag(row=row, reported=reported, announced=announced, detail=detail or row.detail)
     elif status == _Status.VERIFIED:
         epoch_verify(row=row, reported=reported, announced=announced)
+    elif status == _Status.REJECTED:
+        epoch_reject_unseen(row=row, reported=reported, detail=detail)
     elif give_up and reported and detail in (NOT_SEEN_YET, NO_COMMITMENT):
         epoch_reject_unseen(row=row, reported=reported, detail=NEVER_SEEN if detail == NOT_SEEN_YET else NO_COMMITMENT)
     elif (row.reported_samples, row.detail) != (reported, detail):
@@ -236,8 +242,8 @@ def _credit_notice(session_id: int, kind: str, key: str, **context) -> None:
 
 
 def epoch_reject_unseen(*, row: SessionEpoch, reported: int, detail: str = NEVER_SEEN) -> None:
-    """Provisional → rejected: the session's peer never appeared in the DHT for the epoch, or it never
-    committed to the epoch's steps."""
+    """Provisional → rejected: the session's peer never appeared in the DHT for the epoch, it never
+    committed to the epoch's steps, or it computed them away from the collaboration's parameters."""
     if row.status != _Status.PROVISIONAL:
         raise CreditError(f"a {row.status} epoch cannot be rejected as never seen")
     _save(row, status=_Status.REJECTED, reported_samples=reported, detail=detail, checked_at=timezone.now())
@@ -346,19 +352,34 @@ def commitments_uncheckable(*, run: Run, before_epoch: int) -> int:
 
 
 def check_record(*, commitment: StepCommitment, distances: dict[int, float], tolerance: float,
-                 failures_to_suspend: int) -> str:
-    """Record a spot check: the recomputed steps' fingerprint distances by cursor. All within
-    ``tolerance``: passed (and the session's unchecked epochs are vouched for); else failed, the epoch
-    flagged with the figures and, at ``failures_to_suspend`` failures, the session suspended."""
+                 failures_to_suspend: int, diverged: dict[int, float] | None = None) -> str:
+    """Record a spot check: the recomputed steps' fingerprint distances by cursor, and ``diverged``, how
+    far from the held state the session says it computed the steps it computed elsewhere. All within
+    ``tolerance``: passed (and the session's unchecked epochs are vouched for). A step beyond it that
+    the session computed at the held state: failed, the epoch flagged with the figures and, at
+    ``failures_to_suspend`` failures, the session suspended. Only steps computed elsewhere beyond it:
+    diverged, the epoch rejected, nothing held against the session. A peer cannot gain by claiming to
+    have diverged: the epoch then earns nothing."""
     session = commitment.session
     run = session.run
-    worst_cursor, worst = max(distances.items(), key=lambda item: item[1])
+    diverged = diverged or {}
     checked = [[cursor, distance] for cursor, distance in sorted(distances.items())]
-    if worst <= tolerance:
+    beyond = {cursor: distance for cursor, distance in distances.items() if distance > tolerance}
+    if not beyond:
         _outcome_save(commitment, _Outcome.PASSED, detail="", checked_steps=checked)
         unchecked = StepCommitment.objects.filter(session=session, outcome=_Outcome.UNCHECKED)
         _rejudge(run=run, session_id=session.pk, epochs=[commitment.epoch, *unchecked.values_list("epoch", flat=True)])
         return _Outcome.PASSED
+    failed = {cursor: distance for cursor, distance in beyond.items() if cursor not in diverged}
+    worst_cursor, worst = max((failed or beyond).items(), key=lambda item: item[1])
+    if not failed:
+        detail = (f"epoch {commitment.epoch}: the step at micro-batch {worst_cursor} recomputed {worst:.3f} away from "
+                  f"its committed fingerprint, but the session computed it at parameters {diverged[worst_cursor]:.3f} "
+                  f"away from the collaboration's (its averaging round had failed, most likely): it cannot be "
+                  f"checked, and the epoch earns nothing")
+        _outcome_save(commitment, _Outcome.DIVERGED, detail=detail, checked_steps=checked)
+        epoch_judge(run=run, epoch=commitment.epoch, closed_at=timezone.now(), session_ids=[session.pk])
+        return _Outcome.DIVERGED
     detail = (f"epoch {commitment.epoch}: spot check failed: the step at micro-batch {worst_cursor} recomputed "
               f"{worst:.3f} away from its committed fingerprint (tolerance {tolerance:g}); "
               f"{len(distances)} step(s) checked")

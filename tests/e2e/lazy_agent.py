@@ -26,6 +26,7 @@ class LazyTrainer(Trainer):
             return result
         training = self.setup.config.training
         epoch, cursor = self.optimizer.local_epoch, self._cursor
+        parameters = self._sketcher.parameters(self.model, epoch)  # the truth: it says it stayed with the swarm
         for _ in range(training.gradient_accumulation_steps):
             next(self._batches)  # drawn, never trained on
             self._cursor += 1
@@ -34,15 +35,15 @@ class LazyTrainer(Trainer):
         self.optimizer.step()  # the swarm counts its samples
         self.optimizer.zero_grad()
         fingerprint, loss = self._last_real
-        super()._step_commit(epoch, cursor, [fingerprint] * training.gradient_accumulation_steps)
+        super()._step_commit(epoch, cursor, [fingerprint] * training.gradient_accumulation_steps, parameters)
         self._after_good_step(loss)
         samples = training.per_device_batch_size * training.gradient_accumulation_steps
         return StepResult(samples=samples, loss=loss, local_epoch=self.optimizer.local_epoch,
                           global_epoch=self.optimizer.tracker.global_epoch, samples_per_second=samples / 0.05)
 
-    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str]) -> None:
+    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str], parameters: str) -> None:
         self._last_real = (fingerprints[-1], self._last_real[1] if self._last_real else 0.0)
-        super()._step_commit(epoch, cursor, fingerprints)
+        super()._step_commit(epoch, cursor, fingerprints, parameters)
 
 
 if __name__ == "__main__":

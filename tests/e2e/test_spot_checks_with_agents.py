@@ -57,6 +57,8 @@ def test_a_lazy_agent_is_caught_suspended_and_credited_nothing_while_an_honest_o
     assert not checks.filter(session__user=honest, outcome="failed").exists(), [
         commitment.check_detail for commitment in checks.filter(session__user=honest)]
     assert checks.filter(session__user=honest, outcome="passed").exists()
+    # Each step's first micro-batch carries the sketch of the parameters it was computed at.
+    assert all(len(commitment.steps[0]) == 4 for commitment in checks.filter(session__user=honest))
     honest_epochs = SessionEpoch.objects.filter(session__user=honest)
     assert not honest_epochs.filter(status="flagged").exists(), [row.detail for row in honest_epochs.filter(status="flagged")]
 

@@ -9,7 +9,7 @@ import torch
 from peer_agent.data import batches, dataset_stream
 from peer_agent.model import model_build
 from peer_agent.protocol import EpochCommitment, StepCommitment, VerificationConfig
-from peer_agent.spotcheck import BatchReplay, data_seed, fingerprint_distance, step_fingerprint
+from peer_agent.spotcheck import BatchReplay, data_seed, fingerprint_distance, parameters_fingerprint, step_fingerprint
 
 pytestmark = pytest.mark.usefixtures("torch_threads")
 
@@ -71,6 +71,24 @@ def test_fingerprints_match_an_honest_recomputation_and_no_shortcut(tiny_config,
     assert fingerprint_distance(step_fingerprint(model, other, "run_x", 3), claimed) > 3 * TOLERANCE, "other data"
     assert fingerprint_distance(step_fingerprint(model, step[:1], "run_x", 3), claimed) > 3 * TOLERANCE, "half the step"
     assert fingerprint_distance(step_fingerprint(model, step, "run_x", 4), claimed) > 3 * TOLERANCE, "another epoch's sketch"
+
+
+def test_a_parameters_fingerprint_tells_the_swarms_state_from_a_peer_that_stepped_alone(tiny_config, tokenizer):
+    from runs.swarm.spotcheck import STATE_AGREEMENT
+
+    config = tiny_config()
+    model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id, init_seed=1)
+    claimed = parameters_fingerprint(model, "run_x", 3)
+    assert fingerprint_distance(claimed, parameters_fingerprint(model, "run_x", 3)) == 0.0, "deterministic"
+    held = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id, init_seed=1)
+    with torch.no_grad():
+        for param in held.parameters():
+            param.copy_(param.half().float())  # the state as the validator downloads it
+    assert fingerprint_distance(claimed, parameters_fingerprint(held, "run_x", 3)) < STATE_AGREEMENT / 2
+    with torch.no_grad():  # one step of its own, 2% of each parameter's size
+        for param in held.parameters():
+            param.add_(torch.randn_like(param) * param.abs().mean() * 0.02)
+    assert 0.005 < fingerprint_distance(claimed, parameters_fingerprint(held, "run_x", 3)) < 0.08
 
 
 def test_a_commitment_holds_steps_in_stream_order():

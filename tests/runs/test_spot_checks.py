@@ -84,9 +84,11 @@ def committed(session, epoch: int, samples: int) -> StoredCommitment:
                                            steps=[[0, samples, FINGERPRINT]], samples=samples)
 
 
-def check(stored: StoredCommitment, distance: float) -> str:
+def check(stored: StoredCommitment, distance: float, *, diverged: float | None = None) -> str:
+    """Record a check of the step at cursor 0; ``diverged``: how far from the held state the session
+    said it computed the step, when that is beyond what the validator allows."""
     return verification.check_record(commitment=stored, distances={0: distance}, tolerance=TOLERANCE,
-                                     failures_to_suspend=FAILURES)
+                                     failures_to_suspend=FAILURES, diverged={} if diverged is None else {0: diverged})
 
 
 def status(session, epoch: int) -> SessionEpoch:
@@ -175,6 +177,66 @@ def test_an_epoch_the_validator_could_not_check_is_vouched_for_only_by_the_sessi
     check(committed(amina, 6, 32), 0.002)
     assert status(amina, 5).status == "verified", "vouched for by the next epoch's passed check"
     assert status(rahim, 5).status == "provisional"
+
+
+def test_a_step_computed_away_from_the_collaboration_earns_nothing_and_is_not_held_against_the_session(run):
+    # An honest peer whose averaging round failed stepped alone: its next steps recompute far from
+    # what it committed to at the validator's parameters, and it said so with its parameters' sketch.
+    amina = session_for(run)
+    for epoch in (4, 5, 6, 7):
+        reported(amina, 32, epoch=epoch, checked=False)
+        verification.announced_record(session_id=amina.pk, epoch=epoch, announced=32)
+    for epoch in (4, 5, 6):
+        assert check(committed(amina, epoch, 32), 0.17, diverged=0.04) == "diverged"
+        assert status(amina, epoch).status == "rejected", "work that cannot be checked earns nothing"
+    assert "parameters 0.040 away from the collaboration's" in status(amina, 4).detail
+    assert TrainingSession.objects.get(pk=amina.pk).suspended_at is None, "three of them, and no suspension"
+    assert not SessionEpoch.objects.filter(session=amina, status="flagged").exists()
+
+    assert check(committed(amina, 7, 32), 0.003) == "passed", "back with the swarm"
+    assert status(amina, 7).status == "verified"
+    assert status(amina, 4).status == "rejected", "a later pass does not vouch for a step computed elsewhere"
+
+
+def test_a_cheater_cannot_hide_a_faked_step_behind_a_step_computed_elsewhere(run):
+    rahim = session_for(run, username="rahim")
+    for epoch in (5, 6):
+        reported(rahim, 32, epoch=epoch, checked=False)
+        verification.announced_record(session_id=rahim.pk, epoch=epoch, announced=32)
+    # One faked step said to be computed at the held state, one said to be computed elsewhere: the first fails.
+    mixed = committed(rahim, 5, 32)
+    outcome = verification.check_record(commitment=mixed, distances={0: 0.9, 4: 0.8}, diverged={4: 0.05},
+                                        tolerance=TOLERANCE, failures_to_suspend=FAILURES)
+    assert outcome == "failed" and status(rahim, 5).status == "flagged"
+    assert "micro-batch 0 recomputed 0.900" in status(rahim, 5).detail
+    # Every faked step said to be computed elsewhere: no suspension, but no credit either.
+    assert check(committed(rahim, 6, 32), 0.9, diverged=3.0) == "diverged"
+    assert status(rahim, 6).status == "rejected"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_signature_covers_the_parameters_each_step_was_computed_at(keyed_session):
+    session = keyed_session
+    parameters = "B" * 86 + "=="
+    made = commitment(1).model_copy(update={"steps": [
+        StepCommitment(cursor=0, samples=8, fingerprint=FINGERPRINT, parameters=parameters),
+        StepCommitment(cursor=2, samples=8, fingerprint=FINGERPRINT)]})
+    frame = commitment_sign(made, run_id=session.run.hivemind_run_id, session_id=session.pk, key=session.key)
+    moved = frame.model_dump(mode="json")
+    moved["steps"][0]["parameters"] = "C" * 86 + "=="  # claimed afterwards, once the drawn steps are known
+    answers = exchange(session.secret, [report(session.pk, 1, commitment=moved),
+                                        report(session.pk, 1, commitment=frame.model_dump(mode="json"))])
+    assert [answer["type"] for answer in answers] == ["error", "ack"]
+    assert answers[0]["code"] == "invalid_commitment"
+    assert StoredCommitment.objects.get(session=session).steps == [[0, 8, FINGERPRINT, parameters], [2, 8, FINGERPRINT]]
+
+
+def test_a_step_takes_the_parameters_of_its_steps_first_micro_batch():
+    from runs.swarm.spotcheck import step_parameters
+
+    steps = [[0, 8, FINGERPRINT, "P0"], [1, 8, FINGERPRINT], [2, 8, FINGERPRINT, "P2"], [3, 8, FINGERPRINT]]
+    assert [step_parameters(steps, index) for index in range(4)] == ["P0", "P0", "P2", "P2"]
+    assert step_parameters([[0, 8, FINGERPRINT]], 0) is None, "an agent before 0.9.0 says nothing"
 
 
 def test_with_spot_checks_off_the_announced_figures_decide(run):
