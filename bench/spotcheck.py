@@ -15,7 +15,8 @@ Four measurements, printed in turn (peer_agent/spotcheck.py is what is measured)
    ``s`` steps of micro-batches, plus ``k`` recomputations with
    :func:`~peer_agent.spotcheck.step_fingerprint`; against the agent's own compute for the epoch,
    ``s`` times its measured step (forward + backward + fingerprint).
-3. **Agent overhead**: the fingerprint of each step (``Sketcher.fingerprint``), plus the sketch built
+3. **Agent overhead**: the fingerprint of each step (``Sketcher.fingerprint``) and the sketch of the
+   parameters it was computed at (``Sketcher.parameters``), plus the sketch built
    once per epoch and the commitment signed once per epoch (each divided by ``s``), over a step's
    forward and backward without them, on the same model and micro-batches.
 4. **Tolerance evidence**: the distance (:func:`~peer_agent.spotcheck.fingerprint_distance`) between
@@ -192,6 +193,7 @@ class PresetMeasure:
     agent_steps: int
     forward_backward_s: float = 0.0  # per step, the agent's mean
     fingerprint_s: float = 0.0  # per step, Sketcher.fingerprint with the epoch's sketch built
+    parameters_s: float = 0.0  # per step, Sketcher.parameters: what the step was computed at
     sketch_build_s: float = 0.0  # once per epoch
     sign_s: float = 0.0  # once per epoch, a commitment of s steps
     replay_start_s: float = 0.0  # a validator's first epoch of a session: the stream opened, s steps drawn
@@ -203,10 +205,10 @@ class PresetMeasure:
 
     def overhead(self, steps: int) -> float:
         """The fingerprint's share of an agent step, the per-epoch costs spread over ``steps`` steps."""
-        return (self.fingerprint_s + (self.sketch_build_s + self.sign_s) / steps) / self.forward_backward_s
+        return (self.fingerprint_s + self.parameters_s + (self.sketch_build_s + self.sign_s) / steps) / self.forward_backward_s
 
     def agent_epoch_s(self, steps: int) -> float:
-        return steps * (self.forward_backward_s + self.fingerprint_s) + self.sketch_build_s + self.sign_s
+        return steps * (self.forward_backward_s + self.fingerprint_s + self.parameters_s) + self.sketch_build_s + self.sign_s
 
     def validator_epoch_s(self, checks: int) -> float:
         return self.replay_epoch_s + checks * self.recompute_s
@@ -218,12 +220,14 @@ def _cpu_timed(work):
     return result, time.process_time() - started
 
 
-def _agent_step(model: torch.nn.Module, micro_batches: list[Batch], sketcher: Sketcher) -> tuple[str, float, float]:
-    """A step as ``peer_agent.training.Trainer.step`` computes it (fp32): each micro-batch's loss over
-    their count, backward, then the fingerprint before clipping; (fingerprint, CPU s of forward and
-    backward, CPU s of the fingerprint)."""
+def _agent_step(model: torch.nn.Module, micro_batches: list[Batch],
+                sketcher: Sketcher) -> tuple[str, float, float, float]:
+    """A step as ``peer_agent.training.Trainer.step`` computes it (fp32): the parameters' sketch, each
+    micro-batch's loss over their count, backward, then the fingerprint before clipping; (fingerprint,
+    CPU s of forward and backward, CPU s of the fingerprint, CPU s of the parameters' sketch)."""
     model.train()
     model.zero_grad(set_to_none=True)
+    _, parameters_s = _cpu_timed(lambda: sketcher.parameters(model, EPOCH))
 
     def forward_backward():
         for batch in micro_batches:
@@ -232,7 +236,7 @@ def _agent_step(model: torch.nn.Module, micro_batches: list[Batch], sketcher: Sk
     _, compute_s = _cpu_timed(forward_backward)
     fingerprint, fingerprint_s = _cpu_timed(lambda: sketcher.fingerprint(model, EPOCH))
     model.zero_grad(set_to_none=True)
-    return fingerprint, compute_s, fingerprint_s
+    return fingerprint, compute_s, fingerprint_s, parameters_s
 
 
 def _model(workload: Workload, preset: str) -> torch.nn.Module:
@@ -266,9 +270,10 @@ def preset_measure(preset: str, folder: Path, *, micro_batch_size: int, seq_leng
     fingerprints, steps = [], []
     for _ in range(measure.agent_steps):
         step = [next(drawn) for _ in range(accumulation)]
-        fingerprint, compute_s, fingerprint_s = _agent_step(model, step, sketcher)
+        fingerprint, compute_s, fingerprint_s, parameters_s = _agent_step(model, step, sketcher)
         measure.forward_backward_s += compute_s / measure.agent_steps
         measure.fingerprint_s += fingerprint_s / measure.agent_steps
+        measure.parameters_s += parameters_s / measure.agent_steps
         fingerprints.append(fingerprint)
         steps.append(step)
     commitment = EpochCommitment(
@@ -342,9 +347,10 @@ def preset_print(measure: PresetMeasure, steps: int, checks: list[int]) -> None:
     m = measure
     print(f"\npreset {m.preset}: {m.parameters:,} parameters; a step is {m.accumulation} micro-batches of "
           f"{m.micro_batch_size}x{m.seq_length} tokens; {m.agent_steps} agent steps measured; CPU seconds")
-    print(f"  agent, per step:   forward+backward {m.forward_backward_s:.4f}  fingerprint {m.fingerprint_s:.5f}")
+    print(f"  agent, per step:   forward+backward {m.forward_backward_s:.4f}  fingerprint {m.fingerprint_s:.5f}  "
+          f"parameters' sketch {m.parameters_s:.5f}")
     print(f"  agent, per epoch:  sketch built {m.sketch_build_s:.4f}  commitment of {steps} steps signed {m.sign_s:.5f}")
-    print(f"  agent overhead: (fingerprint + (sketch + signature)/{steps}) / forward+backward = "
+    print(f"  agent overhead: (fingerprint + parameters' sketch + (sketch + signature)/{steps}) / forward+backward = "
           f"{100 * m.overhead(steps):.2f}%")
     print(f"  validator: replay of an epoch's {steps} steps {m.replay_epoch_s:.4f} (the session's first epoch, "
           f"stream opened: {m.replay_start_s:.4f}); recompute one step {m.recompute_s:.4f}")
