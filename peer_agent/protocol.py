@@ -53,8 +53,10 @@ MID_RUN_EDITABLE: frozenset[str] = frozenset({
 """Dotted config paths that peers may pick up while a run is active: they change how a peer
 computes or meets others, not what the collaboration optimizes."""
 
-# A report carries at most one epoch's commitment of MAX_COMMITTED_STEPS steps (~130 characters each).
-MAX_FRAME_CHARS = 262_144
+# A report carries at most one epoch's commitment of MAX_COMMITTED_STEPS steps: up to ~150 characters
+# each, ~255 with the parameters' sketch that the first micro-batch of a step carries (every one, when
+# a step is one micro-batch). tests/peer_agent/test_protocol.py checks that the largest report fits.
+MAX_FRAME_CHARS = 393_216
 FINGERPRINT_WIDTH = 16  # float32 values in a gradient fingerprint (peer_agent.spotcheck)
 MAX_COMMITTED_STEPS = 1024
 

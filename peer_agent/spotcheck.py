@@ -88,12 +88,15 @@ class Sketcher:
         self.run_id = run_id
         self._sketch: Sketch | None = None
 
+    def _of(self, params: list[torch.Tensor], epoch: int) -> Sketch:
+        if self._sketch is None or self._sketch.epoch != epoch:
+            self._sketch = Sketch(self.run_id, epoch, params)
+        return self._sketch
+
     def sketch(self, model: torch.nn.Module, epoch: int) -> torch.Tensor:
         """The sketch of the gradients now in ``model``'s parameters, for a step of ``epoch``."""
         params = list(model.parameters())
-        if self._sketch is None or self._sketch.epoch != epoch:
-            self._sketch = Sketch(self.run_id, epoch, params)
-        return self._sketch.apply([param.grad for param in params])
+        return self._of(params, epoch).apply([param.grad for param in params])
 
     def fingerprint(self, model: torch.nn.Module, epoch: int) -> str:
         """The fingerprint of the gradients now in ``model``'s parameters, for a step of ``epoch``."""
@@ -104,9 +107,7 @@ class Sketcher:
         a step's gradients were computed at. The distance of two such fingerprints is about the relative
         difference of the two models' parameters."""
         params = list(model.parameters())
-        if self._sketch is None or self._sketch.epoch != epoch:
-            self._sketch = Sketch(self.run_id, epoch, params)
-        return fingerprint_encode(self._sketch.apply([param.detach() for param in params]))
+        return fingerprint_encode(self._of(params, epoch).apply([param.detach() for param in params]))
 
 
 def parameters_fingerprint(model: torch.nn.Module, run_id: str, epoch: int) -> str:

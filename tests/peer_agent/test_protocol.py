@@ -360,6 +360,21 @@ def test_an_invalid_report_is_refused_as_invalid_report(change):
     assert caught.value.detail and "Traceback" not in caught.value.detail
 
 
+def test_the_largest_report_an_agent_can_send_fits_in_a_frame():
+    # Every field at its bound, every micro-batch with the parameters' sketch (steps of one micro-batch).
+    sketch = "A" * 86 + "=="
+    steps = [protocol.StepCommitment(cursor=2**48 - protocol.MAX_COMMITTED_STEPS + index, samples=1_000_000,
+                                     fingerprint=sketch, parameters=sketch)
+             for index in range(protocol.MAX_COMMITTED_STEPS)]
+    commitment = protocol.EpochCommitment(epoch=2**31 - 1, micro_batch_size=4096, shuffle_buffer=1_000_000,
+                                          steps=steps, signature="A" * 4096)
+    frame = report_frame(seq=2**31 - 1, samples=10_000_000, steps=10_000_000, local_epoch=2**31 - 1,
+                         commitment=commitment.model_dump(mode="json"))
+    text = json.dumps(frame)
+    assert len(text) <= protocol.MAX_FRAME_CHARS
+    assert parse_client_frame(text).commitment.steps[-1].parameters == sketch
+
+
 @pytest.mark.parametrize("text, code", [
     ("", "bad_json"),
     ("{not json", "bad_json"),
