@@ -30,6 +30,7 @@ def small_config() -> dict:
 
 def evaluation_run(organizer, *, slug: str = "eval-run", lines: int = 4000, heldout_size: int = 60, **fields) -> Run:
     """A draft-then-active run on the generated corpus, its held-out split kept apart, its tokenizer trained."""
+    fields.setdefault("hivemind_run_id", RUN_ID if slug == "eval-run" else f"evaluation-{slug}")
     run = RunFactory(slug=slug, status="draft", tokenizer_status="missing", organizers=[organizer], config=small_config(),
                      heldout_size=heldout_size, **fields)
     services.data_file_add(run=run, actor=organizer, name="corpus.txt",
@@ -40,20 +41,21 @@ def evaluation_run(organizer, *, slug: str = "eval-run", lines: int = 4000, held
     return run
 
 
-def checkpoint_train(run: Run, workdir: Path, *, epoch: int, steps: int, batch_size: int = 16) -> Checkpoint:
-    """Train the run's model from its initial weights for ``steps`` steps on its training files (what
-    the agents get) and save it as the checkpoint of ``epoch``, as the coordinator would."""
+# The run id the evaluation tests' runs carry: the model's initial weights are drawn from it (init_seed
+# below, as the agents draw theirs), so a test's checkpoint is the same on every machine. A factory's
+# default id is random, and the spread of held-out scores over ids is wide (bench/heldout_spread.py).
+RUN_ID = "evaluation-seed-0"
+
+
+def model_pretrain(config: RunConfig, tokenizer, files: list[str], *, init_seed: int, steps: int, batch_size: int = 16):
+    """The run's model trained from ``init_seed`` for ``steps`` AdamW steps on ``files``, in the data order
+    of seed 1: the same weights for the same arguments (ALBERT's dropout is off, peer_agent/model.py)."""
     import torch
 
     from peer_agent.data import batches, dataset_stream
     from peer_agent.model import model_build
-    from peer_agent.tokenizer import tokenizer_load
 
-    config = RunConfig.model_validate(run.config)
-    tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
-    model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                        init_seed=zlib.crc32(run.hivemind_run_id.encode()))
-    files = [data_file.file.path for data_file in run.data_files.all()]
+    model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id, init_seed=init_seed)
     stream = dataset_stream(config, data_files=files, seed=1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
@@ -61,6 +63,19 @@ def checkpoint_train(run: Run, workdir: Path, *, epoch: int, steps: int, batch_s
         model(**batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+    return model
+
+
+def checkpoint_train(run: Run, workdir: Path, *, epoch: int, steps: int, batch_size: int = 16) -> Checkpoint:
+    """Train the run's model from its initial weights for ``steps`` steps on its training files (what
+    the agents get) and save it as the checkpoint of ``epoch``, as the coordinator would."""
+    from peer_agent.tokenizer import tokenizer_load
+
+    config = RunConfig.model_validate(run.config)
+    tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
+    files = [data_file.file.path for data_file in run.data_files.all()]
+    model = model_pretrain(config, tokenizer, files, init_seed=zlib.crc32(run.hivemind_run_id.encode()), steps=steps,
+                           batch_size=batch_size)
     directory = workdir / f"checkpoint-{epoch}"
     metadata = CheckpointMetadata(run_id=run.hivemind_run_id, epoch=epoch, loss=None, samples=steps * batch_size,
                                   time=time.time())

@@ -38,12 +38,20 @@ def scores(found) -> dict:
 
 
 def test_a_trained_checkpoint_beats_the_random_init_baseline_on_held_out_text(run, tmp_path):
+    """Seeded end to end: the run id (evaluation_world.RUN_ID) draws the initial weights, seed 1 the data
+    order and masks. The thresholds come from the spread over 40 run ids
+    (``.venv/bin/python -m bench.heldout_spread --seeds 40``, docs/benchmarks.md): at random init, accuracy
+    0.0000–0.0090 and perplexity 392–412; after 100 steps, accuracy 0.0687–0.0814 (a lead over the same
+    id's random init of at least +0.063) and perplexity 130–136 (at most 0.34 of the random init's).
+    100 steps learn the pieces' frequencies, no more: always guessing the commonest piece scores
+    0.0705, the unigram model a perplexity of 132. So the test asks for a lead of 0.04 and half the
+    perplexity, which every measured id clears by a wide margin, and not for a multiple of a baseline
+    that is itself a fraction of a percent."""
     checkpoint = checkpoint_train(run, tmp_path, epoch=1, steps=100)
     baseline = scores(evaluation_run(run, None, save=True))
     trained = scores(evaluation_run(run, checkpoint, save=True))
     assert baseline["mlm_accuracy"] < 0.05, "a random model guesses masked tokens about as well as chance"
-    # Whole words to guess (runs/setup/tokenization.py): 100 small steps reach ~8% against ~0.2% at random.
-    assert trained["mlm_accuracy"] > max(10 * baseline["mlm_accuracy"], baseline["mlm_accuracy"] + 0.05)
+    assert trained["mlm_accuracy"] > baseline["mlm_accuracy"] + 0.04
     assert trained["perplexity"] < baseline["perplexity"] / 2
     stored = {evaluation.epoch: evaluation for evaluation in run.evaluations.all()}
     assert stored[1].mlm_accuracy == trained["mlm_accuracy"] and stored[None].perplexity == baseline["perplexity"]
