@@ -114,12 +114,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         pace = self.paces[session.pk]
         if report.seq not in pace.acked:  # acknowledged on this connection before: ack again, nothing to store
             refusal = reports.report_check(report=report, pace=pace) or reports.commitment_refusal(
-                report=report, session=session)
+                report=report, session=session, pace=pace)
             if refusal is not None:
                 await self._refuse(report, refusal)
                 return
             try:
-                await reports.report_writer.store(session_id=session.pk, report=report)
+                await reports.report_writer.store(session_id=session.pk, report=report, swarm_epoch=pace.swarm_epoch)
             except Exception:  # noqa: BLE001 - logged by the writer; the agent keeps the report and resends it
                 await self._report_error(report.seq, "server_error", "the report could not be stored now; it will be sent again")
                 return

@@ -202,6 +202,17 @@ EPOCH_RESYNC = 1  # a peer that loads state from others may land one epoch back
 # Epochs an agent may be ahead of the monitor's last reading (at most a minute old): a fast run
 # closes an epoch every few seconds, and an agent counts the epoch it is in before the swarm does.
 SWARM_EPOCH_AHEAD = 100
+# A commitment earns only if it arrives before the swarm is this many epochs past its epoch: the
+# validator holds the states of these epochs (runs/swarm/spotcheck.py, HELD_EPOCHS), and a commitment
+# sent later, once the steps it claims can no longer be checked, would ask to be believed unchecked.
+# An honest agent sends it with its first report after the epoch (every 5 s).
+COMMITMENT_WINDOW_EPOCHS = 6
+LATE_COMMITMENT = ("epoch {epoch}: committed when the swarm was at epoch {swarm}, after the deadline ({window} "
+                   "epochs): too late to be checked, so the epoch earns nothing")
+# How many samples' worth of micro-batches a session's stream may have been drawn to, against the samples
+# it reported: an honest agent draws each reported sample once, plus the micro-batches of steps hivemind
+# dropped (a resync) and of the step in progress. Bounds the validator's replay of a session's stream.
+CURSOR_SLACK = 2.0
 
 
 @dataclass
@@ -212,6 +223,9 @@ class SessionPace:
     started_at: datetime  # the portal's clock, when the session was opened
     target_batch_size: int  # samples the whole run gathers per collaboration epoch
     peer_batch: int  # samples in one local step of one peer
+    # The largest micro-batch a peer of the run may use: its --per-device-batch-size may differ from the
+    # run's, within what the run's config accepts (one peer's step at most the target batch).
+    peer_batch_limit: int = 4096
     # The most samples per second the session's declared device could train of the run's model
     # (runs/setup/compute.py): what bounds its claims from the first report.
     samples_ceiling: float = float("inf")
@@ -245,6 +259,7 @@ def session_pace(*, session: TrainingSession) -> SessionPace:
         started_at=session.started_at,
         target_batch_size=training.target_batch_size,
         peer_batch=training.per_device_batch_size * training.gradient_accumulation_steps,
+        peer_batch_limit=training.target_batch_size // training.gradient_accumulation_steps,
         samples_ceiling=samples_per_second_ceiling(config, str((session.device or {}).get("kind", ""))),
         aggregator=session.role == TrainingSession.Role.AGGREGATOR,
     )
@@ -369,15 +384,30 @@ def report_check(*, report: Report, pace: SessionPace, now: datetime | None = No
 
 # --- storing ---------------------------------------------------------------------------------
 
-def commitment_refusal(*, report: Report, session: TrainingSession) -> ReportRefused | None:
+def commitment_refusal(*, report: Report, session: TrainingSession, pace: SessionPace) -> ReportRefused | None:
     """Why the report's commitment cannot stand (the frame is then refused whole), or None: it must
-    be for an epoch the session has reached and signed by the session's own peer key."""
+    be for an epoch the session has reached, of micro-batches no larger than one peer's step, at
+    places in the stream the session's reported work reaches, and signed by the session's own peer
+    key. The bounds keep one commitment from stalling the validator, which replays the stream up to
+    each checked step."""
     commitment = report.commitment
     if commitment is None:
         return None
     if commitment.epoch > report.local_epoch:
         return ReportRefused("invalid_commitment", f"a commitment for epoch {commitment.epoch} came with a report of "
                                                    f"epoch {report.local_epoch}: only closed epochs are committed to")
+    if commitment.micro_batch_size > pace.peer_batch_limit:
+        return ReportRefused("invalid_commitment", f"micro-batches of {commitment.micro_batch_size} samples, more than "
+                                                   f"this run allows a peer ({pace.peer_batch_limit})")
+    if any(step.samples > commitment.micro_batch_size for step in commitment.steps):
+        return ReportRefused("invalid_commitment", f"a committed micro-batch holds more samples than the commitment's "
+                                                   f"micro-batch size ({commitment.micro_batch_size})")
+    drawn = (commitment.steps[-1].cursor + 1) * commitment.micro_batch_size
+    reachable = CURSOR_SLACK * (pace.counted + report.samples) + pace.target_batch_size
+    if drawn > reachable:
+        return ReportRefused("invalid_commitment", f"the commitment reaches micro-batch {commitment.steps[-1].cursor} "
+                                                   f"of the session's stream ({drawn} samples), further than the "
+                                                   f"{pace.counted + report.samples} samples it reported")
     message = commitment_message(run_id=session.run.hivemind_run_id, session_id=session.pk, commitment=commitment)
     if not peer_key_proof_verify(peer_public_key=session.peer_public_key, message=message, proof=commitment.signature):
         return ReportRefused("invalid_commitment", "the commitment is not signed by this session's peer key")
@@ -392,15 +422,22 @@ def report_event(*, session_id: int, report: Report) -> ContributionEvent:
     )
 
 
-def report_commitment(*, session_id: int, report: Report) -> StepCommitment | None:
+def report_commitment(*, session_id: int, report: Report, swarm_epoch: int | None = None) -> StepCommitment | None:
+    """The report's commitment as stored: pending a check, or unchecked for good when it came after the
+    deadline (the swarm, as the monitor last read it, more than COMMITMENT_WINDOW_EPOCHS past its epoch)."""
     commitment = report.commitment
     if commitment is None:
         return None
-    return StepCommitment(
+    stored = StepCommitment(
         session_id=session_id, epoch=commitment.epoch, micro_batch_size=commitment.micro_batch_size,
         shuffle_buffer=commitment.shuffle_buffer, samples=sum(step.samples for step in commitment.steps),
         steps=[[step.cursor, step.samples, step.fingerprint, *([step.parameters] if step.parameters else [])]
                for step in commitment.steps])
+    if swarm_epoch is not None and commitment.epoch < swarm_epoch - COMMITMENT_WINDOW_EPOCHS:
+        stored.outcome, stored.checked_at = StepCommitment.Outcome.UNCHECKED, timezone.now()
+        stored.check_detail = LATE_COMMITMENT.format(epoch=commitment.epoch, swarm=swarm_epoch,
+                                                     window=COMMITMENT_WINDOW_EPOCHS)
+    return stored
 
 
 def report_events_store(*, events: list[ContributionEvent], commitments: list[StepCommitment] = ()) -> None:
@@ -443,7 +480,7 @@ class ReportWriter:
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue] = weakref.WeakKeyDictionary()
         self._seen_at: dict[int, float] = {}
 
-    async def store(self, *, session_id: int, report: Report) -> None:
+    async def store(self, *, session_id: int, report: Report, swarm_epoch: int | None = None) -> None:
         loop = asyncio.get_running_loop()
         queue = self._queues.get(loop)
         if queue is None:
@@ -451,7 +488,7 @@ class ReportWriter:
             loop.create_task(self._drain(queue))
         stored = loop.create_future()
         queue.put_nowait((report_event(session_id=session_id, report=report),
-                          report_commitment(session_id=session_id, report=report), stored))
+                          report_commitment(session_id=session_id, report=report, swarm_epoch=swarm_epoch), stored))
         await stored
 
     async def _drain(self, queue: asyncio.Queue) -> None:

@@ -2,16 +2,19 @@
 
 Each run's validator (started by the coordinator next to its checkpointer, whose state averager it
 shares) downloads the collaboration's parameters whenever the swarm enters a new epoch and holds
-the last few. For every commitment of a held epoch (``runs.models.StepCommitment``, which arrives
-when a session has closed the epoch) it draws ``verification.checks_per_epoch`` of the committed
-steps at random, with the operating system's randomness and only now, after the commitment, so a
-peer cannot know in advance which steps will be recomputed. It rebuilds their micro-batches from
-the run's data and the session's public seed (``peer_agent.spotcheck.BatchReplay``), recomputes
-their gradients at the held parameters and compares fingerprints; ``runs.swarm.verification``
-turns the distances into credit decisions. A step that does not match but that its session says it
-computed at parameters other than the held ones (their sketches differ) cannot be checked: a peer
-whose averaging round failed steps alone and leaves the swarm's parameters for an epoch or more.
-Commitments of epochs the validator did not hold are marked unchecked. docs/trust.md says what this proves and what it does not.
+the last few (as many as the ingest accepts commitments for, runs/ingest/reports.py). For every
+commitment of a held epoch (``runs.models.StepCommitment``, which arrives when a session has closed
+the epoch) it compares the parameters each step says it was computed at with the held state's
+(sketches: no recomputation), then draws ``verification.checks_per_epoch`` of the steps claimed at
+the held state, each with a chance in proportion to its samples, with the operating system's
+randomness and only now, after the commitment, so a peer cannot know in advance which steps will be
+recomputed. It rebuilds their micro-batches from the run's data and the session's public seed
+(``peer_agent.spotcheck.BatchReplay``), recomputes their gradients at the held parameters and
+compares fingerprints; ``runs.swarm.verification`` turns the figures into credit decisions. A step
+computed at other parameters (a peer whose averaging round failed steps alone and leaves the swarm's
+parameters for an epoch or more) cannot be checked, and its epoch earns nothing, drawn or not.
+Commitments of epochs the validator did not hold are marked unchecked, and earn nothing either.
+docs/trust.md says what this proves and what it does not.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING
 from django.db import close_old_connections
 
 from peer_agent.protocol import RunConfig
+from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
 from runs.models import Run, StepCommitment
 from runs.swarm import verification
 from runs.swarm.checkpoints import Checkpointer, state_epoch_trusted, swarm_read
@@ -38,7 +42,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 2.0  # how often the validator looks for a new epoch and new commitments
-HELD_EPOCHS = 4  # epochs whose parameters are kept: a commitment arrives once its session left the epoch
+# Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
+# a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
+HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
+# Tries at holding the state of the swarm's current epoch, one per cycle, while downloads disagree: an
+# epoch the validator holds no state of earns nothing for anyone.
+HOLD_TRIES = 3
 REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
 # How far apart two downloads of one state may be: states travel in fp16 (rounding by at most 5e-4),
 # while one optimizer step moves parameters by about the learning rate (LAMB scales it by each layer's norm).
@@ -63,7 +72,8 @@ class Validator:
         self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
         self.checkpointer, self.check_period = checkpointer, check_period
         self.held: dict[int, list] = {}  # epoch -> the collaboration's parameters in that epoch
-        self._read_epoch = -1  # the swarm's epoch when the validator last downloaded its state
+        self._read_epoch = -1  # the swarm's epoch as the validator last read it
+        self._hold_tries = 0  # tries at holding a state of that epoch
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
         self._model = None
         self._tokenizer = None
@@ -106,8 +116,10 @@ class Validator:
         # Once per epoch of the swarm: the state a peer serves may be an epoch ahead of the reading,
         # and is held by its own epoch.
         if reading is not None and reading.epoch > self._read_epoch:
-            self._read_epoch = reading.epoch
-            self._hold(reading.epoch)
+            self._read_epoch, self._hold_tries = reading.epoch, 0
+        if reading is not None and max(self.held, default=-1) < self._read_epoch and self._hold_tries < HOLD_TRIES:
+            self._hold_tries += 1
+            self._hold(self._read_epoch)
         if not self.held:
             return 0
         verification.commitments_uncheckable(run=run, before_epoch=min(self.held))
@@ -175,26 +187,39 @@ class Validator:
             while len(self._replays) > REPLAYS_KEPT:
                 del self._replays[next(iter(self._replays))]
         steps = commitment.steps
-        chosen = sorted(_random.sample(range(len(steps)), min(config.verification.checks_per_epoch, len(steps))))
         held = parameters_fingerprint(self._model, self.run_id, commitment.epoch)
-        distances, diverged = {}, {}
-        for index in chosen:
-            cursor, samples, fingerprint = steps[index][:3]
+        diverged = {}
+        for index, step in enumerate(steps):
+            claimed = step_parameters(steps, index)
+            apart = fingerprint_distance(claimed, held) if claimed is not None else 0.0
+            if apart > STATE_AGREEMENT:
+                diverged[step[0]] = apart
+        at_state = [index for index, step in enumerate(steps) if step[0] not in diverged]
+        distances = {}
+        for index in steps_draw([steps[index][1] for index in at_state], config.verification.checks_per_epoch):
+            cursor, samples, fingerprint = steps[at_state[index]][:3]
             micro_batches = replay.micro_batches(cursor, max(1, samples // commitment.micro_batch_size))
             recomputed = step_fingerprint(self._model, micro_batches, self.run_id, commitment.epoch)
             distances[cursor] = fingerprint_distance(fingerprint, recomputed)
-            claimed = step_parameters(steps, index)
-            if claimed is not None:
-                apart = fingerprint_distance(claimed, held)
-                if apart > STATE_AGREEMENT:
-                    diverged[cursor] = apart
         outcome = verification.check_record(
             commitment=commitment, distances=distances, diverged=diverged, tolerance=config.verification.tolerance,
             failures_to_suspend=config.verification.failures_to_suspend)
         logger.info("run %s: spot check of session %d, epoch %d: %s (%s)", self.slug, session_id, commitment.epoch,
-                    outcome, ", ".join(f"{cursor}: {distance:.4f}" + (f", parameters {diverged[cursor]:.4f} apart"
-                                                                       if cursor in diverged else "")
-                                       for cursor, distance in distances.items()))
+                    outcome, ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in distances.items()) +
+                    (f"; {len(diverged)} micro-batches computed off the held state" if diverged else ""))
+
+
+def steps_draw(samples: list[int], k: int) -> list[int]:
+    """``k`` distinct indices of ``samples`` (all of them when there are fewer), each draw with a chance in
+    proportion to its samples among those not drawn yet: a step that claims many samples is as likely to
+    be checked as the many small steps it stands for. Sorted, in stream order."""
+    weights = dict(enumerate(samples))
+    drawn = []
+    while weights and len(drawn) < k:
+        index = _random.choices(list(weights), weights=list(weights.values()))[0]
+        drawn.append(index)
+        del weights[index]
+    return sorted(drawn)
 
 
 def step_parameters(steps: list[list], index: int) -> str | None:

@@ -21,15 +21,17 @@ in a :class:`~runs.models.SessionEpoch` row:
   (:func:`pending_expire`), so that no claim stays pending for ever.
 
 Spot checks (peer_agent/spotcheck.py, docs/trust.md): with the run's ``verification.spot_checks`` on,
-an epoch is verified only when the session committed to its steps (``StepCommitment``) and
-the coordinator's validator recomputed some of them and they matched ("passed"), or, for an epoch the
-validator could not check (it held no state of it), when the session has passed a check and failed
-none (vouched for, as BOINC trusts a host that validated before). A failed check flags the epoch with
-the figures; ``failures_to_suspend`` failed checks suspend the session (:func:`check_record`): its
-reports are refused and all of its epochs wait for an organizer. An epoch without a commitment earns
-nothing: it is rejected like one never seen. So does an epoch whose steps did not recompute but were
-computed, the session says, at parameters other than the collaboration's ("diverged": an honest peer
-whose averaging round failed; nothing is held against it).
+an epoch is verified only when the session committed to its steps (``StepCommitment``), every step
+was computed at the state the validator holds for the epoch, and the steps the validator drew and
+recomputed matched ("passed"). Each epoch stands on its own checks: a pass never vouches for another
+epoch. A failed check flags the epoch with the figures; ``failures_to_suspend`` failed checks suspend
+the session (:func:`check_record`): its reports are refused and all of its epochs wait for an
+organizer. These earn nothing, rejected like an epoch never seen: an epoch without a commitment; one
+whose commitment the validator could not check (it held no state of the epoch, or the commitment
+came after the deadline, runs/ingest/reports.py); and one with any step computed, the session says, at
+parameters other than the held state's ("diverged": an honest peer whose averaging round failed,
+or a cheater hoping a faked step passes for one; nothing is held against it, and nothing is earned,
+whether or not that step was drawn).
 
 Rows that an organizer decided (accepted, rejected) are final. A verified row is judged again
 when late reports arrive; it stays verified if the new sum still agrees, else it is flagged.
@@ -90,8 +92,7 @@ class EpochLimits:
 @dataclass(frozen=True)
 class SpotStanding:
     """What spot checks say about one session's epoch: ``check`` is "off" (the run does not spot-check),
-    "missing" (no commitment), or the commitment's outcome with "vouched" for an unchecked epoch of a
-    session that passed a check and failed none."""
+    "missing" (no commitment), or the commitment's outcome."""
 
     check: str
     committed: int = 0
@@ -107,12 +108,7 @@ def spot_standing(*, session_id: int, epoch: int, spot_checks: bool) -> SpotStan
     commitment = StepCommitment.objects.filter(session_id=session_id, epoch=epoch).first()
     if commitment is None:
         return SpotStanding("missing")
-    check = commitment.outcome
-    if check == _Outcome.UNCHECKED:
-        outcomes = set(StepCommitment.objects.filter(session_id=session_id).values_list("outcome", flat=True))
-        if _Outcome.PASSED in outcomes and _Outcome.FAILED not in outcomes:
-            check = "vouched"
-    return SpotStanding(check, committed=commitment.samples, detail=commitment.check_detail)
+    return SpotStanding(commitment.outcome, committed=commitment.samples, detail=commitment.check_detail)
 
 
 def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: EpochLimits,
@@ -121,7 +117,7 @@ def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: Ep
     checked yet) and why."""
     if spot.check == _Outcome.FAILED:
         return _Status.FLAGGED, spot.detail or f"epoch {epoch}: a spot check failed"
-    if spot.check == _Outcome.DIVERGED:
+    if spot.check in (_Outcome.DIVERGED, _Outcome.UNCHECKED):
         return _Status.REJECTED, spot.detail
     if announced is None:
         return _Status.PROVISIONAL, NOT_SEEN_YET
@@ -139,7 +135,7 @@ def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: Ep
     if reported > spot.committed + limits.step_samples:
         return _Status.FLAGGED, (f"epoch {epoch}: reported {reported} samples, but committed to steps of "
                                  f"{spot.committed} samples")
-    if spot.check in (_Outcome.PASSED, "vouched"):
+    if spot.check == _Outcome.PASSED:
         return _Status.VERIFIED, ""
     return _Status.PROVISIONAL, AWAITING_CHECK
 
@@ -353,42 +349,44 @@ def commitments_uncheckable(*, run: Run, before_epoch: int) -> int:
 
 def check_record(*, commitment: StepCommitment, distances: dict[int, float], tolerance: float,
                  failures_to_suspend: int, diverged: dict[int, float] | None = None) -> str:
-    """Record a spot check: the recomputed steps' fingerprint distances by cursor, and ``diverged``, how
-    far from the held state the session says it computed the steps it computed elsewhere. All within
-    ``tolerance``: passed (and the session's unchecked epochs are vouched for). A step beyond it that
-    the session computed at the held state: failed, the epoch flagged with the figures and, at
-    ``failures_to_suspend`` failures, the session suspended. Only steps computed elsewhere beyond it:
-    diverged, the epoch rejected, nothing held against the session. A peer cannot gain by claiming to
-    have diverged: the epoch then earns nothing."""
+    """Record a spot check: ``distances``, the fingerprint distances of the drawn steps by cursor, all
+    claimed at the held state; ``diverged``, every micro-batch the session says it computed elsewhere,
+    with how far its parameters were from the held state's (compared for every step, drawn or not).
+
+    - A drawn step beyond ``tolerance``: failed, the epoch flagged with the figures and, at
+      ``failures_to_suspend`` failures, the session suspended. A step computed elsewhere beside it
+      shields nothing.
+    - Else any step computed elsewhere: diverged, the epoch rejected, nothing held against the session.
+      Whether that step was drawn does not matter: it earns nothing either way.
+    - Else: passed, and the epoch is judged again (it vouches for no other)."""
     session = commitment.session
     run = session.run
     diverged = diverged or {}
     checked = [[cursor, distance] for cursor, distance in sorted(distances.items())]
-    beyond = {cursor: distance for cursor, distance in distances.items() if distance > tolerance}
-    if not beyond:
-        _outcome_save(commitment, _Outcome.PASSED, detail="", checked_steps=checked)
-        unchecked = StepCommitment.objects.filter(session=session, outcome=_Outcome.UNCHECKED)
-        _rejudge(run=run, session_id=session.pk, epochs=[commitment.epoch, *unchecked.values_list("epoch", flat=True)])
-        return _Outcome.PASSED
-    failed = {cursor: distance for cursor, distance in beyond.items() if cursor not in diverged}
-    worst_cursor, worst = max((failed or beyond).items(), key=lambda item: item[1])
-    if not failed:
-        detail = (f"epoch {commitment.epoch}: the step at micro-batch {worst_cursor} recomputed {worst:.3f} away from "
-                  f"its committed fingerprint, but the session computed it at parameters {diverged[worst_cursor]:.3f} "
-                  f"away from the collaboration's (its averaging round had failed, most likely): it cannot be "
-                  f"checked, and the epoch earns nothing")
+    failed = {cursor: distance for cursor, distance in distances.items() if distance > tolerance}
+    if failed:
+        worst_cursor, worst = max(failed.items(), key=lambda item: item[1])
+        detail = (f"epoch {commitment.epoch}: spot check failed: the step at micro-batch {worst_cursor} recomputed "
+                  f"{worst:.3f} away from its committed fingerprint (tolerance {tolerance:g}); "
+                  f"{len(distances)} step(s) checked")
+        _outcome_save(commitment, _Outcome.FAILED, detail=detail, checked_steps=checked)
+        epoch_judge(run=run, epoch=commitment.epoch, closed_at=timezone.now(), session_ids=[session.pk])
+        failures = StepCommitment.objects.filter(session=session, outcome=_Outcome.FAILED).count()
+        if failures >= failures_to_suspend and session.suspended_at is None:
+            session_suspend(session=session, reason=f"{failures} spot checks failed; the last: {detail}")
+        return _Outcome.FAILED
+    if diverged:
+        worst_cursor, worst = max(diverged.items(), key=lambda item: item[1])
+        detail = (f"epoch {commitment.epoch}: {len(diverged)} of {len(commitment.steps)} micro-batches were computed "
+                  f"at parameters other than the collaboration's (up to {worst:.3f} away, at micro-batch "
+                  f"{worst_cursor}; its averaging round had failed, most likely): work off the swarm's state cannot "
+                  f"be checked, and the epoch earns nothing")
         _outcome_save(commitment, _Outcome.DIVERGED, detail=detail, checked_steps=checked)
         epoch_judge(run=run, epoch=commitment.epoch, closed_at=timezone.now(), session_ids=[session.pk])
         return _Outcome.DIVERGED
-    detail = (f"epoch {commitment.epoch}: spot check failed: the step at micro-batch {worst_cursor} recomputed "
-              f"{worst:.3f} away from its committed fingerprint (tolerance {tolerance:g}); "
-              f"{len(distances)} step(s) checked")
-    _outcome_save(commitment, _Outcome.FAILED, detail=detail, checked_steps=checked)
-    epoch_judge(run=run, epoch=commitment.epoch, closed_at=timezone.now(), session_ids=[session.pk])
-    failures = StepCommitment.objects.filter(session=session, outcome=_Outcome.FAILED).count()
-    if failures >= failures_to_suspend and session.suspended_at is None:
-        session_suspend(session=session, reason=f"{failures} spot checks failed; the last: {detail}")
-    return _Outcome.FAILED
+    _outcome_save(commitment, _Outcome.PASSED, detail="", checked_steps=checked)
+    _rejudge(run=run, session_id=session.pk, epochs=[commitment.epoch])
+    return _Outcome.PASSED
 
 
 @transaction.atomic

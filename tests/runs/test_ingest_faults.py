@@ -82,8 +82,8 @@ def test_a_report_stored_before_the_portal_went_down_and_resent_after_it_came_ba
     class DiesAfterCommit:
         """The portal stops between storing report 2 and acknowledging it."""
 
-        async def store(self, *, session_id, report):
-            await real_writer.store(session_id=session_id, report=report)
+        async def store(self, *, session_id, report, **options):
+            await real_writer.store(session_id=session_id, report=report, **options)
             if report.seq == 2:
                 committed.set()
                 await asyncio.Future()  # the ack never leaves: the process is going down

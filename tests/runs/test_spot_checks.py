@@ -23,7 +23,7 @@ TOLERANCE, FAILURES = 0.1, 2
 
 def commitment(epoch: int, *, cursors=(0, 2, 4), samples=8) -> EpochCommitment:
     steps = [StepCommitment(cursor=cursor, samples=samples, fingerprint=FINGERPRINT) for cursor in cursors]
-    return EpochCommitment(epoch=epoch, micro_batch_size=4, shuffle_buffer=1000, steps=steps, signature="AA==")
+    return EpochCommitment(epoch=epoch, micro_batch_size=8, shuffle_buffer=1000, steps=steps, signature="AA==")
 
 
 @pytest.fixture
@@ -84,11 +84,13 @@ def committed(session, epoch: int, samples: int) -> StoredCommitment:
                                            steps=[[0, samples, FINGERPRINT]], samples=samples)
 
 
-def check(stored: StoredCommitment, distance: float, *, diverged: float | None = None) -> str:
-    """Record a check of the step at cursor 0; ``diverged``: how far from the held state the session
-    said it computed the step, when that is beyond what the validator allows."""
-    return verification.check_record(commitment=stored, distances={0: distance}, tolerance=TOLERANCE,
-                                     failures_to_suspend=FAILURES, diverged={} if diverged is None else {0: diverged})
+def check(stored: StoredCommitment, distance: float | None, *, diverged: float | None = None) -> str:
+    """Record a check: ``distance``, the recomputed distance of the step at cursor 0 (None: not drawn);
+    ``diverged``: how far from the held state the session said it computed the step at cursor 1, when
+    that is beyond what the validator allows."""
+    return verification.check_record(commitment=stored, distances={} if distance is None else {0: distance},
+                                     tolerance=TOLERANCE, failures_to_suspend=FAILURES,
+                                     diverged={} if diverged is None else {1: diverged})
 
 
 def status(session, epoch: int) -> SessionEpoch:
@@ -163,39 +165,50 @@ def test_a_suspended_session_is_refused_until_its_organizer_lifts_it(keyed_sessi
     assert exchange(session.secret, [report(session.pk, 2)])[0] == {"type": "ack", "seq": 2}
 
 
-def test_an_epoch_the_validator_could_not_check_is_vouched_for_only_by_the_sessions_passed_checks(run):
-    amina, rahim = session_for(run), session_for(run, username="rahim")
-    for session in (amina, rahim):
-        reported(session, 32, epoch=5, checked=False)
-        committed(session, 5, 32)
-        verification.announced_record(session_id=session.pk, epoch=5, announced=32)
+def test_an_epoch_the_validator_could_not_check_earns_nothing_whatever_the_sessions_other_checks(run):
+    # Issue 29: a liar computed nothing in "dark" epochs, sent their commitments once the validator had let
+    # go of the epoch, and one real step elsewhere vouched for all of them. No epoch vouches for another.
+    amina = session_for(run)
+    for epoch in (5, 6):
+        reported(amina, 32, epoch=epoch, checked=False)
+        verification.announced_record(session_id=amina.pk, epoch=epoch, announced=32)
+    committed(amina, 5, 32)
     verification.commitments_uncheckable(run=run, before_epoch=6)
-    assert judge(run, 5) == {amina.pk: "provisional", rahim.pk: "provisional"}, "nobody checked yet"
+    assert judge(run, 5) == {amina.pk: "rejected"}
+    assert "no state of epoch 5 was held" in status(amina, 5).detail
 
-    reported(amina, 32, epoch=6, checked=False)
-    verification.announced_record(session_id=amina.pk, epoch=6, announced=32)
     check(committed(amina, 6, 32), 0.002)
-    assert status(amina, 5).status == "verified", "vouched for by the next epoch's passed check"
-    assert status(rahim, 5).status == "provisional"
+    assert status(amina, 6).status == "verified"
+    assert status(amina, 5).status == "rejected", "a pass in another epoch vouches for nothing"
 
 
 def test_a_step_computed_away_from_the_collaboration_earns_nothing_and_is_not_held_against_the_session(run):
-    # An honest peer whose averaging round failed stepped alone: its next steps recompute far from
-    # what it committed to at the validator's parameters, and it said so with its parameters' sketch.
+    # An honest peer whose averaging round failed stepped alone: it said so with its parameters' sketch.
     amina = session_for(run)
     for epoch in (4, 5, 6, 7):
         reported(amina, 32, epoch=epoch, checked=False)
         verification.announced_record(session_id=amina.pk, epoch=epoch, announced=32)
     for epoch in (4, 5, 6):
-        assert check(committed(amina, epoch, 32), 0.17, diverged=0.04) == "diverged"
+        assert check(committed(amina, epoch, 32), None, diverged=0.04) == "diverged"
         assert status(amina, epoch).status == "rejected", "work that cannot be checked earns nothing"
-    assert "parameters 0.040 away from the collaboration's" in status(amina, 4).detail
+    assert "1 of 1 micro-batches were computed at parameters other than the collaboration's (up to 0.040 away" \
+        in status(amina, 4).detail
     assert TrainingSession.objects.get(pk=amina.pk).suspended_at is None, "three of them, and no suspension"
     assert not SessionEpoch.objects.filter(session=amina, status="flagged").exists()
 
     assert check(committed(amina, 7, 32), 0.003) == "passed", "back with the swarm"
     assert status(amina, 7).status == "verified"
     assert status(amina, 4).status == "rejected", "a later pass does not vouch for a step computed elsewhere"
+
+
+def test_divergence_shields_nothing_a_step_computed_elsewhere_earns_nothing_even_when_not_drawn(run):
+    # Issue 29's divergence shield: faked steps labelled "computed elsewhere", one real step drawn and
+    # passed. Before, the epoch was verified whole unless a faked step was drawn.
+    rahim = session_for(run, username="rahim")
+    reported(rahim, 32, epoch=5, checked=False)
+    verification.announced_record(session_id=rahim.pk, epoch=5, announced=32)
+    assert check(committed(rahim, 5, 32), 0.001, diverged=0.05) == "diverged"
+    assert status(rahim, 5).status == "rejected"
 
 
 def test_a_cheater_cannot_hide_a_faked_step_behind_a_step_computed_elsewhere(run):
@@ -205,13 +218,52 @@ def test_a_cheater_cannot_hide_a_faked_step_behind_a_step_computed_elsewhere(run
         verification.announced_record(session_id=rahim.pk, epoch=epoch, announced=32)
     # One faked step said to be computed at the held state, one said to be computed elsewhere: the first fails.
     mixed = committed(rahim, 5, 32)
-    outcome = verification.check_record(commitment=mixed, distances={0: 0.9, 4: 0.8}, diverged={4: 0.05},
+    outcome = verification.check_record(commitment=mixed, distances={0: 0.9}, diverged={4: 0.05},
                                         tolerance=TOLERANCE, failures_to_suspend=FAILURES)
     assert outcome == "failed" and status(rahim, 5).status == "flagged"
     assert "micro-batch 0 recomputed 0.900" in status(rahim, 5).detail
     # Every faked step said to be computed elsewhere: no suspension, but no credit either.
-    assert check(committed(rahim, 6, 32), 0.9, diverged=3.0) == "diverged"
+    assert check(committed(rahim, 6, 32), None, diverged=3.0) == "diverged"
     assert status(rahim, 6).status == "rejected"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commitment_sent_after_the_deadline_is_stored_unchecked_and_earns_nothing(keyed_session):
+    from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
+    from runs.models import RunSample
+
+    session = keyed_session
+    # The monitor's reading: the swarm is at epoch 20.
+    RunSample.objects.create(run=session.run, global_epoch=20, samples_per_second=40.0, alive_peers=2)
+    answers = exchange(session.secret, [
+        report(session.pk, 1, local_epoch=20, commitment=signed(session, 20 - COMMITMENT_WINDOW_EPOCHS - 1)),
+        report(session.pk, 2, local_epoch=20, commitment=signed(session, 20 - COMMITMENT_WINDOW_EPOCHS)),
+    ])
+    assert [answer["type"] for answer in answers] == ["ack", "ack"], "the samples are stored; the late epoch is judged"
+    late, in_time = StoredCommitment.objects.filter(session=session).order_by("epoch")
+    assert (late.outcome, in_time.outcome) == ("unchecked", "pending")
+    assert "after the deadline" in late.check_detail
+    verification.announced_record(session_id=session.pk, epoch=late.epoch, announced=32)
+    assert judge(session.run, late.epoch) == {session.pk: "rejected"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stall", ["huge_cursor", "huge_micro_batch", "samples_beyond_the_micro_batch"])
+def test_a_commitment_that_would_stall_the_validator_is_refused_whole(keyed_session, stall):
+    # Issue 29: the validator replays a session's stream up to each checked step; one commitment at
+    # cursor 2^48 or of a million samples a step would hold every session's checks up.
+    session = keyed_session
+    made = commitment(1)
+    if stall == "huge_cursor":
+        made = commitment(1, cursors=(0, 2, 2**48))
+    elif stall == "huge_micro_batch":
+        made = made.model_copy(update={"micro_batch_size": 4096})
+    else:
+        made = commitment(1, samples=1_000_000)
+    frame = commitment_sign(made, run_id=session.run.hivemind_run_id, session_id=session.pk, key=session.key)
+    answers = exchange(session.secret, [report(session.pk, 1, commitment=frame.model_dump(mode="json"))])
+    assert (answers[0]["type"], answers[0]["code"]) == ("error", "invalid_commitment")
+    assert not StoredCommitment.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -248,13 +300,20 @@ def test_with_spot_checks_off_the_announced_figures_decide(run):
     assert judge(run, 5) == {amina.pk: "verified"}
 
 
-def test_checks_are_drawn_after_the_commitment_and_cover_every_step_alike():
+def test_checks_are_drawn_after_the_commitment_in_proportion_to_each_steps_samples():
+    # Issue 29: drawn uniformly by entry, one huge faked entry among many small real ones was checked
+    # with a chance of 1/(n+1) whatever it claimed. Drawn by samples, it is checked as often as its share.
     from runs.swarm import spotcheck
 
-    drawn = [spotcheck._random.sample(range(10), 1)[0] for _ in range(2000)]
-    assert set(drawn) == set(range(10)), "every step can be drawn"
     assert isinstance(spotcheck._random, random.SystemRandom), "unpredictable, never seeded"
-
+    samples = [1] * 9 + [9]  # the last entry claims half of the samples
+    drawn = [spotcheck.steps_draw(samples, 1)[0] for _ in range(4000)]
+    assert set(drawn) == set(range(10)), "every step can be drawn"
+    share = drawn.count(9) / len(drawn)
+    assert 0.45 < share < 0.55, share  # 0.5 expected; 4000 draws put it within ±0.05 but once in 10^10
+    three = spotcheck.steps_draw(samples, 3)
+    assert len(set(three)) == 3 and three == sorted(three), "distinct steps, in stream order"
+    assert spotcheck.steps_draw([4, 4], 5) == [0, 1], "all of them when there are fewer"
 
 
 def test_a_suspended_volunteer_cannot_start_a_clean_session_and_only_an_organizer_lifts_it(run, client):
