@@ -53,3 +53,14 @@ def running_dht(**kwargs):
     finally:
         dht.shutdown()
         processes_kill(descendants)
+
+
+def loopback_dhts(count: int) -> list:
+    """``count`` DHT peers on loopback that check no tokens, bootstrapped from the first. Given 60 s to
+    start, as :func:`running_dht`: p2pd can take longer than hivemind's default 15 s on a loaded machine.
+    The caller shuts them down."""
+    from hivemind.dht import DHT
+
+    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], startup_timeout=60)
+    return [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                          startup_timeout=60) for _ in range(count - 1)]

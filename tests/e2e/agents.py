@@ -23,7 +23,11 @@ def small_run(organizer):
     config["tokenizer"]["vocab_size"] = 800
     config["training"].update(target_batch_size=32, per_device_batch_size=8)
     config["averaging"].update(matchmaking_time=1.5, averaging_timeout=15.0)
-    run = RunFactory(slug="e2e-run", status="draft", tokenizer_status="missing", organizers=[organizer], config=config)
+    # A fixed run id: the agents draw the model's initial weights (crc32 of it), and with their session's id
+    # their data order (peer_agent.spotcheck.data_seed), from it; so the losses and spot-check distances the
+    # tests read start from the same weights on every run. The factory's default id is random.
+    run = RunFactory(slug="e2e-run", status="draft", tokenizer_status="missing", organizers=[organizer], config=config,
+                     hivemind_run_id="e2e-run-seed-0")
     services.data_file_add(run=run, actor=organizer, name="corpus.txt", content="\n".join(corpus_lines(n_lines=3000)).encode())
     services.tokenizer_train(run_id=run.pk)
     services.run_transition(run=run, actor=organizer, action="activate")

@@ -7,12 +7,13 @@ import pytest
 import torch
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.load_balancing import load_balance_peers
-from hivemind.dht import DHT
 
 from peer_agent import aggregation
 from peer_agent.averaging import MIN_SHARE, FlooredGradientAverager, shares_with_floor
+from tests.processes import loopback_dhts
 
 pytestmark = pytest.mark.timeout(180)
+
 
 
 def test_hivemind_gives_a_slow_peer_no_share_and_the_floor_gives_it_one():
@@ -49,9 +50,7 @@ def test_peers_average_correctly_with_a_slow_peer_given_a_share(monkeypatch, tmp
 
     monkeypatch.setitem(aggregation.RUNNERS, "mean", RecordingRunner)  # read as each averager is made
     bandwidths = [100.0, 100.0, 20.0]
-    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-                      for _ in bandwidths[1:]]
+    dhts = loopback_dhts(len(bandwidths))
     parameters = [[torch.zeros(64, 33, requires_grad=True)] for _ in bandwidths]
     for index, (parameter,) in enumerate(parameters):
         parameter.grad = torch.full_like(parameter, float(index))
@@ -99,9 +98,7 @@ def test_an_auxiliary_peer_reduces_the_largest_part_and_adds_nothing_to_the_mean
 
     monkeypatch.setitem(aggregation.RUNNERS, "mean", RecordingRunner)
     bandwidths, auxiliary = [20.0, 20.0, 500.0], [False, False, True]
-    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    dhts = [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-                      for _ in bandwidths[1:]]
+    dhts = loopback_dhts(len(bandwidths))
     parameters = [[torch.zeros(64, 33, requires_grad=True)] for _ in bandwidths]
     for index, (parameter,) in enumerate(parameters):
         parameter.grad = torch.full_like(parameter, 100.0 if auxiliary[index] else float(index))

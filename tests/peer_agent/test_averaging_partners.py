@@ -10,7 +10,6 @@ from itertools import combinations
 
 import pytest
 import torch
-from hivemind.dht import DHT
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
@@ -29,6 +28,7 @@ from peer_agent.averaging import (
 )
 from peer_agent.training import Trainer, TrainerSetup
 from tests.factories import RunAuthority
+from tests.processes import loopback_dhts
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -251,12 +251,6 @@ def rounds_until_the_outsider_is_refused(one_round, refused, outsider_id) -> Non
             return
     pytest.fail(f"the outsider took part in the matchmaking of none of {OUTSIDER_ROUNDS} rounds")
 
-
-def loopback_dhts(count: int) -> list[DHT]:
-    """DHTs on loopback that check no tokens, bootstrapped from the first."""
-    first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    return [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-                      for _ in range(count - 1)]
 
 
 @pytest.mark.timeout(480)  # up to OUTSIDER_ROUNDS rounds

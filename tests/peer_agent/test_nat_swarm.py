@@ -15,7 +15,9 @@ import pytest
 from harness.natswarm import BACKBONE_FILE, STOP_FILE
 from harness.netlab import PUBLIC_SUBNET, NetLab
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300)]
+# Longer than the suite's 300 s: each test waits in turn on processes that load hivemind and start p2p
+# daemons (the backbone up to 120 s, then two probes up to 150 s each, or the trainers up to 240 s).
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

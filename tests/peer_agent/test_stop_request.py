@@ -53,7 +53,10 @@ def test_a_step_still_running_after_its_grace_is_abandoned(handlers_restored):
             round_done.wait(60)
     assert time.monotonic() - started < 5
     assert stop.event.is_set()
-    assert 8.0 < stop.time_left() <= 10.0
+    # The 10 s count from the signal, which came after ``started``: a lower bound that holds however
+    # late the timer, the handler or this thread ran on a busy machine.
+    left = stop.time_left()
+    assert 10.0 - (time.monotonic() - started) <= left <= 10.0
 
 
 def test_a_step_that_ends_within_its_grace_is_not_abandoned(handlers_restored):
