@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CHECK_PERIOD_S = 2.0  # how often the validator looks for a new epoch and new commitments
+CHECK_PERIOD_S = 2.0  # how often the validator looks for new commitments
+HOLD_PERIOD_S = 0.5  # how often it reads the swarm's epoch, to hold each epoch's state as the swarm enters it
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
@@ -64,70 +65,87 @@ def parameters_apart(first: list, second: list) -> float:
 
 
 class Validator:
-    """Spot-checks one run's sessions; the coordinator calls :meth:`tick` on every heartbeat, and the
-    work happens in a thread of its own."""
+    """Spot-checks one run's sessions; the coordinator calls :meth:`tick` on every heartbeat. The work
+    happens in two threads of its own: one holds the swarm's state of each epoch as the swarm enters it
+    (it reads the swarm every ``hold_period``), one checks the commitments of held epochs. Holding never
+    waits behind checks: an epoch whose state is missed earns nothing for anyone (runs/swarm/verification.py),
+    and a demo's epochs last a few seconds."""
 
     def __init__(self, *, run_pk: int, run_id: str, slug: str, dht: DHT, checkpointer: Checkpointer,
-                 check_period: float = CHECK_PERIOD_S) -> None:
+                 check_period: float = CHECK_PERIOD_S, hold_period: float = HOLD_PERIOD_S) -> None:
         self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
-        self.checkpointer, self.check_period = checkpointer, check_period
+        self.checkpointer, self.check_period, self.hold_period = checkpointer, check_period, hold_period
         self.held: dict[int, list] = {}  # epoch -> the collaboration's parameters in that epoch
         self._read_epoch = -1  # the swarm's epoch as the validator last read it
         self._hold_tries = 0  # tries at holding a state of that epoch
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
         self._model = None
         self._tokenizer = None
-        self._worker: threading.Thread | None = None
-        self._next_check = 0.0
+        self._threads: dict[str, threading.Thread] = {}
+        self._next = {"hold": 0.0, "check": 0.0}
         self._closed = False
 
     def tick(self) -> None:
-        if self._closed or not self.checkpointer.ready or (self._worker and self._worker.is_alive()):
+        if self._closed or not self.checkpointer.ready:
             return
-        if time.monotonic() < self._next_check:
-            return
-        self._worker = threading.Thread(target=self._cycle, name=f"validator {self.slug}", daemon=True)
-        self._worker.start()
+        for duty, work, period in (("hold", self.hold_once, self.hold_period),
+                                   ("check", self.check_once, self.check_period)):
+            thread = self._threads.get(duty)
+            if (thread and thread.is_alive()) or time.monotonic() < self._next[duty]:
+                continue
+            self._threads[duty] = threading.Thread(target=self._cycle, args=(duty, work, period), daemon=True,
+                                                   name=f"validator {duty} {self.slug}")
+            self._threads[duty].start()
 
     def shutdown(self, timeout: float = 5.0) -> None:
         # A check in progress ends within a step's recomputation; a download in progress is left to
         # its daemon thread, so the coordinator still stops within seconds (docs/deploy.md).
         self._closed = True
-        if self._worker:
-            self._worker.join(timeout)
+        for thread in self._threads.values():
+            thread.join(timeout)
 
-    def _cycle(self) -> None:
+    def _cycle(self, duty: str, work, period: float) -> None:
         try:
             close_old_connections()
-            self.check_once()
+            work()
         except Exception:  # the coordinator keeps serving the run; the next cycle may succeed
-            logger.exception("run %s: spot checks failed this cycle", self.slug)
+            logger.exception("run %s: spot checks' %s failed this cycle", self.slug, duty)
         finally:
             close_old_connections()
-            self._next_check = time.monotonic() + self.check_period
+            self._next[duty] = time.monotonic() + period
 
-    def check_once(self) -> int:
-        """Hold the swarm's current epoch, then check the commitments of held epochs; returns how many were checked."""
+    def _spot_checks_on(self) -> tuple[Run, RunConfig] | None:
         run = Run.objects.get(pk=self.run_pk)
         config = RunConfig.model_validate(run.config)
-        if not config.verification.spot_checks:
-            return 0
+        return (run, config) if config.verification.spot_checks else None
+
+    def hold_once(self) -> None:
+        """Hold the state of the swarm's current epoch, if no state of it is held yet (up to HOLD_TRIES tries)."""
+        if self._spot_checks_on() is None:
+            return
         reading = swarm_read(self.dht, self.run_id)
-        # Once per epoch of the swarm: the state a peer serves may be an epoch ahead of the reading,
-        # and is held by its own epoch.
-        if reading is not None and reading.epoch > self._read_epoch:
+        if reading is None:
+            return
+        # The state a peer serves may be an epoch ahead of the reading, and is held by its own epoch.
+        if reading.epoch > self._read_epoch:
             self._read_epoch, self._hold_tries = reading.epoch, 0
-        if reading is not None and max(self.held, default=-1) < self._read_epoch and self._hold_tries < HOLD_TRIES:
+        if max(self.held, default=-1) < self._read_epoch and self._hold_tries < HOLD_TRIES:
             self._hold_tries += 1
             self._hold(self._read_epoch)
-        if not self.held:
+
+    def check_once(self) -> int:
+        """Check the commitments of held epochs; returns how many were checked."""
+        spot_checks = self._spot_checks_on()
+        if spot_checks is None or not self.held:
             return 0
-        verification.commitments_uncheckable(run=run, before_epoch=min(self.held))
+        run, config = spot_checks
+        held = dict(self.held)  # the holder adds and drops states meanwhile
+        verification.commitments_uncheckable(run=run, before_epoch=min(held))
         checked = 0
-        for commitment in verification.commitments_to_check(run=run, epochs=set(self.held)):
+        for commitment in verification.commitments_to_check(run=run, epochs=set(held)):
             if self._closed:
                 break
-            self._check(run, config, commitment)
+            self._check(run, config, commitment, held[commitment.epoch])
             checked += 1
         return checked
 
@@ -137,10 +155,13 @@ class Validator:
         can carry the new epoch with the old parameters, and a peer whose averaging round failed holds
         parameters of its own. Held, such a state fails every honest check of its epoch; not held,
         the epoch's commitments are unchecked (docs/trust.md)."""
+        started = time.monotonic()
         first = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
         second = self.checkpointer.state_download(swarm_epoch=swarm_epoch) if first is not None else None
         if second is None:
             return
+        logger.debug("run %s: two downloads of the swarm's state at epoch %d took %.1f s", self.slug, swarm_epoch,
+                     time.monotonic() - started)
         epoch, parameters, self._tokenizer = second
         if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=swarm_epoch):
             logger.warning("run %s: spot checks refused a state of epoch %d, past the swarm's %d", self.slug, epoch,
@@ -152,10 +173,11 @@ class Validator:
                         " holding neither", self.slug, first[0], epoch, apart)
             return
         self.held[epoch] = parameters
+        logger.debug("run %s: spot checks hold the state of epoch %d", self.slug, epoch)
         for old in sorted(self.held)[:-HELD_EPOCHS]:
-            del self.held[old]
+            self.held.pop(old, None)
 
-    def _check(self, run: Run, config: RunConfig, commitment: StepCommitment) -> None:
+    def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, state: list) -> None:
         import torch
 
         from peer_agent.model import model_build
@@ -171,7 +193,7 @@ class Validator:
             self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id,
                                       init_seed=zlib.crc32(self.run_id.encode()))
         with torch.no_grad():
-            for param, value in zip(self._model.parameters(), self.held[commitment.epoch], strict=True):
+            for param, value in zip(self._model.parameters(), state, strict=True):
                 param.copy_(value)
         session_id = commitment.session_id
         replay = self._replays.pop(session_id, None)  # put back last: the dict runs from least to most recently used

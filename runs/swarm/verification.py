@@ -239,8 +239,10 @@ def _credit_notice(session_id: int, kind: str, key: str, **context) -> None:
 
 def epoch_reject_unseen(*, row: SessionEpoch, reported: int, detail: str = NEVER_SEEN) -> None:
     """Provisional → rejected: the session's peer never appeared in the DHT for the epoch, it never
-    committed to the epoch's steps, or it computed them away from the collaboration's parameters."""
-    if row.status != _Status.PROVISIONAL:
+    committed to the epoch's steps, it computed them away from the collaboration's parameters, or their
+    commitment could not be checked. Verified → rejected too: an epoch verified while it held nothing
+    to check (no samples reported yet) whose samples and commitment came later."""
+    if row.status not in (_Status.PROVISIONAL, _Status.VERIFIED):
         raise CreditError(f"a {row.status} epoch cannot be rejected as never seen")
     _save(row, status=_Status.REJECTED, reported_samples=reported, detail=detail, checked_at=timezone.now())
 

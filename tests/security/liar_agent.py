@@ -1,0 +1,110 @@
+"""A lying peer agent, for tests only: the real agent with ``Trainer.step`` and ``Trainer.commitments_take``
+replaced, as the volunteer of issue 29 ran it. Run as ``python -m tests.security.liar_agent join ...``.
+
+It takes turns, by the epoch a step begins in (``LIAR_STRATEGIES``, comma-separated, from the environment):
+
+- ``probe``: honest steps. They pass their checks and were meant to vouch for the rest.
+- ``shield``: one real step, then steps passed off with the last real fingerprint and the sketch of
+  parameters 5% off the swarm's, so that a drawn fake reads as "computed elsewhere".
+- ``dark``: nothing computed; the steps are passed off at the swarm's parameters, and their commitment
+  is held back until the validator has let go of the epoch (``DARK_DELAY_EPOCHS`` later).
+- ``stall``: honest steps, and the epoch's commitment is sent again re-signed with a cursor of 2**40,
+  which would keep the validator replaying the stream (the real one stays, so only the stall is judged).
+
+Every step announces and reports what an honest one would. The samples it really computed are written
+to ``$PEER_AGENT_HOME/computed`` after each real step, for the test to weigh its credit against.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+import peer_agent.training
+from peer_agent import cli
+from peer_agent.protocol import EpochCommitment
+from peer_agent.spotcheck import commitment_sign
+from peer_agent.training import StepResult, Trainer
+
+# Past the ingest's deadline (runs.ingest.reports.COMMITMENT_WINDOW_EPOCHS, 6; the test checks) and the
+# validator's held states. The agent process loads no Django, so the figure is written out here.
+DARK_DELAY_EPOCHS = 10
+STRATEGIES = os.environ.get("LIAR_STRATEGIES", "probe,shield,dark,stall").split(",")
+
+
+def strategy_of(epoch: int) -> str:
+    return STRATEGIES[epoch % len(STRATEGIES)]
+
+
+class LiarTrainer(Trainer):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._computed = 0
+        self._last_real: tuple[str, float] | None = None  # a fingerprint and the loss of the last real step
+        self._real_in_epoch: dict[int, int] = {}
+        self._held_back: list[EpochCommitment] = []
+
+    def step(self) -> StepResult:
+        epoch = self.optimizer.local_epoch
+        strategy = strategy_of(epoch)
+        real_steps = self._real_in_epoch.setdefault(epoch, 0)
+        if self._last_real is None or strategy in ("probe", "stall") or (strategy == "shield" and not real_steps):
+            result = super().step()
+            training = self.setup.config.training
+            self._computed += training.per_device_batch_size * training.gradient_accumulation_steps
+            self._real_in_epoch[epoch] = real_steps + 1
+            (Path(os.environ["PEER_AGENT_HOME"]) / "computed").write_text(str(self._computed))
+            return result
+        return self._step_passed_off(epoch, off_state=strategy == "shield")
+
+    def _step_passed_off(self, epoch: int, *, off_state: bool) -> StepResult:
+        training = self.setup.config.training
+        cursor = self._cursor
+        with torch.no_grad():
+            if off_state:
+                for param in self.model.parameters():
+                    param.mul_(1.05)
+            parameters = self._sketcher.parameters(self.model, epoch)
+            if off_state:
+                for param in self.model.parameters():
+                    param.div_(1.05)
+        for _ in range(training.gradient_accumulation_steps):
+            next(self._batches)  # drawn, never trained on
+            self._cursor += 1
+        for param in self.model.parameters():
+            param.grad = torch.zeros_like(param)
+        self.optimizer.step()  # the swarm counts its samples
+        self.optimizer.zero_grad()
+        fingerprint, loss = self._last_real
+        super()._step_commit(epoch, cursor, [fingerprint] * training.gradient_accumulation_steps, parameters)
+        self._after_good_step(loss)
+        samples = training.per_device_batch_size * training.gradient_accumulation_steps
+        return StepResult(samples=samples, loss=loss, local_epoch=self.optimizer.local_epoch,
+                          global_epoch=self.optimizer.tracker.global_epoch, samples_per_second=samples / 0.05)
+
+    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str], parameters: str) -> None:
+        self._last_real = (fingerprints[-1], self._last_real[1] if self._last_real else 0.0)
+        super()._step_commit(epoch, cursor, fingerprints, parameters)
+
+    def commitments_take(self) -> list[EpochCommitment]:
+        sent = []
+        for commitment in super().commitments_take():
+            strategy = strategy_of(commitment.epoch)
+            if strategy == "dark":
+                self._held_back.append(commitment)
+                continue
+            if strategy == "stall":  # a second commitment of the epoch, re-signed: the ingest judges it alone
+                stalled = commitment.model_copy(update={"steps": [
+                    *commitment.steps[:-1], commitment.steps[-1].model_copy(update={"cursor": 2**40})]})
+                sent.append(commitment_sign(stalled, run_id=self.setup.run_id, session_id=self.setup.session_id,
+                                            key=self.setup.private_key))
+            sent.append(commitment)
+        due = [c for c in self._held_back if c.epoch + DARK_DELAY_EPOCHS <= self.optimizer.local_epoch]
+        self._held_back = [c for c in self._held_back if c not in due]
+        return sent + due
+
+
+if __name__ == "__main__":
+    peer_agent.training.Trainer = LiarTrainer
+    sys.exit(cli.main())
