@@ -1,6 +1,6 @@
 """Held-out scores over many initializations: the spread behind the evaluation test's thresholds (issue #28).
 
-The world of ``tests/runs/test_evaluation.py`` (tests/runs/evaluation_world.py: its small ALBERT, the
+The world of ``tests/runs/test_evaluation.py`` (harness/pretraining.py: its small ALBERT, the
 generated corpus of 4,000 lines with 60 documents held out, a 400-piece tokenizer, 100 AdamW steps of 16
 samples), with the run id, whose CRC-32 seeds the initial weights, drawn from ``--seeds`` ids
 (``evaluation-seed-<n>``; the test's run is ``evaluation-seed-0``). For each: masked-LM accuracy and
@@ -32,13 +32,13 @@ django.setup()
 
 import torch  # noqa: E402
 
+from harness.pretraining import model_pretrain, small_config  # noqa: E402
 from peer_agent.protocol import RunConfig  # noqa: E402
 from peer_agent.tokenizer import tokenizer_as_transformers  # noqa: E402
 from runs.evaluation.runner import heldout_batches, heldout_metrics  # noqa: E402
 from runs.setup.corpus import corpus_lines  # noqa: E402
 from runs.setup.heldout import heldout_split  # noqa: E402
 from runs.setup.tokenization import tokenizer_train  # noqa: E402
-from tests.runs.evaluation_world import model_pretrain, small_config  # noqa: E402
 
 
 def frequency_baselines(tokenizer, training_text: str, batches: list[dict]) -> dict:

@@ -7,25 +7,16 @@ import time
 import zlib
 from pathlib import Path
 
+from harness.pretraining import model_pretrain, small_config
 from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write
 from peer_agent.protocol import RunConfig
 from runs.models import Checkpoint, Run
 from runs.setup import services
 from runs.setup.corpus import corpus_lines
-from runs.setup.forms import preset_config
 from runs.swarm.checkpoints import CheckpointPolicy, checkpoint_save
 from tests.factories import RunFactory
 
 POLICY = CheckpointPolicy(every_epochs=1, every_minutes=None, keep_last=100, keep_every_nth=None)
-
-
-def small_config() -> dict:
-    config = preset_config("tiny").model_dump(mode="json")
-    config["model"] = dict(preset="custom", hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=128, embedding_size=32, max_position_embeddings=64)
-    config["tokenizer"]["vocab_size"] = 400
-    config["data"].update(max_seq_length=64, shuffle_buffer=100)
-    return config
 
 
 def evaluation_run(organizer, *, slug: str = "eval-run", lines: int = 4000, heldout_size: int = 60, **fields) -> Run:
@@ -45,25 +36,6 @@ def evaluation_run(organizer, *, slug: str = "eval-run", lines: int = 4000, held
 # below, as the agents draw theirs), so a test's checkpoint is the same on every machine. A factory's
 # default id is random, and the spread of held-out scores over ids is wide (bench/heldout_spread.py).
 RUN_ID = "evaluation-seed-0"
-
-
-def model_pretrain(config: RunConfig, tokenizer, files: list[str], *, init_seed: int, steps: int, batch_size: int = 16):
-    """The run's model trained from ``init_seed`` for ``steps`` AdamW steps on ``files``, in the data order
-    of seed 1: the same weights for the same arguments (ALBERT's dropout is off, peer_agent/model.py)."""
-    import torch
-
-    from peer_agent.data import batches, dataset_stream
-    from peer_agent.model import model_build
-
-    model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id, init_seed=init_seed)
-    stream = dataset_stream(config, data_files=files, seed=1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _, batch in zip(range(steps), batches(tokenizer, config, stream, batch_size, seed=1), strict=False):
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model
 
 
 def checkpoint_train(run: Run, workdir: Path, *, epoch: int, steps: int, batch_size: int = 16) -> Checkpoint:
