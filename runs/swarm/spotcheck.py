@@ -30,9 +30,9 @@ from django.db import close_old_connections
 
 from peer_agent.protocol import RunConfig
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
-from runs.models import Run, StepCommitment
+from runs.models import Run, RunSample, StepCommitment
 from runs.swarm import verification
-from runs.swarm.checkpoints import Checkpointer, state_epoch_trusted, swarm_read
+from runs.swarm.checkpoints import Checkpointer, state_epoch_trusted
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
@@ -46,9 +46,7 @@ HOLD_PERIOD_S = 0.5  # how often it reads the swarm's epoch, to hold each epoch'
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
-# Tries at holding the state of the swarm's current epoch, one per cycle, while downloads disagree: an
-# epoch the validator holds no state of earns nothing for anyone.
-HOLD_TRIES = 3
+
 REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
 # How far apart two downloads of one state may be: states travel in fp16 (rounding by at most 5e-4),
 # while one optimizer step moves parameters by about the learning rate (LAMB scales it by each layer's norm).
@@ -67,7 +65,7 @@ def parameters_apart(first: list, second: list) -> float:
 class Validator:
     """Spot-checks one run's sessions; the coordinator calls :meth:`tick` on every heartbeat. The work
     happens in two threads of its own: one holds the swarm's state of each epoch as the swarm enters it
-    (it reads the swarm every ``hold_period``), one checks the commitments of held epochs. Holding never
+    (it looks every ``hold_period``), one checks the commitments of held epochs. Holding never
     waits behind checks: an epoch whose state is missed earns nothing for anyone (runs/swarm/verification.py),
     and a demo's epochs last a few seconds."""
 
@@ -76,26 +74,26 @@ class Validator:
         self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
         self.checkpointer, self.check_period, self.hold_period = checkpointer, check_period, hold_period
         self.held: dict[int, list] = {}  # epoch -> the collaboration's parameters in that epoch
-        self._read_epoch = -1  # the swarm's epoch as the validator last read it
-        self._hold_tries = 0  # tries at holding a state of that epoch
+        self._hold_spent = 0.0  # seconds the last try at holding a state took
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
         self._model = None
         self._tokenizer = None
         self._threads: dict[str, threading.Thread] = {}
-        self._next = {"hold": 0.0, "check": 0.0}
+        self._next_check = 0.0
         self._closed = False
 
     def tick(self) -> None:
         if self._closed or not self.checkpointer.ready:
             return
-        for duty, work, period in (("hold", self.hold_once, self.hold_period),
-                                   ("check", self.check_once, self.check_period)):
-            thread = self._threads.get(duty)
-            if (thread and thread.is_alive()) or time.monotonic() < self._next[duty]:
-                continue
-            self._threads[duty] = threading.Thread(target=self._cycle, args=(duty, work, period), daemon=True,
-                                                   name=f"validator {duty} {self.slug}")
-            self._threads[duty].start()
+        # The holder keeps its own pace, not the coordinator's heartbeat (5 s): a demo's epochs are shorter.
+        holder = self._threads.get("hold")
+        if holder is None or not holder.is_alive():
+            self._threads["hold"] = threading.Thread(target=self._holding, daemon=True, name=f"validator hold {self.slug}")
+            self._threads["hold"].start()
+        checker = self._threads.get("check")
+        if (checker is None or not checker.is_alive()) and time.monotonic() >= self._next_check:
+            self._threads["check"] = threading.Thread(target=self._cycle, daemon=True, name=f"validator {self.slug}")
+            self._threads["check"].start()
 
     def shutdown(self, timeout: float = 5.0) -> None:
         # A check in progress ends within a step's recomputation; a download in progress is left to
@@ -104,15 +102,28 @@ class Validator:
         for thread in self._threads.values():
             thread.join(timeout)
 
-    def _cycle(self, duty: str, work, period: float) -> None:
+    def _cycle(self) -> None:
         try:
             close_old_connections()
-            work()
+            self.check_once()
         except Exception:  # the coordinator keeps serving the run; the next cycle may succeed
-            logger.exception("run %s: spot checks' %s failed this cycle", self.slug, duty)
+            logger.exception("run %s: spot checks failed this cycle", self.slug)
         finally:
             close_old_connections()
-            self._next[duty] = time.monotonic() + period
+            self._next_check = time.monotonic() + self.check_period
+
+    def _holding(self) -> None:
+        while not self._closed:
+            try:
+                close_old_connections()
+                self.hold_once()
+            except Exception:  # the next try may succeed
+                logger.exception("run %s: spot checks could not hold the swarm's state this time", self.slug)
+            finally:
+                close_old_connections()
+            # Twice as long as the last try took: a large model's state takes seconds to download, and every
+            # download is served by a training peer.
+            time.sleep(max(self.hold_period, 2 * self._hold_spent))
 
     def _spot_checks_on(self) -> tuple[Run, RunConfig] | None:
         run = Run.objects.get(pk=self.run_pk)
@@ -120,18 +131,20 @@ class Validator:
         return (run, config) if config.verification.spot_checks else None
 
     def hold_once(self) -> None:
-        """Hold the state of the swarm's current epoch, if no state of it is held yet (up to HOLD_TRIES tries)."""
+        """Download the newest state the swarm serves and hold it if its epoch is new. Peers step into an
+        epoch at their own moments and the monitor's reading is up to a heartbeat old, so the holder does
+        not wait for a reading to move: it looks every ``hold_period`` (longer for a large state), and an
+        epoch whose state is missed earns nothing. It calls no DHT method itself: hivemind's DHT takes
+        calls through one pipe, and the monitor reads the DHT from the coordinator's thread."""
         if self._spot_checks_on() is None:
             return
-        reading = swarm_read(self.dht, self.run_id)
-        if reading is None:
+        reading = RunSample.objects.filter(run_id=self.run_pk).order_by("-at").values_list("global_epoch", flat=True)
+        swarm_epoch = reading.first()
+        if swarm_epoch is None:
             return
-        # The state a peer serves may be an epoch ahead of the reading, and is held by its own epoch.
-        if reading.epoch > self._read_epoch:
-            self._read_epoch, self._hold_tries = reading.epoch, 0
-        if max(self.held, default=-1) < self._read_epoch and self._hold_tries < HOLD_TRIES:
-            self._hold_tries += 1
-            self._hold(self._read_epoch)
+        started = time.monotonic()
+        self._hold(swarm_epoch + 1)  # the reading may be a heartbeat behind the peers
+        self._hold_spent = time.monotonic() - started
 
     def check_once(self) -> int:
         """Check the commitments of held epochs; returns how many were checked."""
@@ -157,7 +170,9 @@ class Validator:
         the epoch's commitments are unchecked (docs/trust.md)."""
         started = time.monotonic()
         first = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
-        second = self.checkpointer.state_download(swarm_epoch=swarm_epoch) if first is not None else None
+        if first is None or first[0] in self.held:
+            return  # nothing new: no second download
+        second = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
         if second is None:
             return
         logger.debug("run %s: two downloads of the swarm's state at epoch %d took %.1f s", self.slug, swarm_epoch,
