@@ -205,14 +205,16 @@ class Checkpointer:
         """Whether the model and state averager are built (on the first tick once the run's tokenizer is ready)."""
         return self._averager is not None and not self._closed
 
-    def state_download(self, *, swarm_epoch: int) -> tuple[int, list, PreTrainedTokenizerFast] | None:
+    def state_download(self, *, swarm_epoch: int,
+                       timeout: float = STATE_DOWNLOAD_TIMEOUT_S) -> tuple[int, list, PreTrainedTokenizerFast] | None:
         """Download the collaboration's state now from a peer at most one epoch past ``swarm_epoch``
         (runs/swarm/spotcheck.py holds it to recompute steps): its epoch, a copy of its parameters and
-        the run's tokenizer; None once shut down."""
+        the run's tokenizer; None once shut down. It holds the lock :meth:`shutdown` takes for up to
+        ``timeout`` seconds."""
         with self._lock:
             if self._averager is None or self._closed:
                 return None
-            self._averager.load_state_from_peers(max_epoch=swarm_epoch + 1, timeout=STATE_DOWNLOAD_TIMEOUT_S)
+            self._averager.load_state_from_peers(max_epoch=swarm_epoch + 1, timeout=timeout)
             parameters = [param.detach().clone() for param in self._model.parameters()]
             return self._averager.local_epoch, parameters, self._tokenizer
 

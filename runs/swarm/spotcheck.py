@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 2.0  # how often the validator looks for new commitments
-HOLD_PERIOD_S = 0.5  # how often it reads the swarm's epoch, to hold each epoch's state as the swarm enters it
+HOLD_PERIOD_S = 0.5  # how often it looks for a new state, to hold each epoch's state as the swarm enters it
+# One download's bound: the holder downloads all the time, and the coordinator's stop waits for the download
+# in progress (Checkpointer.shutdown takes its lock); a swarm whose peers left would otherwise hold it 600 s.
+HOLD_DOWNLOAD_TIMEOUT_S = 10.0
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
@@ -169,10 +172,10 @@ class Validator:
         parameters of its own. Held, such a state fails every honest check of its epoch; not held,
         the epoch's commitments are unchecked (docs/trust.md)."""
         started = time.monotonic()
-        first = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
+        first = self.checkpointer.state_download(swarm_epoch=swarm_epoch, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
         if first is None or first[0] in self.held:
             return  # nothing new: no second download
-        second = self.checkpointer.state_download(swarm_epoch=swarm_epoch)
+        second = self.checkpointer.state_download(swarm_epoch=swarm_epoch, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
         if second is None:
             return
         logger.debug("run %s: two downloads of the swarm's state at epoch %d took %.1f s", self.slug, swarm_epoch,

@@ -171,30 +171,35 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     if session_ids is not None:
         sessions &= set(session_ids)
     ended = set(TrainingSession.objects.filter(pk__in=sessions, ended_at__isnull=False).values_list("pk", flat=True))
+    suspended = set(TrainingSession.objects.filter(pk__in=sessions, suspended_at__isnull=False).values_list("pk", flat=True))
     spot_checks = RunConfig.model_validate(run.config).verification.spot_checks
     outcome = {}
     for session_id in sorted(sessions):
         outcome[session_id] = _session_epoch_judge(
             session_id=session_id, epoch=epoch, reported=reported.get(session_id, 0), announced=known.get(session_id),
             limits=limits, spot=spot_standing(session_id=session_id, epoch=epoch, spot_checks=spot_checks),
-            give_up=session_id in ended or timezone.now() - closed_at >= NEVER_SEEN_REJECT_AFTER)
+            give_up=session_id in ended or timezone.now() - closed_at >= NEVER_SEEN_REJECT_AFTER,
+            suspended=session_id in suspended)
     return outcome
 
 
 @transaction.atomic
 def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announced: int | None, limits: EpochLimits,
-                         give_up: bool, spot: SpotStanding = SPOT_CHECKS_OFF) -> str:
+                         give_up: bool, spot: SpotStanding = SPOT_CHECKS_OFF, suspended: bool = False) -> str:
     row, _ = SessionEpoch.objects.select_for_update().get_or_create(session_id=session_id, epoch=epoch)
     if row.status in (_Status.ACCEPTED, _Status.REJECTED):
         return row.status  # an organizer's decision, or a final "never seen", is not revisited
     status, detail = epoch_assess(epoch=epoch, reported=reported, announced=announced, limits=limits, spot=spot)
+    if suspended and status == _Status.VERIFIED:  # as session_suspend did to the epochs judged before it
+        status, detail = _Status.FLAGGED, f"epoch {epoch}: session suspended by spot checks"
     if status == _Status.PROVISIONAL and row.status != _Status.PROVISIONAL:
         return row.status  # judged on a record that has since expired from memory: keep the verdict
     if (row.status, row.reported_samples, row.announced_samples) == (status, reported, announced) and row.checked_at:
         return row.status  # nothing new: a restarted monitor does not judge twice
     if status == _Status.FLAGGED or row.status == _Status.FLAGGED:
-        # Once flagged, new figures update the flag; only an organizer takes it off.
-        epoch_flag(row=row, reported=reported, announced=announced, detail=detail or row.detail)
+        # Once flagged, new figures update the flag; only an organizer takes it off. A suspended
+        # session's volunteer was told once, by the suspension.
+        epoch_flag(row=row, reported=reported, announced=announced, detail=detail or row.detail, notice=not suspended)
     elif status == _Status.VERIFIED:
         epoch_verify(row=row, reported=reported, announced=announced)
     elif status == _Status.REJECTED:

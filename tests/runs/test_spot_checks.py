@@ -151,6 +151,10 @@ def test_a_failed_check_flags_the_epoch_and_a_second_suspends_the_session_and_se
 
     late = committed(rahim, 7, 32)
     assert late not in verification.commitments_to_check(run=run, epochs={7}), "a suspended session is not checked on"
+    # An epoch judged after the suspension is flagged too, even one with nothing to check (seen in CI: the
+    # lazy agent's next epoch, with no samples reported yet, was verified).
+    verification.announced_record(session_id=rahim.pk, epoch=8, announced=32)
+    assert judge(run, 8) == {rahim.pk: "flagged"}
 
 
 @pytest.mark.django_db(transaction=True)

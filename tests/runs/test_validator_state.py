@@ -16,7 +16,7 @@ class Downloads:
     def __init__(self, *states) -> None:
         self.states = list(states)
 
-    def state_download(self, *, swarm_epoch: int):
+    def state_download(self, *, swarm_epoch: int, timeout: float = 0.0):
         epoch, parameters = self.states.pop(0)
         return epoch, [parameter.clone() for parameter in parameters], "the run's tokenizer"
 
