@@ -206,13 +206,14 @@ def join_command(args: argparse.Namespace, console: Console) -> int:
 
 
 def join_request_signed(key: RSAPrivateKey, *, run: str, agent_version: str, device: DeviceInfo,
-                        role: PeerRole = "trainer") -> JoinRequest:
-    """A join for ``run`` as ``role``, signed with ``key``, which proves to the portal that this agent holds it."""
+                        role: PeerRole = "trainer", per_device_batch_size: int | None = None) -> JoinRequest:
+    """A join for ``run`` as ``role``, signed with ``key``, which proves to the portal that this agent holds it,
+    declaring the agent's ``--per-device-batch-size`` override if any."""
     peer_public_key = key.get_public_key().to_bytes().decode()
     signed_at = datetime.datetime.now(datetime.UTC)
     proof = key.sign(join_proof_message(run=run, peer_public_key=peer_public_key, signed_at=signed_at)).decode()
     return JoinRequest(peer_public_key=peer_public_key, agent_version=agent_version, device=device,
-                       signed_at=signed_at, key_proof=proof, role=role)
+                       signed_at=signed_at, key_proof=proof, role=role, per_device_batch_size=per_device_batch_size)
 
 
 def _join_when_active(settings: AgentSettings, portal: PortalClient, request: Callable[[], JoinRequest], stop: StopRequest,
@@ -259,7 +260,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
         policy = "auto"
     key = RSAPrivateKey()
     info = device_info(device, precision_choose(device, policy))
-    request = functools.partial(join_request_signed, key, run=settings.run, agent_version=__version__, device=info)
+    request = functools.partial(join_request_signed, key, run=settings.run, agent_version=__version__, device=info,
+                                per_device_batch_size=settings.per_device_batch_size)
     joined = _join_when_active(settings, portal, request, stop, deadline, patient)
     if joined is None:
         return None

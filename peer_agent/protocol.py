@@ -384,6 +384,10 @@ class JoinRequest(_Schema):
     role: PeerRole = Field("trainer", description=(
         "trainer: computes gradients and reports samples. aggregator: only helps average (hivemind's auxiliary "
         "mode), reports no samples and earns no credit; only the run's organizers may join as one."))
+    per_device_batch_size: int | None = Field(None, ge=1, le=4096, description=(
+        "The agent's --per-device-batch-size when it overrides the run's: the size of its micro-batches, which "
+        "its commitments must use and the portal's checks allow for. At most the run's target batch size over "
+        "its gradient accumulation steps."))
 
 
 def join_proof_message(*, run: str, peer_public_key: str, signed_at: datetime) -> bytes:

@@ -213,6 +213,9 @@ class TrainingSession(models.Model):
 
     peer_public_key = models.TextField()
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.TRAINER)
+    micro_batch_size = models.PositiveIntegerField(null=True, blank=True, help_text=(
+        "Samples per micro-batch of the agent, fixed at join: its --per-device-batch-size, or the run's then. "
+        "Its commitments must use it; the checks' per-step allowances follow it (empty: the run's)."))
     agent_version = models.CharField(max_length=64)
     device = models.JSONField(default=dict)
     started_at = models.DateTimeField(default=timezone.now)

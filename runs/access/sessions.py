@@ -11,7 +11,13 @@ from django.utils import timezone
 from packaging.version import Version
 
 from accounts.models import AgentToken, User
-from peer_agent.protocol import SWARM_COMPATIBLE_SINCE, JoinRequest, access_username, join_proof_message
+from peer_agent.protocol import (
+    SWARM_COMPATIBLE_SINCE,
+    JoinRequest,
+    RunConfig,
+    access_username,
+    join_proof_message,
+)
 from runs.access.authority import access_token_sign, authority_load, peer_key_proof_verify
 from runs.access.rules import JoinRefused, run_join_refusal, run_role_refusal
 from runs.models import Checkpoint, DataFile, Run, TrainingSession
@@ -71,12 +77,26 @@ def _live_sessions_check(*, token: AgentToken) -> None:
 
 
 @transaction.atomic
+def micro_batch_size_of(*, run: Run, request: JoinRequest) -> int:
+    """The session's micro-batch size: the agent's declared override, if the run allows it, or the run's."""
+    training = RunConfig.model_validate(run.config).training
+    declared = request.per_device_batch_size
+    if declared is None:
+        return training.per_device_batch_size
+    limit = training.target_batch_size // training.gradient_accumulation_steps
+    if declared > limit:
+        raise JoinRefused(400, "invalid_batch_size", f"per_device_batch_size {declared} is more than this run allows "
+                                                     f"a peer ({limit}: the target batch over the accumulation steps)")
+    return declared
+
+
 def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
     """Open a training session for the token's owner and sign its first hivemind access token."""
     refusal = (agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
                or run_role_refusal(run=run, user=token.user, role=request.role))
     if refusal:
         raise refusal
+    micro_batch_size = micro_batch_size_of(run=run, request=request)
     _key_proof_check(run=run, request=request)
     if not run.coordinator_alive(timezone.now()) or not run.initial_peers:
         # Its last addresses would name a dead peer, and the agent's DHT cannot start without one alive.
@@ -102,6 +122,7 @@ def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[
         agent_version=request.agent_version,
         device=request.device.model_dump(mode="json"),
         access_expires_at=expires_at,
+        micro_batch_size=micro_batch_size,
     )
     return session, access
 

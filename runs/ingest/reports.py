@@ -222,10 +222,9 @@ class SessionPace:
 
     started_at: datetime  # the portal's clock, when the session was opened
     target_batch_size: int  # samples the whole run gathers per collaboration epoch
-    peer_batch: int  # samples in one local step of one peer
-    # The largest micro-batch a peer of the run may use: its --per-device-batch-size may differ from the
-    # run's, within what the run's config accepts (one peer's step at most the target batch).
-    peer_batch_limit: int = 4096
+    peer_batch: int  # samples in one local step of the session's peer
+    # The session's micro-batch, fixed at join (TrainingSession.micro_batch_size): its commitments use it.
+    micro_batch_size: int = 1
     # The most samples per second the session's declared device could train of the run's model
     # (runs/setup/compute.py): what bounds its claims from the first report.
     samples_ceiling: float = float("inf")
@@ -255,11 +254,12 @@ def session_pace(*, session: TrainingSession) -> SessionPace:
     """The pace of a session as stored: two queries when a connection first names the session."""
     config = RunConfig.model_validate(session.run.config or {})
     training = config.training
+    micro_batch_size = session.micro_batch_size or training.per_device_batch_size
     pace = SessionPace(
         started_at=session.started_at,
         target_batch_size=training.target_batch_size,
-        peer_batch=training.per_device_batch_size * training.gradient_accumulation_steps,
-        peer_batch_limit=training.target_batch_size // training.gradient_accumulation_steps,
+        peer_batch=micro_batch_size * training.gradient_accumulation_steps,
+        micro_batch_size=micro_batch_size,
         samples_ceiling=samples_per_second_ceiling(config, str((session.device or {}).get("kind", ""))),
         aggregator=session.role == TrainingSession.Role.AGGREGATOR,
     )
@@ -386,7 +386,7 @@ def report_check(*, report: Report, pace: SessionPace, now: datetime | None = No
 
 def commitment_refusal(*, report: Report, session: TrainingSession, pace: SessionPace) -> ReportRefused | None:
     """Why the report's commitment cannot stand (the frame is then refused whole), or None: it must
-    be for an epoch the session has reached, of micro-batches no larger than one peer's step, at
+    be for an epoch the session has reached, of the micro-batch size the session declared at join, at
     places in the stream the session's reported work reaches, and signed by the session's own peer
     key. The bounds keep one commitment from stalling the validator, which replays the stream up to
     each checked step."""
@@ -396,9 +396,9 @@ def commitment_refusal(*, report: Report, session: TrainingSession, pace: Sessio
     if commitment.epoch > report.local_epoch:
         return ReportRefused("invalid_commitment", f"a commitment for epoch {commitment.epoch} came with a report of "
                                                    f"epoch {report.local_epoch}: only closed epochs are committed to")
-    if commitment.micro_batch_size > pace.peer_batch_limit:
-        return ReportRefused("invalid_commitment", f"micro-batches of {commitment.micro_batch_size} samples, more than "
-                                                   f"this run allows a peer ({pace.peer_batch_limit})")
+    if commitment.micro_batch_size != pace.micro_batch_size:
+        return ReportRefused("invalid_commitment", f"micro-batches of {commitment.micro_batch_size} samples, not the "
+                                                   f"{pace.micro_batch_size} this session declared when it joined")
     if any(step.samples > commitment.micro_batch_size for step in commitment.steps):
         return ReportRefused("invalid_commitment", f"a committed micro-batch holds more samples than the commitment's "
                                                    f"micro-batch size ({commitment.micro_batch_size})")

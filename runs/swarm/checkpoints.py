@@ -205,18 +205,31 @@ class Checkpointer:
         """Whether the model and state averager are built (on the first tick once the run's tokenizer is ready)."""
         return self._averager is not None and not self._closed
 
-    def state_download(self, *, swarm_epoch: int,
-                       timeout: float = STATE_DOWNLOAD_TIMEOUT_S) -> tuple[int, list, PreTrainedTokenizerFast] | None:
-        """Download the collaboration's state now from a peer at most one epoch past ``swarm_epoch``
-        (runs/swarm/spotcheck.py holds it to recompute steps): its epoch, a copy of its parameters and
-        the run's tokenizer; None once shut down. It holds the lock :meth:`shutdown` takes for up to
-        ``timeout`` seconds."""
-        with self._lock:
-            if self._averager is None or self._closed:
+    def state_download_from(self, peer: str, *, timeout: float) -> tuple[int, list] | None:
+        """The collaboration's state as ``peer`` serves it now: its epoch and its parameters (in the model's
+        order), for the validator (runs/swarm/spotcheck.py), which compares several peers' states. None once
+        shut down, or when the peer sent none or one of another shape. It takes no lock: the averager
+        answers requests from several threads, and a checkpoint's download does not hold it up."""
+        averager = self._averager
+        if averager is None or self._closed:
+            return None
+        served = averager.state_download_from(peer, timeout=timeout)
+        if served is None:
+            return None
+        metadata, tensors = served
+        epoch = metadata.get("epoch")
+        position = {id(parameter): index for index, parameter in enumerate(averager.main_parameters)}
+        parameters = []
+        for parameter in self._model.parameters():
+            index = position[id(parameter)]
+            if index >= len(tensors) or tensors[index].shape != parameter.shape:
                 return None
-            self._averager.load_state_from_peers(max_epoch=swarm_epoch + 1, timeout=timeout)
-            parameters = [param.detach().clone() for param in self._model.parameters()]
-            return self._averager.local_epoch, parameters, self._tokenizer
+            parameters.append(tensors[index].float())
+        return (epoch, parameters) if isinstance(epoch, int) and epoch >= 0 else None
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerFast | None:
+        return self._tokenizer
 
     def _check(self) -> None:
         wait = self.check_period

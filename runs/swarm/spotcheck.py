@@ -1,8 +1,9 @@
 """The validator: recomputes steps that sessions committed to, and records whether they match.
 
 Each run's validator (started by the coordinator next to its checkpointer, whose state averager it
-shares) downloads the collaboration's parameters whenever the swarm enters a new epoch and holds
-the last few (as many as the ingest accepts commitments for, runs/ingest/reports.py). For every
+shares) downloads the collaboration's parameters from peers it picks at random whenever the swarm
+enters a new epoch, holds an epoch's state once two distinct peers served the same parameters for it,
+and keeps the last few (as many as the ingest accepts commitments for, runs/ingest/reports.py). For every
 commitment of a held epoch (``runs.models.StepCommitment``, which arrives when a session has closed
 the epoch) it compares the parameters each step says it was computed at with the held state's
 (sketches: no recomputation), then draws ``verification.checks_per_epoch`` of the steps claimed at
@@ -20,6 +21,7 @@ docs/trust.md says what this proves and what it does not.
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 import threading
 import time
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from django.db import close_old_connections
 
+from peer_agent.metrics import dht_result
 from peer_agent.protocol import RunConfig
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
 from runs.models import Run, RunSample, StepCommitment
@@ -43,9 +46,15 @@ logger = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 2.0  # how often the validator looks for new commitments
 HOLD_PERIOD_S = 0.5  # how often it looks for a new state, to hold each epoch's state as the swarm enters it
-# One download's bound: the holder downloads all the time, and the coordinator's stop waits for the download
-# in progress (Checkpointer.shutdown takes its lock); a swarm whose peers left would otherwise hold it 600 s.
+# One download's bound: a peer that left, or one that answers slowly on purpose, costs the holder this much.
 HOLD_DOWNLOAD_TIMEOUT_S = 10.0
+# Downloads in one look at most: the first peer's state tells whether the swarm moved on; the others
+# confirm a new epoch's state. Every download is served by a training peer.
+HOLD_SOURCES_PER_TRY = 3
+READING_LAG_EPOCHS = 3  # how far the swarm may be past the monitor's last reading when a state is served
+# States of one epoch kept at most: the one the peers compute at, the previous epoch's served for a moment
+# under the new epoch, one averaged in the background.
+STATES_PER_EPOCH = 3
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
@@ -70,17 +79,26 @@ class Validator:
     happens in two threads of its own: one holds the swarm's state of each epoch as the swarm enters it
     (it looks every ``hold_period``), one checks the commitments of held epochs. Holding never
     waits behind checks: an epoch whose state is missed earns nothing for anyone (runs/swarm/verification.py),
-    and a demo's epochs last a few seconds."""
+    and a demo's epochs last a few seconds.
+
+    The held state is the swarm's, not one peer's: hivemind downloads from the peer that declares the
+    highest priority, a number the peer sets, so a peer could have its own parameters held and the
+    others checked against them. The validator asks peers of its own choosing, at random, by name,
+    and holds an epoch's parameters only when two distinct peers served the same; a peer that serves
+    parameters other than those held for its epoch is logged and counted in ``disagreements``."""
 
     def __init__(self, *, run_pk: int, run_id: str, slug: str, dht: DHT, checkpointer: Checkpointer,
                  check_period: float = CHECK_PERIOD_S, hold_period: float = HOLD_PERIOD_S) -> None:
         self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
         self.checkpointer, self.check_period, self.hold_period = checkpointer, check_period, hold_period
-        self.held: dict[int, list] = {}  # epoch -> the collaboration's parameters in that epoch
+        # epoch -> the states two distinct peers served alike in that epoch (most often one; see _hold)
+        self.held: dict[int, list[list]] = {}
+        self.disagreements: dict[str, int] = {}  # peer -> states it served unlike those held for their epoch
+        self._served: dict[int, dict[str, list]] = {}  # epoch not held yet -> peer -> the parameters it served
+        self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
         self._hold_spent = 0.0  # seconds the last try at holding a state took
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
         self._model = None
-        self._tokenizer = None
         self._threads: dict[str, threading.Thread] = {}
         self._next_check = 0.0
         self._closed = False
@@ -88,6 +106,7 @@ class Validator:
     def tick(self) -> None:
         if self._closed or not self.checkpointer.ready:
             return
+        self._sources_read()
         # The holder keeps its own pace, not the coordinator's heartbeat (5 s): a demo's epochs are shorter.
         holder = self._threads.get("hold")
         if holder is None or not holder.is_alive():
@@ -124,21 +143,37 @@ class Validator:
                 logger.exception("run %s: spot checks could not hold the swarm's state this time", self.slug)
             finally:
                 close_old_connections()
-            # Twice as long as the last try took: a large model's state takes seconds to download, and every
+            # As long as the last try took: a large model's state takes seconds to download, and every
             # download is served by a training peer.
-            time.sleep(max(self.hold_period, 2 * self._hold_spent))
+            time.sleep(max(self.hold_period, self._hold_spent))
 
     def _spot_checks_on(self) -> tuple[Run, RunConfig] | None:
         run = Run.objects.get(pk=self.run_pk)
         config = RunConfig.model_validate(run.config)
         return (run, config) if config.verification.spot_checks else None
 
+    def _sources_read(self) -> None:
+        """The peers that share the run's state: those declared under hivemind's ``{prefix}.all_averagers``
+        in the DHT, whatever priority they declare. Read on the coordinator's thread, which makes every
+        DHT call of the coordinator: hivemind's DHT takes calls through one pipe."""
+        from hivemind.p2p import PeerID
+        from hivemind.utils.timed_storage import ValueWithExpiration
+
+        try:
+            found = dht_result(self.dht, self.dht.get(f"{self.run_id}_state_averager.all_averagers", latest=True,
+                                                      return_future=True))
+        except Exception:  # the holder keeps the last list; the next tick reads again
+            logger.warning("run %s: spot checks could not read which peers share the state", self.slug, exc_info=True)
+            return
+        declared = found.value if found is not None and isinstance(found.value, dict) else {}
+        self._sources = [PeerID(peer).to_base58() for peer, entry in declared.items()
+                         if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, (int, float))]
+
     def hold_once(self) -> None:
-        """Download the newest state the swarm serves and hold it if its epoch is new. Peers step into an
-        epoch at their own moments and the monitor's reading is up to a heartbeat old, so the holder does
-        not wait for a reading to move: it looks every ``hold_period`` (longer for a large state), and an
-        epoch whose state is missed earns nothing. It calls no DHT method itself: hivemind's DHT takes
-        calls through one pipe, and the monitor reads the DHT from the coordinator's thread."""
+        """Look at the states the swarm serves and hold a new epoch's once two distinct peers agree on it.
+        Peers step into an epoch at their own moments and the monitor's reading is up to a heartbeat old,
+        so the holder does not wait for a reading to move: it looks every ``hold_period`` (longer for a
+        large state), and an epoch whose state is missed earns nothing."""
         if self._spot_checks_on() is None:
             return
         reading = RunSample.objects.filter(run_id=self.run_pk).order_by("-at").values_list("global_epoch", flat=True)
@@ -146,7 +181,8 @@ class Validator:
         if swarm_epoch is None:
             return
         started = time.monotonic()
-        self._hold(swarm_epoch + 1)  # the reading may be a heartbeat behind the peers
+        # The reading may be a few heartbeats behind the peers on a loaded host (three epochs were seen).
+        self._hold(swarm_epoch + READING_LAG_EPOCHS)
         self._hold_spent = time.monotonic() - started
 
     def check_once(self) -> int:
@@ -158,44 +194,72 @@ class Validator:
         held = dict(self.held)  # the holder adds and drops states meanwhile
         verification.commitments_uncheckable(run=run, before_epoch=min(held))
         checked = 0
-        for commitment in verification.commitments_to_check(run=run, epochs=set(held)):
+        for commitment in verification.commitments_to_check(run=run, epochs=epochs_final(held)):
             if self._closed:
                 break
-            self._check(run, config, commitment, held[commitment.epoch])
+            self._check(run, config, commitment, list(held[commitment.epoch]))
             checked += 1
         return checked
 
     def _hold(self, swarm_epoch: int) -> None:
-        """Download the swarm's state twice and hold it by its epoch if the two agree. One download is
-        not enough: a peer counts its new epoch a moment before its optimizer step has run, so a state
-        can carry the new epoch with the old parameters, and a peer whose averaging round failed holds
-        parameters of its own. Held, such a state fails every honest check of its epoch; not held,
-        the epoch's commitments are unchecked (docs/trust.md)."""
-        started = time.monotonic()
-        first = self.checkpointer.state_download(swarm_epoch=swarm_epoch, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
-        if first is None or first[0] in self.held:
-            return  # nothing new: no second download
-        second = self.checkpointer.state_download(swarm_epoch=swarm_epoch, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
-        if second is None:
+        """Download from peers picked at random (``HOLD_SOURCES_PER_TRY`` at most) and hold each state of
+        the newest epoch that two distinct peers serve alike, each peer's latest download counting. One
+        download is not enough, nor two from one peer: a peer whose averaging round failed holds
+        parameters of its own, and a peer may serve whatever it likes. And an epoch may have more than one
+        such state: a peer counts its new epoch while its gradient round still runs, before its optimizer
+        step, so for a second or so every peer serves the old parameters under the new epoch; and the
+        parameters averaged in the background reach the served state before the model computes at them.
+        The checker then compares each step with every state held for its epoch (the parameters each
+        step claims say which), once a later epoch is held. Held, a wrong state would fail every honest
+        check of its epoch; not held, the epoch's commitments are unchecked (docs/trust.md). A swarm of
+        one peer has no second to agree with: its states are held as it serves them."""
+        sources = random.sample(self._sources, len(self._sources))
+        newest = max(self.held, default=-1)
+        for tried, peer in enumerate(sources[:HOLD_SOURCES_PER_TRY]):
+            served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
+            if served is None or self._closed:
+                continue
+            epoch, parameters = served
+            if epoch < newest:
+                if tried == 0:
+                    return  # this peer lags the swarm; the next look asks another
+                continue
+            if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=swarm_epoch):
+                logger.warning("run %s: peer %s served a state of epoch %d, past the swarm's %d", self.slug, peer,
+                               epoch, swarm_epoch)
+                continue
+            served_now = self._served.setdefault(epoch, {})
+            served_now[peer] = parameters  # a peer's later state replaces its earlier: it may have stepped since
+            agreed = state_agreed(served_now) if len(sources) > 1 else parameters
+            if agreed is not None:
+                self._hold_state(epoch, agreed)
+            if tried == 0 and state_among(parameters, self.held.get(epoch, [])):
+                return  # a state already held: nothing new
+
+    def _hold_state(self, epoch: int, parameters: list) -> None:
+        states = self.held.setdefault(epoch, [])
+        if state_among(parameters, states):
             return
-        logger.debug("run %s: two downloads of the swarm's state at epoch %d took %.1f s", self.slug, swarm_epoch,
-                     time.monotonic() - started)
-        epoch, parameters, self._tokenizer = second
-        if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=swarm_epoch):
-            logger.warning("run %s: spot checks refused a state of epoch %d, past the swarm's %d", self.slug, epoch,
-                           swarm_epoch)
-            return
-        apart = parameters_apart(first[1], parameters)
-        if first[0] != epoch or apart > STATE_AGREEMENT:
-            logger.info("run %s: two downloads of the swarm's state disagree (epochs %d and %d, parameters %.2g apart);"
-                        " holding neither", self.slug, first[0], epoch, apart)
-            return
-        self.held[epoch] = parameters
-        logger.debug("run %s: spot checks hold the state of epoch %d", self.slug, epoch)
+        logger.debug("run %s: spot checks hold a state of epoch %d (%d so far)", self.slug, epoch, len(states) + 1)
+        states.append(parameters)
+        del states[:-STATES_PER_EPOCH]
         for old in sorted(self.held)[:-HELD_EPOCHS]:
             self.held.pop(old, None)
+        for left in [left for left in self._served if left < epoch]:  # the swarm has left it
+            self._disagreements_note(left, self._served.pop(left))
 
-    def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, state: list) -> None:
+    def _disagreements_note(self, epoch: int, served: dict[str, list]) -> None:
+        """Count the peers whose last state of ``epoch`` was none held for it nor for the previous epoch
+        (which every peer serves for a moment as it enters an epoch)."""
+        if epoch not in self.held:
+            return
+        for peer, parameters in served.items():
+            if not state_among(parameters, self.held[epoch] + self.held.get(epoch - 1, [])):
+                self.disagreements[peer] = self.disagreements.get(peer, 0) + 1
+                logger.info("run %s: peer %s served a state of epoch %d unlike any two peers agreed on", self.slug,
+                            peer, epoch)
+
+    def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: list[list]) -> None:
         import torch
 
         from peer_agent.model import model_build
@@ -207,12 +271,16 @@ class Validator:
             step_fingerprint,
         )
 
+        tokenizer = self.checkpointer.tokenizer
         if self._model is None:
-            self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id,
+            self._model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                       init_seed=zlib.crc32(self.run_id.encode()))
-        with torch.no_grad():
-            for param, value in zip(self._model.parameters(), state, strict=True):
-                param.copy_(value)
+
+        def load(state: list) -> None:
+            with torch.no_grad():
+                for param, value in zip(self._model.parameters(), state, strict=True):
+                    param.copy_(value)
+
         session_id = commitment.session_id
         replay = self._replays.pop(session_id, None)  # put back last: the dict runs from least to most recently used
         if replay is not None:
@@ -222,31 +290,63 @@ class Validator:
                 update={"shuffle_buffer": commitment.shuffle_buffer})})
             files = [data_file.file.path for data_file in run.data_files.all()] if config.data.source == "files" else None
             replay = self._replays[session_id] = BatchReplay(
-                data, self._tokenizer, seed=data_seed(self.run_id, session_id),
+                data, tokenizer, seed=data_seed(self.run_id, session_id),
                 micro_batch_size=commitment.micro_batch_size, data_files=files)
             while len(self._replays) > REPLAYS_KEPT:
                 del self._replays[next(iter(self._replays))]
+        sketches = []
+        for state in states:
+            load(state)
+            sketches.append(parameters_fingerprint(self._model, self.run_id, commitment.epoch))
         steps = commitment.steps
-        held = parameters_fingerprint(self._model, self.run_id, commitment.epoch)
-        diverged = {}
+        diverged, computed_at = {}, {}  # cursor -> distance to the nearest held state; step index -> that state
         for index, step in enumerate(steps):
             claimed = step_parameters(steps, index)
-            apart = fingerprint_distance(claimed, held) if claimed is not None else 0.0
-            if apart > STATE_AGREEMENT:
-                diverged[step[0]] = apart
-        at_state = [index for index, step in enumerate(steps) if step[0] not in diverged]
-        distances = {}
-        for index in steps_draw([steps[index][1] for index in at_state], config.verification.checks_per_epoch):
-            cursor, samples, fingerprint = steps[at_state[index]][:3]
-            micro_batches = replay.micro_batches(cursor, max(1, samples // commitment.micro_batch_size))
-            recomputed = step_fingerprint(self._model, micro_batches, self.run_id, commitment.epoch)
-            distances[cursor] = fingerprint_distance(fingerprint, recomputed)
+            apart = [fingerprint_distance(claimed, sketch) if claimed is not None else 0.0 for sketch in sketches]
+            nearest = min(range(len(states)), key=apart.__getitem__)
+            if apart[nearest] > STATE_AGREEMENT:
+                diverged[step[0]] = apart[nearest]
+            else:
+                computed_at[index] = nearest
+        at_state = sorted(computed_at)
+        drawn = [at_state[index] for index in steps_draw([steps[index][1] for index in at_state],
+                                                          config.verification.checks_per_epoch)]
+        # The stream is read forwards only (going back replays it from the start); each state is loaded once.
+        micro_batches = {index: replay.micro_batches(steps[index][0], max(1, steps[index][1] // commitment.micro_batch_size))
+                         for index in sorted(drawn)}
+        distances, loaded = {}, None
+        for index in sorted(drawn, key=computed_at.__getitem__):
+            if computed_at[index] != loaded:
+                loaded = computed_at[index]
+                load(states[loaded])
+            recomputed = step_fingerprint(self._model, micro_batches[index], self.run_id, commitment.epoch)
+            distances[steps[index][0]] = fingerprint_distance(steps[index][2], recomputed)
         outcome = verification.check_record(
-            commitment=commitment, distances=distances, diverged=diverged, tolerance=config.verification.tolerance,
-            failures_to_suspend=config.verification.failures_to_suspend)
+            commitment=commitment, distances=dict(sorted(distances.items())), diverged=diverged,
+            tolerance=config.verification.tolerance, failures_to_suspend=config.verification.failures_to_suspend)
         logger.info("run %s: spot check of session %d, epoch %d: %s (%s)", self.slug, session_id, commitment.epoch,
-                    outcome, ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in distances.items()) +
-                    (f"; {len(diverged)} micro-batches computed off the held state" if diverged else ""))
+                    outcome, ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in sorted(distances.items())) +
+                    (f"; {len(diverged)} micro-batches computed off the held states" if diverged else ""))
+
+
+def epochs_final(held: dict[int, list[list]]) -> set[int]:
+    """The held epochs whose state is final: those before the newest held (see ``Validator._hold``)."""
+    return {epoch for epoch in held if epoch < max(held)}
+
+
+def state_among(parameters: list, states: list[list]) -> bool:
+    """Whether ``parameters`` are one of ``states``, as far as travelling in fp16 allows."""
+    return any(parameters_apart(parameters, state) <= STATE_AGREEMENT for state in states)
+
+
+def state_agreed(served: dict[str, list]) -> list | None:
+    """The parameters that two distinct peers of ``served`` (peer -> parameters) agree on, if any."""
+    peers = list(served)
+    for index, first in enumerate(peers):
+        for second in peers[index + 1:]:
+            if parameters_apart(served[first], served[second]) <= STATE_AGREEMENT:
+                return served[second]
+    return None
 
 
 def steps_draw(samples: list[int], k: int) -> list[int]:

@@ -3,11 +3,20 @@ checkpoints, runs/swarm/checkpoints.py, and spot checks, runs/swarm/spotcheck.py
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import multiprocessing
 
+from hivemind.compression import deserialize_tensor_stream
 from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils import MPFuture
+from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.timed_storage import ValueWithExpiration
+
+logger = logging.getLogger(__name__)
 
 
 class BoundedSourceStateAverager(TrainingStateAverager):
@@ -56,3 +65,30 @@ class BoundedSourceStateAverager(TrainingStateAverager):
             return await super()._load_state_from_peers(future, timeout)
         finally:
             del self.dht.get
+
+    def state_download_from(self, peer: str, *, timeout: float) -> tuple[dict, list] | None:
+        """The state ``peer`` serves now, as hivemind sends it (its metadata and tensors: parameters first,
+        in ``main_parameters`` order), without loading it: the validator (runs/swarm/spotcheck.py) compares
+        the states of several peers it chose itself. None if the peer sent no state within ``timeout``."""
+        future = MPFuture()
+        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, future=future)))
+        return future.result(timeout=timeout + 5)  # the averager's process answers within its own timeout
+
+    async def _state_download_from(self, peer: str, timeout: float, future: MPFuture) -> None:
+        # Runs in the averager's process, like hivemind's _load_state_from_peers; one peer, asked by name.
+        metadata = []
+
+        async def tensor_parts():
+            stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
+            async for message in aiter_with_timeout(await stub.rpc_download_state(averaging_pb2.DownloadRequest()),
+                                                    timeout=timeout):
+                if message.metadata:
+                    metadata.append(self.serializer.loads(message.metadata))
+                yield [message.tensor_part]
+
+        try:
+            tensors = await asyncio.wait_for(deserialize_tensor_stream(tensor_parts()), timeout)
+            future.set_result((metadata[0], tensors) if metadata and isinstance(metadata[0], dict) else None)
+        except Exception as e:  # a peer gone, slow or hostile: the caller asks another
+            future.set_result(None)
+            logger.debug("no state from peer %s: %r", peer, e)

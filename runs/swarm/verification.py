@@ -84,9 +84,11 @@ class EpochLimits:
     tolerance: float = TOLERANCE
 
     @classmethod
-    def for_run(cls, run: Run) -> EpochLimits:
+    def for_run(cls, run: Run, micro_batch_size: int | None = None) -> EpochLimits:
+        """The run's limits for a session whose micro-batches hold ``micro_batch_size`` samples (the run's if None)."""
         training = RunConfig.model_validate(run.config).training
-        return cls(training.target_batch_size, training.per_device_batch_size * training.gradient_accumulation_steps)
+        return cls(training.target_batch_size,
+                   (micro_batch_size or training.per_device_batch_size) * training.gradient_accumulation_steps)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,6 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     """Judge a closed epoch for the sessions that reported samples or were seen in it (or only
     ``session_ids``), with the announced figures :func:`announced_record` stored. Returns the
     status of each session's row."""
-    limits = EpochLimits.for_run(run)
     reported = reported_samples(session_ids=session_ids, run=run, epoch=epoch)
     stored = SessionEpoch.objects.filter(session__run=run, epoch=epoch)
     if session_ids is not None:
@@ -170,6 +171,9 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     sessions = set(reported) | set(known)
     if session_ids is not None:
         sessions &= set(session_ids)
+    # Each session's per-step slack follows its own micro-batch (an agent's --per-device-batch-size).
+    micro_batch_sizes = dict(TrainingSession.objects.filter(pk__in=sessions).values_list("pk", "micro_batch_size"))
+    limits = {size: EpochLimits.for_run(run, size) for size in set(micro_batch_sizes.values()) | {None}}
     ended = set(TrainingSession.objects.filter(pk__in=sessions, ended_at__isnull=False).values_list("pk", flat=True))
     suspended = set(TrainingSession.objects.filter(pk__in=sessions, suspended_at__isnull=False).values_list("pk", flat=True))
     spot_checks = RunConfig.model_validate(run.config).verification.spot_checks
@@ -177,7 +181,8 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     for session_id in sorted(sessions):
         outcome[session_id] = _session_epoch_judge(
             session_id=session_id, epoch=epoch, reported=reported.get(session_id, 0), announced=known.get(session_id),
-            limits=limits, spot=spot_standing(session_id=session_id, epoch=epoch, spot_checks=spot_checks),
+            limits=limits[micro_batch_sizes.get(session_id)],
+            spot=spot_standing(session_id=session_id, epoch=epoch, spot_checks=spot_checks),
             give_up=session_id in ended or timezone.now() - closed_at >= NEVER_SEEN_REJECT_AFTER,
             suspended=session_id in suspended)
     return outcome

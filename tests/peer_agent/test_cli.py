@@ -304,7 +304,8 @@ def join_args(portal: FakePortal, *extra: str) -> list[str]:
 
 def test_join_trains_reports_and_stops_cleanly_at_max_runtime(portal, reports, stand_in_trainer, agent_home_dir):
     portal.report_url = reports.url
-    assert cli.main(join_args(portal, "--max-runtime", "1.5", "--per-device-batch-size", "2")) == 0
+    # Six seconds: joining (a key, the tokenizer, the data) took over 1.4 s of a 1.5 s runtime at load 12.
+    assert cli.main(join_args(portal, "--max-runtime", "6", "--per-device-batch-size", "2")) == 0
     (trainer,) = stand_in_trainer.instances
     assert trainer.shut_down and trainer.steps > 10
     setup = trainer.setup
@@ -313,6 +314,7 @@ def test_join_trains_reports_and_stops_cleanly_at_max_runtime(portal, reports, s
     assert [Path(path).name for path in setup.data_files] == ["3.txt"]
     assert trainer.tokenizer.pad_token == "[PAD]" and trainer.tokenizer.mask_token == "[MASK]"
     assert portal.joins[0]["device"]["kind"] == "cpu" and portal.joins[0]["device"]["precision"] == "fp32"
+    assert portal.joins[0]["per_device_batch_size"] == 2, "the override is declared to the portal at join"
     assert reports.samples(100) == 4 * trainer.steps  # every sample reported exactly once
     assert not spool_read(agent_home_dir / "spool" / "session-100.jsonl")[1].pending
 

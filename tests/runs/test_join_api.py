@@ -49,6 +49,27 @@ def test_join_returns_everything_an_agent_needs(client, run, volunteer, secret):
     assert "বাংলায়" in b"".join(served.streaming_content).decode()
 
 
+@pytest.mark.parametrize("declared", [None, 1, 16])
+def test_a_join_fixes_the_sessions_micro_batch_its_override_or_the_runs(client, run, secret, declared):
+    body = {**join_body("bengali-albert"), "per_device_batch_size": declared}
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, body)
+    assert response.status_code == 200, response.content
+    training = run.config["training"]
+    expected = declared or training["per_device_batch_size"]
+    assert TrainingSession.objects.get(pk=response.json()["session_id"]).micro_batch_size == expected
+
+
+def test_a_join_declaring_a_micro_batch_past_the_runs_limit_is_refused_with_a_reason(client, run, secret):
+    training = run.config["training"]
+    limit = training["target_batch_size"] // training["gradient_accumulation_steps"]
+    body = {**join_body("bengali-albert"), "per_device_batch_size": limit + 1}
+    response = post(client, "/api/v1/runs/bengali-albert/join", secret, body)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "invalid_batch_size"
+    assert f"more than this run allows a peer ({limit}" in response.json()["detail"]
+    assert not TrainingSession.objects.exists()
+
+
 def test_join_names_the_backbone_peer_while_its_coordinator_beats(client, run, secret):
     response = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
     assert response.status_code == 200, response.content

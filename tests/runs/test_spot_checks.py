@@ -271,6 +271,24 @@ def test_a_commitment_that_would_stall_the_validator_is_refused_whole(keyed_sess
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("declared, committed, answer", [(None, 8, "ack"), (None, 1, "error"), (16, 16, "ack"),
+                                                         (16, 8, "error")],
+                         ids=["the-runs", "smaller-than-the-runs", "declared-override", "other-than-declared"])
+def test_a_commitment_uses_the_micro_batch_its_session_declared_at_join(keyed_session, declared, committed, answer):
+    """Micro-batches of one sample would make every replay as long as possible; an agent's
+    --per-device-batch-size override, declared at join (runs/access/sessions.py), is its own to use."""
+    session = keyed_session
+    session.micro_batch_size = declared
+    session.save(update_fields=["micro_batch_size"])
+    made = commitment(1).model_copy(update={"micro_batch_size": committed})
+    frame = commitment_sign(made, run_id=session.run.hivemind_run_id, session_id=session.pk, key=session.key)
+    answers = exchange(session.secret, [report(session.pk, 1, commitment=frame.model_dump(mode="json"))])
+    assert answers[0]["type"] == answer, answers
+    if answer == "error":
+        assert "this session declared when it joined" in answers[0]["detail"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_signature_covers_the_parameters_each_step_was_computed_at(keyed_session):
     session = keyed_session
     parameters = "B" * 86 + "=="

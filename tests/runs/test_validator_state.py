@@ -1,24 +1,35 @@
-"""The validator holds an epoch's parameters only when two downloads of the swarm's state agree
-(runs/swarm/spotcheck.py): a state caught between a peer's new epoch and its optimizer step, or a
-peer that stepped on its own gradients, would fail every honest check of the epoch (docs/trust.md)."""
+"""The validator holds an epoch's parameters only when two distinct peers serve the same for it
+(runs/swarm/spotcheck.py): a state caught between a peer's new epoch and its optimizer step, a peer
+that stepped on its own gradients, or a peer serving its own parameters on purpose would fail every
+honest check of the epoch (docs/trust.md)."""
 
 import pytest
 import torch
 
-from runs.swarm.spotcheck import STATE_AGREEMENT, Validator, parameters_apart
+from runs.swarm.spotcheck import READING_LAG_EPOCHS, STATE_AGREEMENT, Validator, epochs_final, parameters_apart, state_among
 
 
-class Downloads:
-    """The checkpointer's ``state_download`` answering with given states in turn. A real swarm
-    cannot be made to serve a state in the moment between a peer's epoch count and its optimizer
-    step on cue; tests/e2e/test_spot_checks_with_agents.py runs the validator on real downloads."""
+class Peers:
+    """The checkpointer's ``state_download_from`` answering for each named peer with the state given
+    for it (a list: one state per download, the last repeated). A real swarm cannot be made to serve
+    a state in the moment between a peer's epoch count and its optimizer step on cue;
+    tests/e2e/test_spot_checks_with_agents.py and tests/security/test_liar_agents.py run the
+    validator on real downloads."""
 
-    def __init__(self, *states) -> None:
-        self.states = list(states)
+    tokenizer = "the run's tokenizer"
 
-    def state_download(self, *, swarm_epoch: int, timeout: float = 0.0):
-        epoch, parameters = self.states.pop(0)
-        return epoch, [parameter.clone() for parameter in parameters], "the run's tokenizer"
+    def __init__(self, **states) -> None:
+        self.states = {peer: served if isinstance(served, list) else [served] for peer, served in states.items()}
+        self.asked: list[str] = []
+
+    def state_download_from(self, peer: str, *, timeout: float):
+        self.asked.append(peer)
+        served = self.states[peer]
+        state = served.pop(0) if len(served) > 1 else served[0]
+        if state is None:  # a peer that left
+            return None
+        epoch, parameters = state
+        return epoch, [parameter.clone() for parameter in parameters]
 
 
 def model_parameters(seed: int) -> list[torch.Tensor]:
@@ -36,32 +47,85 @@ def one_lamb_step(parameters: list[torch.Tensor], rate: float) -> list[torch.Ten
     return moved
 
 
-def validator(*states) -> Validator:
-    return Validator(run_pk=1, run_id="run", slug="run", dht=None, checkpointer=Downloads(*states))
+def validator(**states) -> Validator:
+    checks = Validator(run_pk=1, run_id="run", slug="run", dht=None, checkpointer=Peers(**states))
+    checks._sources = list(states)
+    return checks
 
 
-def test_two_agreeing_downloads_are_held_by_their_epoch():
+def looks(checks: Validator, times: int, swarm_epoch: int = 7) -> None:
+    for _ in range(times):
+        checks._hold(swarm_epoch + READING_LAG_EPOCHS)
+
+
+def test_two_peers_that_serve_the_same_parameters_have_them_held_by_their_epoch():
     parameters = model_parameters(0)
     through_fp16 = [parameter.half().float() for parameter in parameters]  # how states travel
-    checks = validator((7, parameters), (7, through_fp16))
-    checks._hold(7)
-    assert list(checks.held) == [7]
-    assert all(torch.equal(held, sent) for held, sent in zip(checks.held[7], through_fp16, strict=True))
+    checks = validator(amina=(7, parameters), rahim=(7, through_fp16))
+    looks(checks, 1)
+    assert list(checks.held) == [7] and len(checks.held[7]) == 1
+    assert all(torch.allclose(held, sent, atol=1e-3) for held, sent in zip(checks.held[7][0], parameters, strict=True))
+    assert checks.disagreements == {}
 
 
 OLD = model_parameters(0)
+NEW = one_lamb_step(OLD, rate=0.00176)
 
 
-@pytest.mark.parametrize("first, second", [
-    ((8, OLD), (8, one_lamb_step(OLD, rate=0.00176))),  # the first came between the epoch count and the step
-    ((7, OLD), (8, OLD)),  # the swarm moved on between the downloads
-    ((7, OLD), (7, one_lamb_step(OLD, rate=0.06))),  # two peers that stepped apart (a failed round)
-    ((9, OLD), (9, OLD)),  # past the swarm's epoch 7 (runs/swarm/checkpoints.py: state_epoch_trusted)
-], ids=["new-epoch-old-parameters", "two-epochs", "stepped-apart", "past-the-swarm"])
-def test_a_state_the_downloads_disagree_on_or_past_the_swarm_is_not_held(first, second):
-    checks = validator(first, second)
-    checks._hold(7)
+def test_one_peer_asked_twice_is_not_two_peers():
+    checks = validator(amina=(7, OLD), rahim=None)  # rahim left: only amina answers, however often asked
+    looks(checks, 10)
     assert checks.held == {}
+    assert checks.checkpointer.asked.count("rahim") >= 1, "both peers were asked"
+
+
+@pytest.mark.parametrize("states", [
+    dict(amina=(7, OLD), rahim=(7, one_lamb_step(OLD, rate=0.06))),  # two peers that stepped apart (a failed round)
+    dict(amina=(12, OLD), rahim=(12, OLD)),  # past the swarm's epoch 7 (+3 of lag, +1: state_epoch_trusted)
+], ids=["stepped-apart", "past-the-swarm"])
+def test_a_state_the_peers_disagree_on_or_past_the_swarm_is_not_held(states):
+    checks = validator(**states)
+    looks(checks, 10)
+    assert checks.held == {}
+
+
+def test_an_epoch_holds_every_state_two_peers_served_alike_and_its_checks_wait_for_the_next():
+    """Both peers serve epoch 8 with epoch 7's parameters while their gradient round runs, then step:
+    the checker compares each step with both (the parameters a step claims say which it was computed at)."""
+    checks = validator(amina=[(7, OLD), (8, OLD), (8, NEW)], rahim=[(7, OLD), (8, OLD), (8, OLD), (8, NEW)])
+    looks(checks, 10, swarm_epoch=8)
+    assert len(checks.held[8]) == 2 and state_among(OLD, checks.held[8]) and state_among(NEW, checks.held[8])
+    assert len(checks.held[7]) == 1, "one state served twice is held once"
+    assert checks.disagreements == {}, "serving the previous epoch's state for a moment is no disagreement"
+    assert epochs_final(checks.held) == {7}, "epoch 8 may gain a state yet: its checks wait"
+
+
+def test_a_peer_that_serves_its_own_parameters_is_outvoted_and_counted_whatever_priority_it_declares():
+    """The liar of tests/security/liar_agent.py ("capture") declares a high state-sharing priority, so
+    hivemind's own download would always ask it first; the validator picks peers at random."""
+    own = [parameter * 1.05 for parameter in NEW]
+    checks = validator(liar=(7, own), amina=(7, NEW), rahim=(7, NEW))
+    looks(checks, 10)
+    assert len(checks.held[7]) == 1 and state_among(NEW, checks.held[7])
+    assert checks.disagreements == {}, "counted once the swarm has left the epoch"
+    checks.checkpointer.states = {"liar": [(8, own)], "amina": [(8, OLD)], "rahim": [(8, OLD)]}
+    looks(checks, 10, swarm_epoch=8)
+    assert len(checks.held[8]) == 1 and state_among(OLD, checks.held[8])
+    assert checks.disagreements == {"liar": 1}, "the liar's last state of epoch 7, once"
+
+
+def test_a_new_epoch_is_held_when_the_peers_step_into_it_one_after_the_other():
+    checks = validator(amina=[(7, OLD), (8, NEW)], rahim=[(7, OLD), (7, OLD), (8, NEW)])
+    looks(checks, 10, swarm_epoch=8)
+    assert sorted(checks.held) == [7, 8]
+    assert [parameters_apart(state, NEW) for state in checks.held[8]] == [0.0]
+    assert epochs_final(checks.held) == {7}
+
+
+def test_a_lone_peer_has_its_state_held():
+    checks = validator(amina=(7, OLD))
+    looks(checks, 1)
+    assert list(checks.held) == [7] and len(checks.held[7]) == 1
 
 
 def test_parameters_apart_measures_the_relative_distance():

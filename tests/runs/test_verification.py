@@ -49,6 +49,18 @@ def test_reported_samples_are_verified_within_the_tolerance_of_what_the_peer_ann
         assert f"reported {reported} samples" in judged.detail and f"announced {announced}" in judged.detail
 
 
+@pytest.mark.parametrize("micro_batch_size, status", [(None, "flagged"), (4 * STEP, "verified")],
+                         ids=["the-runs-micro-batch", "a-declared-override"])
+def test_the_step_counted_around_a_resync_is_the_sessions_own_step(run, micro_batch_size, status):
+    """An agent with ``--per-device-batch-size`` 4× the run's declares it at join: one of its steps
+    counted around a resync is 4× the run's step, and is no reason to flag it (issue 29)."""
+    amina = session_for(run)
+    TrainingSession.objects.filter(pk=amina.pk).update(micro_batch_size=micro_batch_size)
+    report(amina, int(32 * 1.05) + 4 * STEP, epoch=5)
+    verification.announced_record(session_id=amina.pk, epoch=5, announced=32)
+    assert judge(run, 5) == {amina.pk: status}
+
+
 @pytest.mark.parametrize("announced, status", [
     (TARGET + TARGET // 2, "verified"),  # an honest peer whose view of the collaboration lagged
     (2 * TARGET + STEP, "verified"),

@@ -11,6 +11,11 @@ It takes turns, by the epoch a step begins in (``LIAR_STRATEGIES``, comma-separa
 - ``stall``: honest steps, and the epoch's commitment is sent again re-signed with a cursor of 2**40,
   which would keep the validator replaying the stream (the real one stays, so only the stall is judged).
 
+All along (``capture``, unless ``LIAR_CAPTURE=off``), its state averager declares a state-sharing priority
+half an epoch ahead of its own, so that hivemind's download asks it first, and serves its parameters 5% off
+the swarm's: held by the validator as the swarm's state, it would make every honest step look computed
+elsewhere.
+
 Every step announces and reports what an honest one would. The samples it really computed are written
 to ``$PEER_AGENT_HOME/computed`` after each real step, for the test to weigh its credit against.
 """
@@ -20,9 +25,10 @@ import sys
 from pathlib import Path
 
 import torch
+from hivemind.averaging.averager import DecentralizedAverager
 
 import peer_agent.training
-from peer_agent import cli
+from peer_agent import averaging, cli
 from peer_agent.protocol import EpochCommitment
 from peer_agent.spotcheck import commitment_sign
 from peer_agent.training import StepResult, Trainer
@@ -31,6 +37,7 @@ from peer_agent.training import StepResult, Trainer
 # validator's held states. The agent process loads no Django, so the figure is written out here.
 DARK_DELAY_EPOCHS = 10
 STRATEGIES = os.environ.get("LIAR_STRATEGIES", "probe,shield,dark,stall").split(",")
+CAPTURE = os.environ.get("LIAR_CAPTURE", "on") == "on"
 
 
 def strategy_of(epoch: int) -> str:
@@ -105,6 +112,21 @@ class LiarTrainer(Trainer):
         return sent + due
 
 
+class CapturingStateAverager(averaging.MembersOnlyStateAverager):
+    """The agent's state averager, serving its parameters 5% off under a priority half an epoch ahead."""
+
+    state_sharing_priority = property(
+        DecentralizedAverager.state_sharing_priority.fget,
+        lambda self, epoch: DecentralizedAverager.state_sharing_priority.fset(self, epoch + 0.5))
+
+    def get_current_state(self):
+        metadata, tensors, infos = super().get_current_state()
+        parameters = len(self.main_parameters)
+        return metadata, [tensor * 1.05 if index < parameters else tensor for index, tensor in enumerate(tensors)], infos
+
+
 if __name__ == "__main__":
     peer_agent.training.Trainer = LiarTrainer
+    if CAPTURE:
+        averaging.MembersOnlyStateAverager = CapturingStateAverager
     sys.exit(cli.main())

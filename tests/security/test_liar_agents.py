@@ -3,7 +3,9 @@ real swarm beside an honest agent, against a live portal and coordinator (issue 
 agent earned 15.7 confirmed samples per example it computed and ranked first: its faked steps hid
 behind a claimed divergence, its dark epochs' late commitments were vouched for by one real step, and
 one commitment could stall the validator. The rule: no strategy earns more confirmed credit per example
-it really computes than an honest agent, and the honest agent keeps its credit."""
+it really computes than an honest agent, and the honest agents keep their credit. The liar also serves
+a state of its own under a high priority (``capture``), which hivemind's download would have held as
+the swarm's."""
 
 import os
 import signal
@@ -39,9 +41,12 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
     monkeypatch.setattr(monitor, "GRACE_S", 6.0)  # agents report every 2 s here
     run = small_run(organizer)
     serve_until(coordinator, lambda: Run.objects.get(pk=run.pk).initial_peers, 60, "the backbone peer")
-    honest, liar = UserFactory(username="amina"), UserFactory(username="mallory")
+    # Two honest agents: the validator holds a state only when two peers serve the same (runs/swarm/spotcheck.py),
+    # and the liar serves its own all along ("capture").
+    honest, second, liar = UserFactory(username="amina"), UserFactory(username="rahim"), UserFactory(username="mallory")
     processes = [
         agent(asgi_server, token_create(user=honest, name="e2e")[1], tmp_path / "amina", "420s"),
+        agent(asgi_server, token_create(user=second, name="e2e")[1], tmp_path / "rahim", "420s"),
         agent(asgi_server, token_create(user=liar, name="e2e")[1], tmp_path / "mallory", "420s",
               module="tests.security.liar_agent"),
     ]
@@ -73,11 +78,17 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
     for epoch in commitments.filter(outcome__in=["diverged", "unchecked"]).values_list("epoch", flat=True):
         assert SessionEpoch.objects.get(session__user=liar, epoch=epoch).status in ("rejected", "provisional")
 
-    honest_checks = StepCommitment.objects.filter(session__user=honest)
-    assert honest_checks.filter(outcome="passed").count() >= 5, "the validator kept checking the honest agent"
-    assert not honest_checks.filter(outcome="failed").exists()
-    assert not SessionEpoch.objects.filter(session__user=honest, status="flagged").exists()
-    assert confirmed(liar) < confirmed(honest)
+    for user in (honest, second):
+        checks = StepCommitment.objects.filter(session__user=user)
+        assert checks.filter(outcome="passed").count() >= 5, f"the validator kept checking {user}"
+        assert not checks.filter(outcome="failed").exists()
+        assert not SessionEpoch.objects.filter(session__user=user, status="flagged").exists()
+        assert confirmed(liar) < confirmed(user)
+    # The liar's state was never held as the swarm's: the honest agents' checks passed against the state
+    # they agreed on, and one peer, the liar, served a state unlike the held one again and again.
+    disagreements = coordinator.peers[run.pk].validator.disagreements
+    assert [count for count in disagreements.values() if count >= 3] == [max(disagreements.values())], disagreements
     credit_rollup()
     liar_credit = RunCredit.objects.filter(run=run, user=liar).values_list("credit", flat=True).first() or 0
-    assert liar_credit < RunCredit.objects.get(run=run, user=honest).credit, "the liar ranks below the honest agent"
+    for user in (honest, second):
+        assert liar_credit < RunCredit.objects.get(run=run, user=user).credit, f"the liar ranks below {user}"

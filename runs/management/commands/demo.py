@@ -6,6 +6,7 @@ web server, a Celery worker with beat, the coordinator and peer agents that join
 CLI and token flow. Ctrl-C stops every process it started.
 """
 
+import contextlib
 import datetime
 import os
 import signal
@@ -184,6 +185,7 @@ class Command(BaseCommand):
             self._watch()
         except KeyboardInterrupt:
             self.stdout.write("\nstopping…")
+            self.stdout.flush()  # a second Ctrl-C now kills (see _stop_all): say first that the stop began
         finally:
             self._stop_all()
 
@@ -214,11 +216,23 @@ class Command(BaseCommand):
         # coordinator, the worker and the web server.
         agents = [process for name, process in self.processes if name.startswith("agent")]
         portal = [process for name, process in reversed(self.processes) if not name.startswith("agent")]
-        # Ctrl-C for an agent (its whole group: hivemind's processes leave it to the agent); SIGTERM to
-        # each portal process alone, as `docker compose stop` sends it, so it ends its children itself.
-        self._stop(agents, lambda process: os.killpg(process.pid, signal.SIGINT), within=AGENT_STOP_SECONDS)
-        self._stop(portal, lambda process: process.terminate(), within=PORTAL_STOP_SECONDS)
-        self.stdout.write("demo stopped.")
+        try:
+            # Ctrl-C for an agent (its whole group: hivemind's processes leave it to the agent); SIGTERM to
+            # each portal process alone, as `docker compose stop` sends it, so it ends its children itself.
+            self._stop(agents, lambda process: os.killpg(process.pid, signal.SIGINT), within=AGENT_STOP_SECONDS)
+            self._stop(portal, lambda process: process.terminate(), within=PORTAL_STOP_SECONDS)
+            self.stdout.write("demo stopped.")
+        except KeyboardInterrupt:
+            # A second Ctrl-C (or a SIGTERM) while stopping: no more waiting, and no process left behind
+            # holding the port or the run's duties (each runs in a session, out of the terminal's reach).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for _, process in self.processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            for _, process in self.processes:
+                process.wait()
+            self.stdout.write("demo killed: asked twice to stop.")
 
     def _stop(self, processes: list[subprocess.Popen], ask, within: float) -> None:
         """Ask each running process to stop, wait for them together, and kill the groups of those still
