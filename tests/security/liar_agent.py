@@ -47,6 +47,8 @@ def strategy_of(epoch: int) -> str:
 class LiarTrainer(Trainer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # For the test: the name the validator knows this peer by when it downloads its state.
+        (Path(os.environ["PEER_AGENT_HOME"]) / "peer_id").write_text(str(self.optimizer.state_averager.peer_id))
         self._computed = 0
         self._last_real: tuple[str, float] | None = None  # a fingerprint and the loss of the last real step
         self._real_in_epoch: dict[int, int] = {}
