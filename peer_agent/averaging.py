@@ -39,7 +39,7 @@ from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.serializer import MSGPackSerializer
-from hivemind.utils.timed_storage import get_dht_time
+from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 
 from peer_agent.aggregation import AggregatingAverager
 from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, expiration_parse, rsa_public_key_parse
@@ -204,7 +204,42 @@ class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, Aggregating
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
 
-class MembersOnlyStateAverager(TrainingStateAverager, MembersOnlyAverager, AggregatingAverager):
+class StateSourceChoice:
+    """A mixin for a state averager: chooses the peers its state download may ask, from their
+    declarations under ``{prefix}.all_averagers`` (:meth:`state_sources_choose`).
+
+    hivemind asks the peers in the order of the "state sharing priority" each declares, a number the
+    peer sets (hivemind.Optimizer sets its epoch): a member declaring a high one is asked first every
+    time, and whatever it serves is loaded. hivemind 1.1.12's ``_load_state_from_peers``
+    (hivemind/averaging/averager.py) reads the declarations with one ``dht.get``; this filters that
+    answer in the averager's process."""
+
+    def state_sources_choose(self, declared: dict) -> dict:
+        return declared
+
+    async def _load_state_from_peers(self, future, timeout=None):
+        dht_get = self.dht.get
+
+        def get(key, *args, **kwargs):
+            found = dht_get(key, *args, **kwargs)
+            if key.endswith(".all_averagers") and found is not None and isinstance(found.value, dict):
+                found = ValueWithExpiration(self.state_sources_choose(found.value), found.expiration_time)
+            return found
+
+        self.dht.get = get
+        try:
+            return await super()._load_state_from_peers(future, timeout)
+        finally:
+            del self.dht.get
+
+
+def declared_epochs(declared: dict) -> dict:
+    """The declarations hivemind would consider (a number each), by peer."""
+    return {peer: entry.value for peer, entry in declared.items()
+            if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, int | float)}
+
+
+class MembersOnlyStateAverager(StateSourceChoice, TrainingStateAverager, MembersOnlyAverager, AggregatingAverager):
     """hivemind's ``TrainingStateAverager`` (parameter averaging every epoch, and state downloads)
     averaging, given the agent's ``authorizer``, only among peers that prove they hold a token, and
     combining each part by the run's ``aggregation``: a member that sends false parameters is
@@ -216,6 +251,17 @@ class MembersOnlyStateAverager(TrainingStateAverager, MembersOnlyAverager, Aggre
         # one extends keeps state downloads working for peers that build a plain TrainingStateAverager
         # (the portal's checkpointer, runs/swarm/checkpoints.py).
         return TrainingStateAverager._get_handle_name(namespace, method_name)
+
+    def state_sources_choose(self, declared: dict) -> dict:
+        """The peers at or past the median declared epoch, in a random order (equal priorities: hivemind
+        breaks ties at random): a member declaring a far epoch is one candidate among the others, and
+        peers left behind are not asked (tests/security/liar_agent.py declares half an epoch ahead)."""
+        epochs = declared_epochs(declared)
+        if not epochs:
+            return {}
+        median = sorted(epochs.values())[(len(epochs) - 1) // 2]
+        return {peer: ValueWithExpiration(0.0, declared[peer].expiration_time)
+                for peer, epoch in epochs.items() if epoch >= median}
 
 
 class MembersOnlyOptimizer(Optimizer):

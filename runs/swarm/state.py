@@ -14,12 +14,13 @@ from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import aiter_with_timeout
-from hivemind.utils.timed_storage import ValueWithExpiration
+
+from peer_agent.averaging import StateSourceChoice, declared_epochs
 
 logger = logging.getLogger(__name__)
 
 
-class BoundedSourceStateAverager(TrainingStateAverager):
+class BoundedSourceStateAverager(StateSourceChoice, TrainingStateAverager):
     """A client-mode ``TrainingStateAverager`` that downloads only from peers whose declared epoch is
     within a bound.
 
@@ -46,25 +47,9 @@ class BoundedSourceStateAverager(TrainingStateAverager):
         self._epoch_bound.value = max_epoch
         return super().load_state_from_peers(**kwargs)
 
-    async def _load_state_from_peers(self, future, timeout=None):
-        # hivemind 1.1.12's DecentralizedAverager._load_state_from_peers (hivemind/averaging/averager.py)
-        # reads the candidates with one dht.get of "{prefix}.all_averagers": filter that answer.
-        bound, dht_get = self._epoch_bound.value, self.dht.get
-
-        def get(key, *args, **kwargs):
-            found = dht_get(key, *args, **kwargs)
-            if key.endswith(".all_averagers") and found is not None and isinstance(found.value, dict):
-                kept = {peer: entry for peer, entry in found.value.items()
-                        if not (isinstance(entry, ValueWithExpiration) and isinstance(entry.value, (int, float))
-                                and entry.value > bound)}
-                found = ValueWithExpiration(kept, found.expiration_time)
-            return found
-
-        self.dht.get = get
-        try:
-            return await super()._load_state_from_peers(future, timeout)
-        finally:
-            del self.dht.get
+    def state_sources_choose(self, declared: dict) -> dict:
+        bound, epochs = self._epoch_bound.value, declared_epochs(declared)
+        return {peer: entry for peer, entry in declared.items() if epochs.get(peer, -math.inf) <= bound}
 
     def state_download_from(self, peer: str, *, timeout: float) -> tuple[dict, list] | None:
         """The state ``peer`` serves now, as hivemind sends it (its metadata and tensors: parameters first,

@@ -14,6 +14,7 @@ from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.timed_storage import ValueWithExpiration
 
 from harness.swarm import train_together
 from peer_agent import authorizer as authorizer_module
@@ -323,6 +324,18 @@ def test_the_state_averager_keeps_hivemind_stream_names_so_plain_peers_download_
     for method in ("rpc_download_state", "rpc_join_group", "rpc_aggregate_part"):
         expected = TrainingStateAverager._get_handle_name("run_state_averager", method)
         assert MembersOnlyStateAverager._get_handle_name("run_state_averager", method) == expected
+
+
+def test_an_agent_downloads_state_from_a_random_peer_at_the_swarms_epoch_whatever_priority_one_declares():
+    """hivemind asks the peer declaring the highest priority first; a member declaring one of its own
+    (tests/security/liar_agent.py: half an epoch ahead) would be loaded by every agent that joins."""
+    declared = {b"liar": ValueWithExpiration(12.5, 99.0), b"amina": ValueWithExpiration(12, 99.0),
+                b"rahim": ValueWithExpiration(12, 99.0), b"stale": ValueWithExpiration(7, 99.0),
+                b"silent": ValueWithExpiration(None, 99.0)}
+    chosen = MembersOnlyStateAverager.state_sources_choose(None, declared)
+    assert set(chosen) == {b"liar", b"amina", b"rahim"}, "peers behind the median epoch are not asked"
+    assert len({entry.value for entry in chosen.values()}) == 1, "equal priorities: hivemind picks at random"
+    assert MembersOnlyStateAverager.state_sources_choose(None, {}) == {}
 
 
 def averaged_with(averager, honest: dict) -> set | None:

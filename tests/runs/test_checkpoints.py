@@ -255,3 +255,20 @@ def test_one_member_announcing_a_far_epoch_moves_neither_the_checkpointers_epoch
     assert swarm_reading_of([]) is None
     assert state_epoch_trusted(state_epoch=8, swarm_epoch=7)
     assert not state_epoch_trusted(state_epoch=10**6, swarm_epoch=7), "a served state past the swarm is refused"
+
+
+def test_the_checkpointers_download_asks_no_peer_declaring_an_epoch_past_its_bound():
+    """A member declaring a far epoch would be asked first by hivemind every time, its state refused
+    every time, and no checkpoint saved while it stayed online (runs/swarm/state.py)."""
+    import multiprocessing
+
+    from hivemind.utils.timed_storage import ValueWithExpiration
+
+    from runs.swarm.state import BoundedSourceStateAverager
+
+    class Bounded:
+        _epoch_bound = multiprocessing.Value("d", 8.0)
+
+    declared = {b"far": ValueWithExpiration(10**6, 99.0), b"amina": ValueWithExpiration(7, 99.0),
+                b"next": ValueWithExpiration(8, 99.0)}
+    assert set(BoundedSourceStateAverager.state_sources_choose(Bounded(), declared)) == {b"amina", b"next"}
