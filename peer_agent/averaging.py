@@ -253,15 +253,16 @@ class MembersOnlyStateAverager(StateSourceChoice, TrainingStateAverager, Members
         return TrainingStateAverager._get_handle_name(namespace, method_name)
 
     def state_sources_choose(self, declared: dict) -> dict:
-        """The peers at or past the median declared epoch, in a random order (equal priorities: hivemind
-        breaks ties at random): a member declaring a far epoch is one candidate among the others, and
-        peers left behind are not asked (tests/security/liar_agent.py declares half an epoch ahead)."""
+        """The peers declaring at most one epoch past the median of the declarations: a member declaring
+        a far epoch would be asked first every time, and hivemind loads any state at or past the
+        agent's epoch, so the agent would jump to it (and the portal refuse its reports as far ahead
+        of the swarm). Among the others hivemind's order stands: the agent still loads from a member
+        declaring a little more than the swarm (docs/trust.md, "Not defended yet")."""
         epochs = declared_epochs(declared)
         if not epochs:
             return {}
         median = sorted(epochs.values())[(len(epochs) - 1) // 2]
-        return {peer: ValueWithExpiration(0.0, declared[peer].expiration_time)
-                for peer, epoch in epochs.items() if epoch >= median}
+        return {peer: declared[peer] for peer, epoch in epochs.items() if epoch <= median + 1}
 
 
 class MembersOnlyOptimizer(Optimizer):

@@ -24,11 +24,17 @@ class LazyTrainer(Trainer):
             if self._last_real is not None:
                 self._last_real = (self._last_real[0], result.loss)
             return result
+        epoch = self.optimizer.local_epoch
+        # The truth: it says it stayed with the swarm.
+        return self._step_passed_off(epoch, self._sketcher.parameters(self.model, epoch))
+
+    def _step_passed_off(self, epoch: int, parameters: str) -> StepResult:
+        """A step announced to the swarm, reported and committed to (at ``parameters``, with the last real
+        step's fingerprint) whose micro-batches were drawn and never trained on."""
         training = self.setup.config.training
-        epoch, cursor = self.optimizer.local_epoch, self._cursor
-        parameters = self._sketcher.parameters(self.model, epoch)  # the truth: it says it stayed with the swarm
+        cursor = self._cursor
         for _ in range(training.gradient_accumulation_steps):
-            next(self._batches)  # drawn, never trained on
+            next(self._batches)
             self._cursor += 1
         for param in self.model.parameters():
             param.grad = torch.zeros_like(param)

@@ -326,15 +326,15 @@ def test_the_state_averager_keeps_hivemind_stream_names_so_plain_peers_download_
         assert MembersOnlyStateAverager._get_handle_name("run_state_averager", method) == expected
 
 
-def test_an_agent_downloads_state_from_a_random_peer_at_the_swarms_epoch_whatever_priority_one_declares():
-    """hivemind asks the peer declaring the highest priority first; a member declaring one of its own
-    (tests/security/liar_agent.py: half an epoch ahead) would be loaded by every agent that joins."""
-    declared = {b"liar": ValueWithExpiration(12.5, 99.0), b"amina": ValueWithExpiration(12, 99.0),
-                b"rahim": ValueWithExpiration(12, 99.0), b"stale": ValueWithExpiration(7, 99.0),
-                b"silent": ValueWithExpiration(None, 99.0)}
+def test_an_agent_asks_no_peer_declaring_an_epoch_far_past_the_swarms():
+    """hivemind asks the peer declaring the highest priority first and loads any state at or past the
+    agent's epoch: one member declaring a far epoch would make every joining agent jump to it."""
+    declared = {b"far": ValueWithExpiration(10**6, 99.0), b"amina": ValueWithExpiration(12, 99.0),
+                b"rahim": ValueWithExpiration(12, 99.0), b"ahead": ValueWithExpiration(13, 99.0),
+                b"stale": ValueWithExpiration(7, 99.0), b"silent": ValueWithExpiration(None, 99.0)}
     chosen = MembersOnlyStateAverager.state_sources_choose(None, declared)
-    assert set(chosen) == {b"liar", b"amina", b"rahim"}, "peers behind the median epoch are not asked"
-    assert len({entry.value for entry in chosen.values()}) == 1, "equal priorities: hivemind picks at random"
+    assert set(chosen) == {b"amina", b"rahim", b"ahead", b"stale"}, "at most one epoch past the median (12)"
+    assert chosen[b"ahead"].value == 13, "hivemind's order stands among them"
     assert MembersOnlyStateAverager.state_sources_choose(None, {}) == {}
 
 

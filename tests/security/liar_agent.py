@@ -32,6 +32,7 @@ from peer_agent import averaging, cli
 from peer_agent.protocol import EpochCommitment
 from peer_agent.spotcheck import commitment_sign
 from peer_agent.training import StepResult, Trainer
+from tests.e2e.lazy_agent import LazyTrainer
 
 # Past the ingest's deadline (runs.ingest.reports.COMMITMENT_WINDOW_EPOCHS, 6; the test checks) and the
 # validator's held states. The agent process loads no Django, so the figure is written out here.
@@ -44,13 +45,14 @@ def strategy_of(epoch: int) -> str:
     return STRATEGIES[epoch % len(STRATEGIES)]
 
 
-class LiarTrainer(Trainer):
+class LiarTrainer(LazyTrainer):
+    """Its own turns of real and faked steps (``step``); the faked step is the lazy agent's."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # For the test: the name the validator knows this peer by when it downloads its state.
         (Path(os.environ["PEER_AGENT_HOME"]) / "peer_id").write_text(str(self.optimizer.state_averager.peer_id))
         self._computed = 0
-        self._last_real: tuple[str, float] | None = None  # a fingerprint and the loss of the last real step
         self._real_in_epoch: dict[int, int] = {}
         self._held_back: list[EpochCommitment] = []
 
@@ -59,17 +61,17 @@ class LiarTrainer(Trainer):
         strategy = strategy_of(epoch)
         real_steps = self._real_in_epoch.setdefault(epoch, 0)
         if self._last_real is None or strategy in ("probe", "stall") or (strategy == "shield" and not real_steps):
-            result = super().step()
+            result = Trainer.step(self)  # a real step (the lazy agent's step fakes nine in ten)
+            if self._last_real is not None:  # a skipped step commits nothing
+                self._last_real = (self._last_real[0], result.loss)
             training = self.setup.config.training
             self._computed += training.per_device_batch_size * training.gradient_accumulation_steps
             self._real_in_epoch[epoch] = real_steps + 1
             (Path(os.environ["PEER_AGENT_HOME"]) / "computed").write_text(str(self._computed))
             return result
-        return self._step_passed_off(epoch, off_state=strategy == "shield")
+        return self._step_faked(epoch, off_state=strategy == "shield")
 
-    def _step_passed_off(self, epoch: int, *, off_state: bool) -> StepResult:
-        training = self.setup.config.training
-        cursor = self._cursor
+    def _step_faked(self, epoch: int, *, off_state: bool) -> StepResult:
         with torch.no_grad():
             if off_state:
                 for param in self.model.parameters():
@@ -78,23 +80,7 @@ class LiarTrainer(Trainer):
             if off_state:
                 for param in self.model.parameters():
                     param.div_(1.05)
-        for _ in range(training.gradient_accumulation_steps):
-            next(self._batches)  # drawn, never trained on
-            self._cursor += 1
-        for param in self.model.parameters():
-            param.grad = torch.zeros_like(param)
-        self.optimizer.step()  # the swarm counts its samples
-        self.optimizer.zero_grad()
-        fingerprint, loss = self._last_real
-        super()._step_commit(epoch, cursor, [fingerprint] * training.gradient_accumulation_steps, parameters)
-        self._after_good_step(loss)
-        samples = training.per_device_batch_size * training.gradient_accumulation_steps
-        return StepResult(samples=samples, loss=loss, local_epoch=self.optimizer.local_epoch,
-                          global_epoch=self.optimizer.tracker.global_epoch, samples_per_second=samples / 0.05)
-
-    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str], parameters: str) -> None:
-        self._last_real = (fingerprints[-1], self._last_real[1] if self._last_real else 0.0)
-        super()._step_commit(epoch, cursor, fingerprints, parameters)
+        return self._step_passed_off(epoch, parameters)
 
     def commitments_take(self) -> list[EpochCommitment]:
         sent = []
