@@ -84,9 +84,10 @@ def micro_batch_size_of(*, run: Run, request: JoinRequest) -> int:
     if declared is None:
         return training.per_device_batch_size
     limit = training.target_batch_size // training.gradient_accumulation_steps
-    if declared > limit:
-        raise JoinRefused(400, "invalid_batch_size", f"per_device_batch_size {declared} is more than this run allows "
-                                                     f"a peer ({limit}: the target batch over the accumulation steps)")
+    if declared > limit:  # valid in itself: it conflicts with the run's configuration (as the run's state does)
+        raise JoinRefused(409, "batch_size_too_large", f"per_device_batch_size {declared} is more than this run "
+                                                       f"allows a peer ({limit}: the target batch over the "
+                                                       f"accumulation steps)")
     return declared
 
 
@@ -96,8 +97,8 @@ def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[
                or run_role_refusal(run=run, user=token.user, role=request.role))
     if refusal:
         raise refusal
-    micro_batch_size = micro_batch_size_of(run=run, request=request)
     _key_proof_check(run=run, request=request)
+    micro_batch_size = micro_batch_size_of(run=run, request=request)
     if not run.coordinator_alive(timezone.now()) or not run.initial_peers:
         # Its last addresses would name a dead peer, and the agent's DHT cannot start without one alive.
         raise JoinRefused(503, "coordinator_unavailable", f"the coordinator of run “{run.slug}” is not reachable now; "

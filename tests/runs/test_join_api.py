@@ -64,9 +64,10 @@ def test_a_join_declaring_a_micro_batch_past_the_runs_limit_is_refused_with_a_re
     limit = training["target_batch_size"] // training["gradient_accumulation_steps"]
     body = {**join_body("bengali-albert"), "per_device_batch_size": limit + 1}
     response = post(client, "/api/v1/runs/bengali-albert/join", secret, body)
-    assert response.status_code == 400, response.content
-    assert response.json()["code"] == "invalid_batch_size"
-    assert f"more than this run allows a peer ({limit}" in response.json()["detail"]
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "batch_size_too_large"
+    assert f"more than this run allows a peer ({limit}" in error["detail"]
     assert not TrainingSession.objects.exists()
 
 
