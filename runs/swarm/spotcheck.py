@@ -230,6 +230,8 @@ class Validator:
                 continue
             served_now = self._served.setdefault(epoch, {})
             served_now[peer] = parameters  # a peer's later state replaces its earlier: it may have stepped since
+            for unheld in sorted(self._served)[:-HELD_EPOCHS]:  # epochs no two peers agreed on, long gone
+                del self._served[unheld]
             agreed = state_agreed(served_now) if len(sources) > 1 else parameters
             if agreed is not None:
                 self._hold_state(epoch, agreed)

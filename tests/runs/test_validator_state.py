@@ -6,7 +6,15 @@ honest check of the epoch (docs/trust.md)."""
 import pytest
 import torch
 
-from runs.swarm.spotcheck import READING_LAG_EPOCHS, STATE_AGREEMENT, Validator, epochs_final, parameters_apart, state_among
+from runs.swarm.spotcheck import (
+    HELD_EPOCHS,
+    READING_LAG_EPOCHS,
+    STATE_AGREEMENT,
+    Validator,
+    epochs_final,
+    parameters_apart,
+    state_among,
+)
 
 
 class Peers:
@@ -133,3 +141,10 @@ def test_parameters_apart_measures_the_relative_distance():
     assert parameters_apart(parameters, parameters) == 0.0
     assert parameters_apart([parameter.half().float() for parameter in parameters], parameters) < STATE_AGREEMENT / 2
     assert 0.0015 < parameters_apart(one_lamb_step(parameters, rate=0.00176), parameters) < 0.002
+
+
+def test_what_peers_served_in_epochs_no_two_agreed_on_is_not_kept_for_ever():
+    checks = validator(amina=[(epoch, OLD) for epoch in range(40)], rahim=None)
+    looks(checks, 80, swarm_epoch=40)
+    assert checks.held == {}
+    assert len(checks._served) <= HELD_EPOCHS
