@@ -76,7 +76,6 @@ def _live_sessions_check(*, token: AgentToken) -> None:
                                                     "training; stop one, or wait 2 minutes after one stopped")
 
 
-@transaction.atomic
 def micro_batch_size_of(*, run: Run, request: JoinRequest) -> int:
     """The session's micro-batch size: the agent's declared override, if the run allows it, or the run's."""
     training = RunConfig.model_validate(run.config).training
@@ -91,6 +90,7 @@ def micro_batch_size_of(*, run: Run, request: JoinRequest) -> int:
     return declared
 
 
+@transaction.atomic
 def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
     """Open a training session for the token's owner and sign its first hivemind access token."""
     refusal = (agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
