@@ -257,8 +257,11 @@ class MembersOnlyStateAverager(StateSourceChoice, TrainingStateAverager, Members
         a far epoch would be asked first every time, and hivemind loads any state at or past the
         agent's epoch, so the agent would jump to it (and the portal refuse its reports as far ahead
         of the swarm). Among the others hivemind's order stands: the agent still loads from a member
-        declaring a little more than the swarm (docs/trust.md, "Not defended yet")."""
-        epochs = declared_epochs(declared)
+        declaring a little more than the swarm (docs/trust.md, "Not defended yet"). The agent's own
+        declaration is no source (hivemind skips it) and no part of the median: a latecomer declares
+        epoch 0, and with one member ahead of it the median would be its own."""
+        own = self.peer_id.to_bytes()
+        epochs = {peer: epoch for peer, epoch in declared_epochs(declared).items() if peer != own}
         if not epochs:
             return {}
         median = sorted(epochs.values())[(len(epochs) - 1) // 2]

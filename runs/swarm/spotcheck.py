@@ -58,6 +58,7 @@ STATES_PER_EPOCH = 3
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
+HOLD_UNTICKED_S = 30.0  # six of the coordinator's heartbeats (5 s) missed: it no longer holds the duties
 
 REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
 # How far apart two downloads of one state may be: states travel in fp16 (rounding by at most 5e-4),
@@ -101,11 +102,13 @@ class Validator:
         self._model = None
         self._threads: dict[str, threading.Thread] = {}
         self._next_check = 0.0
+        self._ticked = time.monotonic()
         self._closed = False
 
     def tick(self) -> None:
         if self._closed or not self.checkpointer.ready:
             return
+        self._ticked = time.monotonic()
         self._sources_read()
         # The holder keeps its own pace, not the coordinator's heartbeat (5 s): a demo's epochs are shorter.
         holder = self._threads.get("hold")
@@ -135,10 +138,15 @@ class Validator:
             self._next_check = time.monotonic() + self.check_period
 
     def _holding(self) -> None:
-        while not self._closed:
+        # Holding goes on while the coordinator ticks: a backbone peer that handed the duties over, or
+        # one whose process lost its heartbeat, downloads nothing more; the next tick starts it again.
+        while not self._closed and time.monotonic() - self._ticked < HOLD_UNTICKED_S:
             try:
                 close_old_connections()
                 self.hold_once()
+            except Run.DoesNotExist:
+                logger.info("run %s: the run is gone; spot checks stop holding its state", self.slug)
+                return
             except Exception:  # the next try may succeed
                 logger.exception("run %s: spot checks could not hold the swarm's state this time", self.slug)
             finally:

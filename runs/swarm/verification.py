@@ -201,6 +201,8 @@ def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announce
         return row.status  # judged on a record that has since expired from memory: keep the verdict
     if (row.status, row.reported_samples, row.announced_samples) == (status, reported, announced) and row.checked_at:
         return row.status  # nothing new: a restarted monitor does not judge twice
+    if row.status == _Status.FLAGGED and (row.reported_samples, row.announced_samples) == (reported, announced):
+        return row.status  # flagged on these figures: a reading that would pass now does not unflag it, nor reflag it
     if status == _Status.FLAGGED or row.status == _Status.FLAGGED:
         # Once flagged, new figures update the flag; only an organizer takes it off. A suspended
         # session's volunteer was told once, by the suspension.

@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 from functools import partial
 from itertools import combinations
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -332,10 +333,19 @@ def test_an_agent_asks_no_peer_declaring_an_epoch_far_past_the_swarms():
     declared = {b"far": ValueWithExpiration(10**6, 99.0), b"amina": ValueWithExpiration(12, 99.0),
                 b"rahim": ValueWithExpiration(12, 99.0), b"ahead": ValueWithExpiration(13, 99.0),
                 b"stale": ValueWithExpiration(7, 99.0), b"silent": ValueWithExpiration(None, 99.0)}
-    chosen = MembersOnlyStateAverager.state_sources_choose(None, declared)
+    joining = SimpleNamespace(peer_id=PeerID(b"joining"))
+    chosen = MembersOnlyStateAverager.state_sources_choose(joining, declared)
     assert set(chosen) == {b"amina", b"rahim", b"ahead", b"stale"}, "at most one epoch past the median (12)"
     assert chosen[b"ahead"].value == 13, "hivemind's order stands among them"
-    assert MembersOnlyStateAverager.state_sources_choose(None, {}) == {}
+    assert MembersOnlyStateAverager.state_sources_choose(joining, {}) == {}
+
+
+def test_a_latecomers_own_declaration_does_not_pull_the_median_down():
+    """A latecomer declares epoch 0 as it joins: with one member ahead of it, the median of all the
+    declarations would be its own, and the member it must load from would be left out."""
+    declared = {b"joining": ValueWithExpiration(0, 99.0), b"amina": ValueWithExpiration(2, 99.0)}
+    chosen = MembersOnlyStateAverager.state_sources_choose(SimpleNamespace(peer_id=PeerID(b"joining")), declared)
+    assert set(chosen) == {b"amina"}
 
 
 def averaged_with(averager, honest: dict) -> set | None:

@@ -6,7 +6,7 @@ from django.utils import timezone
 from hivemind.optim.progress_tracker import LocalTrainingProgress
 
 from peer_agent.metrics import LocalMetrics
-from runs.models import RunEvent, SessionEpoch, TrainingSession
+from runs.models import RunEvent, SessionEpoch, StepCommitment, TrainingSession
 from runs.swarm import verification
 from runs.swarm.monitor import announcements, peer_key_text, swarm_reading
 from tests.factories import RunFactory
@@ -119,6 +119,25 @@ def test_judging_again_changes_nothing_and_late_reports_are_judged_on_the_new_su
     report(amina, 32, epoch=7)  # late reports beyond what the peer announced
     judge(run, 7)
     assert (row(amina, 7).status, row(amina, 7).reported_samples) == ("flagged", 64)
+
+
+def test_a_flag_stays_as_it_was_when_its_figures_do_not_change(run):
+    """A restarted coordinator's validator holds only epochs from its start on and marks older
+    commitments unchecked: a flagged epoch's figures are the same, so its flag is not judged again."""
+    amina = session_for(run)
+    report(amina, 64, epoch=2)
+    verification.announced_record(session_id=amina.pk, epoch=2, announced=32)
+    assert judge(run, 2) == {amina.pk: "flagged"}
+    first = row(amina, 2)
+
+    StepCommitment.objects.filter(session=amina, epoch=2).update(outcome=StepCommitment.Outcome.UNCHECKED)
+    assert judge(run, 2) == {amina.pk: "flagged"}
+    assert (row(amina, 2).checked_at, row(amina, 2).detail) == (first.checked_at, first.detail)
+
+    report(amina, 8, epoch=2)  # new figures still update the flag
+    judge(run, 2)
+    assert (row(amina, 2).status, row(amina, 2).reported_samples) == ("flagged", 72)
+    assert row(amina, 2).checked_at > first.checked_at
 
 
 def test_an_organizers_decision_is_final_and_in_the_audit_log(run, organizer):
