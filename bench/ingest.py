@@ -22,6 +22,8 @@ on Channels' single sync thread, the baseline of docs/design.md).
 
 import argparse
 import asyncio
+import base64
+import dataclasses
 import datetime
 import json
 import os
@@ -40,6 +42,22 @@ EVIDENCE_RULES = ("local_epoch_ahead_of_swarm", "speed_beyond_device", "samples_
 
 
 # --- the server side (runs inside uvicorn) ------------------------------------------------------
+
+def commitment_refusal_before(*, report, session, pace):
+    """A commitment's checks before issue 29: the signature only, without the bounds on its micro-batch,
+    its steps' samples and its cursors (runs.ingest.reports.commitment_refusal)."""
+    from peer_agent.protocol import commitment_message
+    from runs.access.authority import peer_key_proof_verify
+    from runs.ingest.reports import ReportRefused
+
+    commitment = report.commitment
+    if commitment is None:
+        return None
+    message = commitment_message(run_id=session.run.hivemind_run_id, session_id=session.pk, commitment=commitment)
+    if not peer_key_proof_verify(peer_public_key=session.peer_public_key, message=message, proof=commitment.signature):
+        return ReportRefused("invalid_commitment", "the commitment is not signed by this session's peer key")
+    return None
+
 
 def server_application():
     """uvicorn `--factory` target: the portal's application plus `/ws/echo/`."""
@@ -70,6 +88,7 @@ def server_application():
         reports.RULES = tuple((code, rule) for code, rule in reports.RULES if code not in EVIDENCE_RULES)
         reports._not_allowed = lambda **kwargs: frozenset()
         reports._swarm_epoch = lambda **kwargs: None
+        reports.commitment_refusal = commitment_refusal_before
     writer = os.environ.get(WRITER_ENV, "batch")
     if writer != "batch":
         reports.report_writer = PerReportWriter(thread_sensitive=writer == "one_thread")
@@ -104,6 +123,10 @@ class Agent:
     secret: str
     session_id: int
     seq: int = 0
+    key: object = None  # the session's peer key (hivemind's RSAPrivateKey), when its reports carry commitments
+    run_id: str = ""
+    epoch: int = 0  # the epoch its reports are of; each commitment closes one
+    cursor: int = 0  # micro-batches drawn from its stream so far
 
 
 @dataclass
@@ -135,9 +158,11 @@ def run_create(slug: str):
                               authority_public_key=public_key, authority_private_key=private_key)
 
 
-def agents_create(count: int, peer_batch_run) -> list[Agent]:
-    """Volunteers, tokens and sessions for `count` agents, straight through the ORM."""
+def agents_create(count: int, peer_batch_run, keyed: bool = False) -> list[Agent]:
+    """Volunteers, tokens and sessions for `count` agents, straight through the ORM; with ``keyed``, each
+    session has a peer key of its own, as a join proves it, to sign commitments with."""
     from django.utils import timezone
+    from hivemind.utils.crypto import RSAPrivateKey
 
     from accounts.models import User
     from accounts.services import token_create
@@ -151,21 +176,48 @@ def agents_create(count: int, peer_batch_run) -> list[Agent]:
     agents = []
     for user in users:
         token, secret = token_create(user=user, name="bench")
+        key = RSAPrivateKey() if keyed else None
         session = TrainingSession.objects.create(
-            run=peer_batch_run, user=user, token=token, peer_public_key="ssh-rsa AAAA", agent_version="bench",
+            run=peer_batch_run, user=user, token=token, agent_version="bench",
+            peer_public_key=key.get_public_key().to_bytes().decode() if key else "ssh-rsa AAAA",
             access_expires_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
-        agents.append(Agent(secret=secret, session_id=session.pk))
+        agents.append(Agent(secret=secret, session_id=session.pk, key=key, run_id=peer_batch_run.hivemind_run_id))
     return agents
 
 
-def report_frame(agent: Agent, samples: int) -> str:
+def commitment_frame(agent: Agent, micro_batch_size: int, micro_batches: int) -> dict:
+    """The signed commitment an honest agent sends when its epoch closes: the ``micro_batches`` it drew
+    since the last one, with fingerprints and parameters' sketches in their real sizes. Signed here, as
+    the agent does: the same cost on the client in every phase."""
+    from peer_agent.protocol import EpochCommitment, StepCommitment
+    from peer_agent.spotcheck import commitment_sign
+
+    sketch = base64.b64encode(bytes(64)).decode()
+    steps = [StepCommitment(cursor=agent.cursor + i, samples=micro_batch_size, fingerprint=sketch,
+                            parameters=sketch if i == 0 else None) for i in range(micro_batches)]
+    agent.cursor += micro_batches
+    commitment = EpochCommitment(epoch=agent.epoch, micro_batch_size=micro_batch_size, shuffle_buffer=1000,
+                                 steps=steps, signature="AA==")
+    agent.epoch += 1
+    signed = commitment_sign(commitment, run_id=agent.run_id, session_id=agent.session_id, key=agent.key)
+    return signed.model_dump(mode="json", exclude_none=True)
+
+
+def report_frame(agent: Agent, samples: int, commitment_every: int = 0, micro_batch_size: int = 0) -> str:
+    """One report of a local step; with ``commitment_every``, every that many reports the agent's epoch
+    closes and the report carries the epoch's signed commitment (one micro-batch of ``micro_batch_size`` a
+    report), as an honest agent's report does once an epoch."""
     agent.seq += 1
     # samples ≤ one local step: plausible at any pace (runs.ingest.reports.samples_beyond_speed). The loss
     # falls as training would, so the live page's snapshot changes with every report.
-    return json.dumps({
+    frame = {
         "type": "report", "session_id": agent.session_id, "seq": agent.seq, "samples": samples, "steps": 1,
-        "local_epoch": 0, "loss": 5.0 - agent.seq * 1e-4, "samples_per_second": 100.0,
-        "sent_at": datetime.datetime.now(datetime.UTC).isoformat()})
+        "local_epoch": agent.epoch, "loss": 5.0 - agent.seq * 1e-4, "samples_per_second": 100.0,
+        "sent_at": datetime.datetime.now(datetime.UTC).isoformat()}
+    if commitment_every and agent.seq % commitment_every == 0:
+        frame["commitment"] = commitment_frame(agent, micro_batch_size, commitment_every * samples // micro_batch_size)
+        frame["local_epoch"] = agent.epoch  # the next epoch: the committed one has closed
+    return json.dumps(frame)
 
 
 async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float, seconds: float,
@@ -317,6 +369,9 @@ def main() -> None:
     parser.add_argument("--checks", default="current",
                         help="the agent socket's checks: current, or before (without the ones that judge claims on the "
                              "portal's evidence); with both, each figure's ratio current/before is printed")
+    parser.add_argument("--commitment-every", type=int, default=0,
+                        help="reports per epoch: every that many, a report carries the closed epoch's signed commitment "
+                             "(0: none); `--checks before` then checks its signature only, as before issue 29")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
 
@@ -327,14 +382,15 @@ def main() -> None:
     from django.conf import settings
     from django.core.management import call_command
 
-    from runs.models import ContributionEvent
+    from runs.models import ContributionEvent, StepCommitment
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     call_command("migrate", verbosity=0)
     run = run_create(f"bench-ingest-{int(time.time())}")
     training = run.config["training"]
     peer_batch = training["per_device_batch_size"] * training.get("gradient_accumulation_steps", 1)
-    agents = agents_create(max(args.agents), run)
+    micro_batch_size = training["per_device_batch_size"]
+    agents = agents_create(max(args.agents), run, keyed=bool(args.commitment_every))
     load = lambda: os.getloadavg()[0]  # noqa: E731
     print(f"database {engine}, channel layer {settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1]}, "
           f"{os.cpu_count()} CPUs, load {load():.2f}, window {args.seconds:g} s after {args.warmup:g} s")
@@ -349,9 +405,12 @@ def main() -> None:
             for count in args.agents:
                 for rate in args.rate:
                     some = agents[:count]
-                    frame = lambda agent: report_frame(agent, peer_batch)  # noqa: E731
+                    frame = lambda agent: report_frame(agent, peer_batch, args.commitment_every, micro_batch_size)  # noqa: E731
                     ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds, rate))
-                    echo = asyncio.run(drive(base, "/ws/echo/", some, frame, args.warmup, args.seconds, rate))
+                    # The same frames, from copies: what the echo is sent is not stored, so it must not move
+                    # the agents' epochs and stream cursors past what the portal holds.
+                    copies = [dataclasses.replace(agent) for agent in some]
+                    echo = asyncio.run(drive(base, "/ws/echo/", copies, frame, args.warmup, args.seconds, rate))
                     acked += ingest.answers
                     figures.setdefault((checks, writer, count, rate), []).append(len(ingest.latencies) / args.seconds)
                     ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
@@ -374,11 +433,13 @@ def main() -> None:
             print(f"{writer}, {count} agents{offered}: current checks {statistics.median(current):.0f} msg/s "
                   f"({', '.join(f'{figure:.0f}' for figure in current)}), before {statistics.median(before):.0f} msg/s "
                   f"({', '.join(f'{figure:.0f}' for figure in before)}), "
-                  f"current/before {statistics.median(current) / statistics.median(before):.2f}")
+                  f"current/before {statistics.median(current) / max(statistics.median(before), 1e-9):.2f}")
     stored = ContributionEvent.objects.filter(session__run=run).count()
     # Equal unless a connection closed with reports in flight ("closed" errors above): an ack is
     # sent only after its report is stored, so never more acknowledged than stored.
-    print(f"durable check: {stored} events stored, {acked} acknowledged")
+    commitments = StepCommitment.objects.filter(session__run=run).count()
+    print(f"durable check: {stored} events stored, {acked} acknowledged"
+          + (f"; {commitments} commitments stored" if args.commitment_every else ""))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """A lazy peer agent, for tests only: it trains one step in ten and passes off the other nine, which
 it announces to the swarm, reports to the portal and commits to with the fingerprint of its last real
-step. Run as ``python -m tests.e2e.lazy_agent join ...``."""
+step. Run as ``python -m tests.e2e.lazy_agent join ...``. The samples it really computed are written to
+``$PEER_AGENT_HOME/computed`` after each real step, for a test or bench/liar.py to weigh its credit against."""
 
+import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -17,16 +20,25 @@ class LazyTrainer(Trainer):
     _lazy_steps = 0
     _last_real: tuple[str, float] | None = None  # a fingerprint and the loss of its last real step
 
+    _computed = 0
+
     def step(self) -> StepResult:
         self._lazy_steps += 1
         if self._last_real is None or self._lazy_steps % TRAINS_ONE_STEP_IN == 0:
-            result = super().step()
-            if self._last_real is not None:
-                self._last_real = (self._last_real[0], result.loss)
-            return result
+            return self._step_real()
         epoch = self.optimizer.local_epoch
         # The truth: it says it stayed with the swarm.
         return self._step_passed_off(epoch, self._sketcher.parameters(self.model, epoch))
+
+    def _step_real(self) -> StepResult:
+        """A step trained for real (its samples counted as computed)."""
+        result = Trainer.step(self)
+        if self._last_real is not None:  # a skipped step commits nothing
+            self._last_real = (self._last_real[0], result.loss)
+        training = self.setup.config.training
+        self._computed += training.per_device_batch_size * training.gradient_accumulation_steps
+        (Path(os.environ["PEER_AGENT_HOME"]) / "computed").write_text(str(self._computed))
+        return result
 
     def _step_passed_off(self, epoch: int, parameters: str) -> StepResult:
         """A step announced to the swarm, reported and committed to (at ``parameters``, with the last real

@@ -17,7 +17,8 @@ the swarm's: held by the validator as the swarm's state, it would make every hon
 elsewhere.
 
 Every step announces and reports what an honest one would. The samples it really computed are written
-to ``$PEER_AGENT_HOME/computed`` after each real step, for the test to weigh its credit against.
+to ``$PEER_AGENT_HOME/computed`` after each real step (tests/e2e/lazy_agent.py), for the test to weigh its
+credit against.
 """
 
 import os
@@ -31,7 +32,7 @@ import peer_agent.training
 from peer_agent import averaging, cli
 from peer_agent.protocol import EpochCommitment
 from peer_agent.spotcheck import commitment_sign
-from peer_agent.training import StepResult, Trainer
+from peer_agent.training import StepResult
 from tests.e2e.lazy_agent import LazyTrainer
 
 # Past the ingest's deadline (runs.ingest.reports.COMMITMENT_WINDOW_EPOCHS, 6; the test checks) and the
@@ -52,7 +53,6 @@ class LiarTrainer(LazyTrainer):
         super().__init__(*args, **kwargs)
         # For the test: the name the validator knows this peer by when it downloads its state.
         (Path(os.environ["PEER_AGENT_HOME"]) / "peer_id").write_text(str(self.optimizer.state_averager.peer_id))
-        self._computed = 0
         self._real_in_epoch: dict[int, int] = {}
         self._held_back: list[EpochCommitment] = []
 
@@ -61,14 +61,8 @@ class LiarTrainer(LazyTrainer):
         strategy = strategy_of(epoch)
         real_steps = self._real_in_epoch.setdefault(epoch, 0)
         if self._last_real is None or strategy in ("probe", "stall") or (strategy == "shield" and not real_steps):
-            result = Trainer.step(self)  # a real step (the lazy agent's step fakes nine in ten)
-            if self._last_real is not None:  # a skipped step commits nothing
-                self._last_real = (self._last_real[0], result.loss)
-            training = self.setup.config.training
-            self._computed += training.per_device_batch_size * training.gradient_accumulation_steps
             self._real_in_epoch[epoch] = real_steps + 1
-            (Path(os.environ["PEER_AGENT_HOME"]) / "computed").write_text(str(self._computed))
-            return result
+            return self._step_real()
         return self._step_faked(epoch, off_state=strategy == "shield")
 
     def _step_faked(self, epoch: int, *, off_state: bool) -> StepResult:

@@ -1,0 +1,188 @@
+"""Liars: the return per computed example of each cheating strategy of issue 29, against honest agents, in one run.
+
+The same processes as ``manage.py demo`` (web server, Celery worker with beat, coordinator, two honest
+peer agents through the real CLI and token flow) on a fresh var directory (SQLite unless DATABASE_URL is
+set). Beside the honest agents, one liar at a time joins as a volunteer of its own for ``--seconds``: the
+real agent with ``Trainer`` methods replaced (tests/security/liar_agent.py, tests/e2e/lazy_agent.py),
+playing one strategy (docs/trust.md, "The economics of lying"). Between two liars, and after the last,
+the honest agents train on for ``--drain`` seconds, so that the liar's last epochs are judged.
+
+Each liar writes the samples it really computed; an honest agent computed what it reported. The return
+is the confirmed samples per computed example; the baseline is the honest agents' own, the same run.
+Honest coverage is the share of the honest agents' judged epochs rejected or flagged after the first
+``--warmup-epochs``.
+
+Run ``python -m bench.liar --help`` from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# name -> (the agent's module, its environment): one row of docs/trust.md's economics each
+STRATEGIES = {
+    "lazy": ("tests.e2e.lazy_agent", {}),  # fakes nine steps in ten, claimed at the swarm's state
+    "shield": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "shield", "LIAR_CAPTURE": "off"}),
+    "dark": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "dark", "LIAR_CAPTURE": "off"}),
+    "stall": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "stall", "LIAR_CAPTURE": "off"}),
+    "capture": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "probe", "LIAR_CAPTURE": "on"}),
+    "mix": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "probe,shield,dark,stall", "LIAR_CAPTURE": "on"}),
+}
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.liar", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"the liars, one after another (of {', '.join(STRATEGIES)})")
+    parser.add_argument("--seconds", type=float, default=150.0, help="how long each liar trains")
+    parser.add_argument("--drain", type=float, default=60.0, help="seconds the honest agents go on after each liar")
+    parser.add_argument("--warmup-epochs", type=int, default=12, help="honest epochs left out of the coverage")
+    parser.add_argument("--port", type=int, default=8019)
+    parser.add_argument("--var-dir", default=None, help="where the portal keeps its files (default: a fresh temp dir)")
+    args = parser.parse_args()
+    unknown = set(args.strategies.split(",")) - set(STRATEGIES)
+    if unknown:
+        parser.error(f"unknown strategies: {', '.join(sorted(unknown))}")
+    return args
+
+
+def _start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with log.open("ab") as file:
+        return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, stdout=file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _stop(process: subprocess.Popen, timeout: float = 120) -> None:
+    """SIGINT, as a volunteer's Ctrl-C (an agent finishes its step and flushes its reports), then SIGKILL."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    args = _parse()
+    var_dir = Path(args.var_dir or tempfile.mkdtemp(prefix="dedloc-liar-"))
+    os.environ["PORTAL_VAR_DIR"] = str(var_dir)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db.models import Sum
+    from django.utils import timezone
+
+    from accounts.models import User
+    from runs.management.commands.demo import (
+        agent_launch,
+        backbone_wait,
+        coordinator_command,
+        demo_people_ensure,
+        demo_run_ensure,
+        web_command,
+        worker_command,
+    )
+    from runs.models import ContributionEvent, SessionEpoch, epoch_confirmed_samples
+
+    print(f"var dir {var_dir}; liars {args.strategies}, {args.seconds:g} s each, {args.drain:g} s drain; "
+          f"uptime: {_uptime()}", flush=True)
+    call_command("migrate", verbosity=0)
+    organizer, honest = demo_people_ensure(2)
+    run = demo_run_ensure(organizer=organizer, preset="demo")
+    url = f"http://127.0.0.1:{args.port}"
+    logs = var_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    launched = timezone.now()
+    services = [_start(web_command("127.0.0.1", args.port), {}, logs / "web.log"),
+                _start(worker_command(), {}, logs / "worker.log"),
+                _start(coordinator_command(), {}, logs / "coordinator.log")]
+    agents = []
+    liars: dict[str, tuple[User, Path]] = {}
+    started = time.monotonic()
+    try:
+        backbone_wait(run, since=launched)
+        for volunteer in honest:
+            command, env = agent_launch(volunteer, url, var_dir / "agents" / volunteer.username)
+            agents.append(_start(command, env, logs / f"{volunteer.username}.log"))
+        for strategy in args.strategies.split(","):
+            module, strategy_env = STRATEGIES[strategy]
+            liar = User.objects.create_user(username=f"liar-{strategy}", email=f"liar-{strategy}@demo.invalid",
+                                            email_verified_at=timezone.now())
+            home = var_dir / "agents" / liar.username
+            command, env = agent_launch(liar, url, home)
+            command[command.index("peer_agent")] = module
+            print(f"{time.monotonic() - started:6.0f} s  {liar.username} joins", flush=True)
+            process = _start(command, {**env, **strategy_env}, logs / f"{liar.username}.log")
+            time.sleep(args.seconds)
+            _stop(process)
+            liars[strategy] = (liar, home)
+            print(f"{time.monotonic() - started:6.0f} s  {liar.username} left (exit {process.returncode}); "
+                  f"the honest agents train on {args.drain:g} s", flush=True)
+            time.sleep(args.drain)
+    finally:
+        for process in agents:
+            _stop(process)
+        for process in services:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in services:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def standing(user: User) -> tuple[int, int, Counter]:
+        """Confirmed samples, samples reported, and how many epochs have each status."""
+        rows = list(SessionEpoch.objects.filter(session__user=user).values_list("status", "reported_samples",
+                                                                                  "announced_samples"))
+        confirmed = sum(epoch_confirmed_samples(status=status, reported=reported, announced=announced)
+                        for status, reported, announced in rows)
+        reported = ContributionEvent.objects.filter(session__user=user).aggregate(total=Sum("samples"))["total"] or 0
+        return confirmed, reported, Counter(status for status, _, _ in rows)
+
+    print(f"\nran {(time.monotonic() - started) / 60:.1f} min; uptime: {_uptime()}")
+    print(f"{'who':<16} {'computed':>9} {'reported':>9} {'confirmed':>9} {'return':>7} {'/honest':>8}  epochs")
+    baseline_confirmed = baseline_computed = 0
+    for volunteer in honest:
+        confirmed, reported, statuses = standing(volunteer)
+        baseline_confirmed, baseline_computed = baseline_confirmed + confirmed, baseline_computed + reported
+        print(f"{volunteer.username:<16} {reported:>9} {reported:>9} {confirmed:>9} {confirmed / max(reported, 1):7.3f} "
+              f"{'':>8}  {dict(sorted(statuses.items()))}")
+    baseline = baseline_confirmed / max(baseline_computed, 1)
+    for liar, home in liars.values():
+        confirmed, reported, statuses = standing(liar)
+        computed_file = home / "computed"
+        computed = int(computed_file.read_text()) if computed_file.exists() else 0
+        ratio = confirmed / max(computed, 1)
+        print(f"{liar.username:<16} {computed:>9} {reported:>9} {confirmed:>9} {ratio:7.3f} {ratio / baseline:8.2f}  "
+              f"{dict(sorted(statuses.items()))}")
+
+    print(f"\nhonest coverage after the first {args.warmup_epochs} epochs of each:")
+    for volunteer in honest:
+        judged = (SessionEpoch.objects.filter(session__user=volunteer).exclude(status=SessionEpoch.Status.PROVISIONAL)
+                  .order_by("epoch").values_list("epoch", "status"))[args.warmup_epochs:]
+        lost = [epoch for epoch, status in judged if status in (SessionEpoch.Status.REJECTED, SessionEpoch.Status.FLAGGED)]
+        print(f"{volunteer.username:<16} {len(lost)} of {len(judged)} judged epochs rejected or flagged "
+              f"({100 * len(lost) / max(len(judged), 1):.1f}%): epochs {lost}")
+
+
+if __name__ == "__main__":
+    main()
