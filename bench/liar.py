@@ -10,7 +10,7 @@ the honest agents train on for ``--drain`` seconds, so that the liar's last epoc
 Each liar writes the samples it really computed; an honest agent computed what it reported. The return
 is the confirmed samples per computed example; the baseline is the honest agents' own, the same run.
 Honest coverage is the share of the honest agents' judged epochs rejected or flagged after the first
-``--warmup-epochs``.
+``--warmup-epochs``, over the whole run, while each liar trained and in the drain after it.
 
 Run ``python -m bench.liar --help`` from the repository root.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,7 +101,7 @@ def main() -> None:
         web_command,
         worker_command,
     )
-    from runs.models import ContributionEvent, SessionEpoch, epoch_confirmed_samples
+    from runs.models import ContributionEvent, RunSample, SessionEpoch, epoch_confirmed_samples
 
     print(f"var dir {var_dir}; liars {args.strategies}, {args.seconds:g} s each, {args.drain:g} s drain; "
           f"uptime: {_uptime()}", flush=True)
@@ -115,7 +116,12 @@ def main() -> None:
                 _start(worker_command(), {}, logs / "worker.log"),
                 _start(coordinator_command(), {}, logs / "coordinator.log")]
     agents = []
-    liars: dict[str, tuple[User, Path]] = {}
+    # strategy -> the liar, its home, and the swarm's epochs as it joined, left, and the drain after it ended
+    liars: dict[str, tuple[User, Path, tuple[int, int, int]]] = {}
+
+    def swarm_epoch() -> int:
+        return RunSample.objects.filter(run=run).order_by("-at").values_list("global_epoch", flat=True).first() or 0
+
     started = time.monotonic()
     try:
         backbone_wait(run, since=launched)
@@ -130,13 +136,15 @@ def main() -> None:
             command, env = agent_launch(liar, url, home)
             command[command.index("peer_agent")] = module
             print(f"{time.monotonic() - started:6.0f} s  {liar.username} joins", flush=True)
+            joined = swarm_epoch()
             process = _start(command, {**env, **strategy_env}, logs / f"{liar.username}.log")
             time.sleep(args.seconds)
             _stop(process)
-            liars[strategy] = (liar, home)
+            left = swarm_epoch()
             print(f"{time.monotonic() - started:6.0f} s  {liar.username} left (exit {process.returncode}); "
                   f"the honest agents train on {args.drain:g} s", flush=True)
             time.sleep(args.drain)
+            liars[strategy] = (liar, home, (joined, left, swarm_epoch()))
     finally:
         for process in agents:
             _stop(process)
@@ -167,7 +175,7 @@ def main() -> None:
         print(f"{volunteer.username:<16} {reported:>9} {reported:>9} {confirmed:>9} {confirmed / max(reported, 1):7.3f} "
               f"{'':>8}  {dict(sorted(statuses.items()))}")
     baseline = baseline_confirmed / max(baseline_computed, 1)
-    for liar, home in liars.values():
+    for liar, home, _ in liars.values():
         confirmed, reported, statuses = standing(liar)
         computed_file = home / "computed"
         computed = int(computed_file.read_text()) if computed_file.exists() else 0
@@ -175,13 +183,23 @@ def main() -> None:
         print(f"{liar.username:<16} {computed:>9} {reported:>9} {confirmed:>9} {ratio:7.3f} {ratio / baseline:8.2f}  "
               f"{dict(sorted(statuses.items()))}")
 
-    print(f"\nhonest coverage after the first {args.warmup_epochs} epochs of each:")
-    for volunteer in honest:
-        judged = (SessionEpoch.objects.filter(session__user=volunteer).exclude(status=SessionEpoch.Status.PROVISIONAL)
-                  .order_by("epoch").values_list("epoch", "status"))[args.warmup_epochs:]
-        lost = [epoch for epoch, status in judged if status in (SessionEpoch.Status.REJECTED, SessionEpoch.Status.FLAGGED)]
-        print(f"{volunteer.username:<16} {len(lost)} of {len(judged)} judged epochs rejected or flagged "
-              f"({100 * len(lost) / max(len(judged), 1):.1f}%): epochs {lost}")
+    lost_statuses = (SessionEpoch.Status.REJECTED, SessionEpoch.Status.FLAGGED)
+
+    def honest_lost(first: int, last: int) -> str:
+        """The honest agents' judged epochs from ``first`` to ``last``, and how many of them were lost."""
+        judged = (SessionEpoch.objects.filter(session__user__in=honest, epoch__gte=first, epoch__lte=last)
+                  .exclude(status=SessionEpoch.Status.PROVISIONAL).values_list("status", flat=True))
+        lost = sum(status in lost_statuses for status in judged)
+        reasons = Counter(re.sub(r"[\d.]+", "N", detail)[:60] for detail in SessionEpoch.objects.filter(
+            session__user__in=honest, epoch__gte=first, epoch__lte=last, status__in=lost_statuses)
+            .values_list("detail", flat=True))
+        return f"{lost} of {len(judged)} ({100 * lost / max(len(judged), 1):.1f}%) {dict(reasons.most_common(3))}"
+
+    print(f"\nhonest agents' epochs rejected or flagged, after the first {args.warmup_epochs}:")
+    print(f"{'whole run':<22} {honest_lost(args.warmup_epochs, 2**31)}")
+    for strategy, (_, _, (joined, left, drained)) in liars.items():
+        print(f"{'with ' + strategy:<22} epochs {joined}-{left}: {honest_lost(max(joined, args.warmup_epochs), left)}")
+        print(f"{'after ' + strategy:<22} epochs {left + 1}-{drained}: {honest_lost(left + 1, drained)}")
 
 
 if __name__ == "__main__":
