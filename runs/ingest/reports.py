@@ -347,12 +347,18 @@ def speed_beyond_device(report: Report, pace: SessionPace, now: datetime) -> str
                 f"run's model ({pace.samples_ceiling:.3g} samples/s)")
 
 
+def session_samples_budget(pace: SessionPace, now: datetime) -> float:
+    """The most samples the session's declared device could have trained since it began, on the portal's
+    clock: the ceiling × the time since the join, plus one target batch."""
+    return pace.samples_ceiling * max(0.0, (now - pace.started_at).total_seconds()) + pace.target_batch_size
+
+
 def samples_beyond_session_budget(report: Report, pace: SessionPace, now: datetime) -> str | None:
     """More samples in the session, this report included, than its device could have trained since
     the session began, on the portal's clock: the ceiling × the time since the join, plus one
     target batch. Every accepted report counts, whatever its seq or its sent_at."""
     elapsed = max(0.0, (now - pace.started_at).total_seconds())
-    allowed = pace.samples_ceiling * elapsed + pace.target_batch_size
+    allowed = session_samples_budget(pace, now)
     if pace.counted + report.samples > allowed:
         return (f"{pace.counted + report.samples} samples in {elapsed:.0f} s since the session began is more than "
                 f"this device could train ({pace.samples_ceiling:.3g} samples/s)")
@@ -403,11 +409,15 @@ def commitment_refusal(*, report: Report, session: TrainingSession, pace: Sessio
         return ReportRefused("invalid_commitment", f"a committed micro-batch holds more samples than the commitment's "
                                                    f"micro-batch size ({commitment.micro_batch_size})")
     drawn = (commitment.steps[-1].cursor + 1) * commitment.micro_batch_size
-    reachable = CURSOR_SLACK * (pace.counted + report.samples) + pace.target_batch_size
+    reported = pace.counted + report.samples
+    # A report refused whole is not counted: bounded by the reported samples alone, one refusal (a resync
+    # that dropped many steps) would leave every later commitment too far, and the session's reports
+    # refused for good. The session's budget on the portal's clock grows whatever was refused.
+    reachable = CURSOR_SLACK * max(reported, session_samples_budget(pace, timezone.now())) + pace.target_batch_size
     if drawn > reachable:
         return ReportRefused("invalid_commitment", f"the commitment reaches micro-batch {commitment.steps[-1].cursor} "
                                                    f"of the session's stream ({drawn} samples), further than the "
-                                                   f"{pace.counted + report.samples} samples it reported")
+                                                   f"{reported} samples it reported and the time it had allow")
     message = commitment_message(run_id=session.run.hivemind_run_id, session_id=session.pk, commitment=commitment)
     if not peer_key_proof_verify(peer_public_key=session.peer_public_key, message=message, proof=commitment.signature):
         return ReportRefused("invalid_commitment", "the commitment is not signed by this session's peer key")

@@ -3,9 +3,11 @@ peer key, and credit that rests on checked work (runs/ingest/reports.py, runs/sw
 Each test plays a cheater the rule is for; tests/e2e/test_spot_checks_with_agents.py runs the
 validator against real agents."""
 
+import datetime
 import random
 
 import pytest
+from django.utils import timezone
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.protocol import EpochCommitment, StepCommitment
@@ -268,6 +270,21 @@ def test_a_commitment_that_would_stall_the_validator_is_refused_whole(keyed_sess
     answers = exchange(session.secret, [report(session.pk, 1, commitment=frame.model_dump(mode="json"))])
     assert (answers[0]["type"], answers[0]["code"]) == ("error", "invalid_commitment")
     assert not StoredCommitment.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_refused_commitment_does_not_get_every_later_one_refused(keyed_session):
+    """A resync drops steps whose micro-batches were drawn and never reported, and a report whose
+    commitment is refused is not counted: bounded by the reported samples alone, every later
+    commitment of the session was refused too (tests/browser/test_full_story.py's agents after a
+    resume). Within the time the session has had, on the portal's clock, a commitment stands."""
+    session = keyed_session
+    TrainingSession.objects.filter(pk=session.pk).update(started_at=timezone.now() - datetime.timedelta(minutes=5))
+    far = commitment(1, cursors=(0, 2, 400))  # 3,208 samples drawn against 8 reported
+    frame = commitment_sign(far, run_id=session.run.hivemind_run_id, session_id=session.pk, key=session.key)
+    answers = exchange(session.secret, [report(session.pk, 1, commitment=frame.model_dump(mode="json"))])
+    assert answers[0]["type"] == "ack", answers
+    assert StoredCommitment.objects.filter(session=session, epoch=1).exists()
 
 
 @pytest.mark.django_db(transaction=True)
