@@ -417,7 +417,7 @@ def commitment_refusal(*, report: Report, session: TrainingSession, pace: Sessio
     if drawn > reachable:
         return ReportRefused("invalid_commitment", f"the commitment reaches micro-batch {commitment.steps[-1].cursor} "
                                                    f"of the session's stream ({drawn} samples), further than the "
-                                                   f"{reported} samples it reported and the time it had allow")
+                                                   f"{reported} samples it reported, or the time since it joined, allow")
     message = commitment_message(run_id=session.run.hivemind_run_id, session_id=session.pk, commitment=commitment)
     if not peer_key_proof_verify(peer_public_key=session.peer_public_key, message=message, proof=commitment.signature):
         return ReportRefused("invalid_commitment", "the commitment is not signed by this session's peer key")
