@@ -259,13 +259,20 @@ class MembersOnlyStateAverager(StateSourceChoice, TrainingStateAverager, Members
         of the swarm). Among the others hivemind's order stands: the agent still loads from a member
         declaring a little more than the swarm (docs/trust.md, "Not defended yet"). The agent's own
         declaration is no source (hivemind skips it) and no part of the median: a latecomer declares
-        epoch 0, and with one member ahead of it the median would be its own."""
+        epoch 0, and with one member ahead of it the median would be its own.
+
+        Nor is a member declaring an epoch below the agent's own: hivemind loads from the first source
+        that answers and then refuses a state behind the agent's epoch ("Cowardly refusing to load
+        state from peer"), without asking the next, so an agent that fell behind the swarm and drew a
+        member behind it stayed there, training alone on parameters no validator held."""
         own = self.peer_id.to_bytes()
-        epochs = {peer: epoch for peer, epoch in declared_epochs(declared).items() if peer != own}
+        declarations = declared_epochs(declared)
+        floor = declarations.get(own, float("-inf"))
+        epochs = {peer: epoch for peer, epoch in declarations.items() if peer != own}
         if not epochs:
             return {}
         median = sorted(epochs.values())[(len(epochs) - 1) // 2]
-        return {peer: declared[peer] for peer, epoch in epochs.items() if epoch <= median + 1}
+        return {peer: declared[peer] for peer, epoch in epochs.items() if floor <= epoch <= median + 1}
 
 
 class MembersOnlyOptimizer(Optimizer):

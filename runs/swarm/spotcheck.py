@@ -65,6 +65,9 @@ REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them
 # while one optimizer step moves parameters by about the learning rate (LAMB scales it by each layer's norm).
 # A session whose step was computed further than this from the held state trained elsewhere.
 STATE_AGREEMENT = 1e-3
+# How long a commitment whose steps claim a state only one peer served waits for a second volunteer's
+# commitment to claim it too: commitments come when each session closes the epoch, seconds apart.
+CORROBORATION_WAIT_EPOCHS = 3
 _random = secrets.SystemRandom()
 
 
@@ -96,6 +99,9 @@ class Validator:
         self.held: dict[int, list[list]] = {}
         self.disagreements: dict[str, int] = {}  # peer -> states it served unlike those held for their epoch
         self._served: dict[int, dict[str, list]] = {}  # epoch not held yet -> peer -> the parameters it served
+        # epoch -> the distinct states any one peer served under it: held once two volunteers' steps claim one
+        self.served: dict[int, list[list]] = {}
+        self._sketches: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its sketch
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
         self._hold_spent = 0.0  # seconds the last try at holding a state took
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
@@ -194,20 +200,88 @@ class Validator:
         self._hold_spent = time.monotonic() - started
 
     def check_once(self) -> int:
-        """Check the commitments of held epochs; returns how many were checked."""
+        """Check the commitments of epochs the swarm has left, against the states held for them; returns
+        how many were checked. A commitment whose steps claim a state that one peer served and no second
+        volunteer's commitment claims yet waits a little (``CORROBORATION_WAIT_EPOCHS``)."""
         spot_checks = self._spot_checks_on()
-        if spot_checks is None or not self.held:
+        held, served = dict(self.held), dict(self.served)  # the holder adds and drops states meanwhile
+        seen = set(held) | set(served)
+        if spot_checks is None or not seen:
             return 0
         run, config = spot_checks
-        held = dict(self.held)  # the holder adds and drops states meanwhile
-        verification.commitments_uncheckable(run=run, before_epoch=min(held))
-        checked = 0
-        for commitment in verification.commitments_to_check(run=run, epochs=epochs_final(held)):
+        verification.commitments_uncheckable(run=run, before_epoch=min(seen))
+        newest, checked = max(seen), 0
+        for commitment in verification.commitments_to_check(run=run, epochs=epochs_final(seen)):
             if self._closed:
                 break
-            self._check(run, config, commitment, list(held[commitment.epoch]))
+            epoch = commitment.epoch
+            states, waiting = self._references(run, config, commitment, held=held.get(epoch, []),
+                                               served=served.get(epoch, []) + served.get(epoch + 1, []))
+            if not states or (waiting and epoch >= newest - CORROBORATION_WAIT_EPOCHS):
+                continue  # unchecked once the epoch leaves the window, if no state is ever held for it
+            self._check(run, config, commitment, states)
             checked += 1
         return checked
+
+    def _references(self, run: Run, config: RunConfig, commitment: StepCommitment, *, held: list[list],
+                    served: list[list]) -> tuple[list[list], bool]:
+        """The states ``commitment``'s steps are checked against: those two distinct peers served alike
+        (``held``), and those one peer served (under the epoch, or under the next before its optimizer
+        step) that the steps of two distinct volunteers' commitments for the epoch claim to be computed
+        at. Those volunteers ran their steps there, so it is the swarm's state, not one peer's: a peer
+        that serves parameters of its own, or whose averaging round failed, is the only one to claim
+        them. Returns the states and whether a step of ``commitment`` claims a served state that no
+        second volunteer has claimed yet (its commitment may still come)."""
+        from peer_agent.spotcheck import fingerprint_distance
+
+        epoch = commitment.epoch
+        def alike(sketch: str, others: list[str]) -> bool:
+            return any(fingerprint_distance(sketch, other) <= STATE_AGREEMENT for other in others)
+
+        held_sketches = [self._sketch(config, epoch, state) for state in held]
+        candidates: list[tuple[list, str]] = []  # served states unlike the held ones and each other
+        for state in served:
+            sketch = self._sketch(config, epoch, state)
+            if not alike(sketch, held_sketches + [other for _, other in candidates]):
+                candidates.append((state, sketch))
+        claims: dict[int, set[str]] = {}  # volunteer -> the parameters their steps of the epoch claim
+        for user, steps in StepCommitment.objects.filter(session__run=run, epoch=epoch).values_list(
+                "session__user_id", "steps"):
+            claims.setdefault(user, set()).update(step[3] for step in steps if len(step) > 3)
+
+        corroborated = [(state, sketch) for state, sketch in candidates
+                        if sum(alike(sketch, list(user_claims)) for user_claims in claims.values()) >= 2]
+        sketches = held_sketches + [sketch for _, sketch in corroborated]
+        own = {step[3] for step in commitment.steps if len(step) > 3}
+        waiting = any(not alike(claim, sketches) and alike(claim, [sketch for _, sketch in candidates]) for claim in own)
+        return held + [state for state, _ in corroborated], waiting
+
+    def _sketch(self, config: RunConfig, epoch: int, state: list) -> str:
+        """The parameters' sketch of ``state`` for ``epoch``'s cells, computed once per state."""
+        from peer_agent.spotcheck import parameters_fingerprint
+
+        key = (epoch, id(state))
+        cached = self._sketches.get(key)
+        if cached is None or cached[0] is not state:  # an id is reused once its state is dropped
+            self._state_load(config, state)
+            cached = self._sketches[key] = (state, parameters_fingerprint(self._model, self.run_id, epoch))
+            while len(self._sketches) > 2 * HELD_EPOCHS * STATES_PER_EPOCH:
+                del self._sketches[next(iter(self._sketches))]
+        return cached[1]
+
+    def _state_load(self, config: RunConfig, state: list) -> None:
+        """Load ``state`` into the validator's model (built at the first use)."""
+        import torch
+
+        from peer_agent.model import model_build
+
+        if self._model is None:
+            tokenizer = self.checkpointer.tokenizer
+            self._model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                      init_seed=zlib.crc32(self.run_id.encode()))
+        with torch.no_grad():
+            for param, value in zip(self._model.parameters(), state, strict=True):
+                param.copy_(value)
 
     def _hold(self, swarm_epoch: int) -> None:
         """Download from peers picked at random (``HOLD_SOURCES_PER_TRY`` at most) and hold each state of
@@ -236,6 +310,7 @@ class Validator:
                 logger.warning("run %s: peer %s served a state of epoch %d, past the swarm's %d", self.slug, peer,
                                epoch, swarm_epoch)
                 continue
+            self._served_keep(epoch, parameters)
             served_now = self._served.setdefault(epoch, {})
             served_now[peer] = parameters  # a peer's later state replaces its earlier: it may have stepped since
             for unheld in sorted(self._served)[:-HELD_EPOCHS]:  # epochs no two peers agreed on, long gone
@@ -245,6 +320,16 @@ class Validator:
                 self._hold_state(epoch, agreed)
             if tried == 0 and state_among(parameters, self.held.get(epoch, [])):
                 return  # a state already held: nothing new
+
+    def _served_keep(self, epoch: int, parameters: list) -> None:
+        """Keep a state a peer served under ``epoch``, unless one like it is kept already: the checker holds
+        it once two volunteers' steps claim it (:meth:`_references`)."""
+        states = self.served.setdefault(epoch, [])
+        if not state_among(parameters, states):
+            states.append(parameters)
+            del states[:-STATES_PER_EPOCH]
+        for old in sorted(self.served)[:-HELD_EPOCHS]:
+            del self.served[old]
 
     def _hold_state(self, epoch: int, parameters: list) -> None:
         states = self.held.setdefault(epoch, [])
@@ -270,27 +355,9 @@ class Validator:
                             peer, epoch)
 
     def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: list[list]) -> None:
-        import torch
-
-        from peer_agent.model import model_build
-        from peer_agent.spotcheck import (
-            BatchReplay,
-            data_seed,
-            fingerprint_distance,
-            parameters_fingerprint,
-            step_fingerprint,
-        )
+        from peer_agent.spotcheck import BatchReplay, data_seed, fingerprint_distance, step_fingerprint
 
         tokenizer = self.checkpointer.tokenizer
-        if self._model is None:
-            self._model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                                      init_seed=zlib.crc32(self.run_id.encode()))
-
-        def load(state: list) -> None:
-            with torch.no_grad():
-                for param, value in zip(self._model.parameters(), state, strict=True):
-                    param.copy_(value)
-
         session_id = commitment.session_id
         replay = self._replays.pop(session_id, None)  # put back last: the dict runs from least to most recently used
         if replay is not None:
@@ -304,10 +371,7 @@ class Validator:
                 micro_batch_size=commitment.micro_batch_size, data_files=files)
             while len(self._replays) > REPLAYS_KEPT:
                 del self._replays[next(iter(self._replays))]
-        sketches = []
-        for state in states:
-            load(state)
-            sketches.append(parameters_fingerprint(self._model, self.run_id, commitment.epoch))
+        sketches = [self._sketch(config, commitment.epoch, state) for state in states]
         steps = commitment.steps
         diverged, computed_at = {}, {}  # cursor -> distance to the nearest held state; step index -> that state
         for index, step in enumerate(steps):
@@ -328,7 +392,7 @@ class Validator:
         for index in sorted(drawn, key=computed_at.__getitem__):
             if computed_at[index] != loaded:
                 loaded = computed_at[index]
-                load(states[loaded])
+                self._state_load(config, states[loaded])
             recomputed = step_fingerprint(self._model, micro_batches[index], self.run_id, commitment.epoch)
             distances[steps[index][0]] = fingerprint_distance(steps[index][2], recomputed)
         outcome = verification.check_record(

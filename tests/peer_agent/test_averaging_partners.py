@@ -348,6 +348,15 @@ def test_a_latecomers_own_declaration_does_not_pull_the_median_down():
     assert set(chosen) == {b"amina"}
 
 
+def test_an_agent_behind_the_swarm_is_never_sent_to_a_member_further_behind():
+    """hivemind asks the first source that answers and refuses a state behind the agent's own epoch
+    without asking another: an agent at epoch 9 that drew a member at 8 would stay at 9 for good."""
+    declared = {b"behind": ValueWithExpiration(9, 99.0), b"lagging": ValueWithExpiration(8, 99.0),
+                b"amina": ValueWithExpiration(12, 99.0), b"rahim": ValueWithExpiration(12, 99.0)}
+    chosen = MembersOnlyStateAverager.state_sources_choose(SimpleNamespace(peer_id=PeerID(b"behind")), declared)
+    assert set(chosen) == {b"amina", b"rahim"}
+
+
 def averaged_with(averager, honest: dict) -> set | None:
     """The agents whose parameters ``averager`` averaged with its own, found from the mean it holds
     (itself alone if the round failed); None if that mean is no mean of agents' values."""

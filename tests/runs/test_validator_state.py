@@ -148,3 +148,84 @@ def test_what_peers_served_in_epochs_no_two_agreed_on_is_not_kept_for_ever():
     looks(checks, 80, swarm_epoch=40)
     assert checks.held == {}
     assert len(checks._served) <= HELD_EPOCHS
+
+
+class Parameters(torch.nn.Module):
+    """A model with ``model_parameters``' shapes, standing in for the run's ALBERT in the sketches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(value) for value in model_parameters(0)])
+
+
+def sketch_of(parameters: list[torch.Tensor], epoch: int) -> str:
+    from peer_agent.spotcheck import parameters_fingerprint
+
+    model = Parameters()
+    with torch.no_grad():
+        for param, value in zip(model.parameters(), parameters, strict=True):
+            param.copy_(value)
+    return parameters_fingerprint(model, "run", epoch)
+
+
+@pytest.fixture
+def corroboration(db, monkeypatch):
+    """A validator of a real run whose holder saw one download of epoch 7 from each of ``served``'s
+    states, with its check recorded instead of recomputed, and the commitments of the run's sessions."""
+    from runs.models import StepCommitment
+    from tests.factories import RunFactory
+    from tests.runs.epochs import session_for
+
+    run = RunFactory()
+    checks = Validator(run_pk=run.pk, run_id="run", slug="run", dht=None, checkpointer=Peers())
+    checks._model = Parameters()
+    checked = []
+    monkeypatch.setattr(checks, "_check", lambda run, config, commitment, states: checked.append(
+        (commitment.session.user.username, [parameters_apart(state, NEW) == 0.0 for state in states])))
+    sessions = {name: session_for(run, name) for name in ("amina", "rahim", "liar")}
+
+    def commit(name: str, parameters: list[torch.Tensor], epoch: int = 7) -> None:
+        StepCommitment.objects.create(session=sessions[name], epoch=epoch, micro_batch_size=8, shuffle_buffer=1000,
+                                      samples=8, steps=[[0, 8, "AA==", sketch_of(parameters, epoch)]])
+
+    return checks, commit, checked
+
+
+OWN = [parameter * 1.05 for parameter in NEW]
+
+
+def test_a_state_one_peer_served_is_held_once_two_volunteers_claim_their_steps_at_it(corroboration):
+    """On a loaded host the holder often gets one peer's state of an epoch before the swarm moves on
+    (bench/liar.py lost most honest epochs as "no state held"): the steps two volunteers committed
+    to are the second witness that it is the swarm's state."""
+    checks, commit, checked = corroboration
+    checks._served_keep(7, NEW)
+    checks._served_keep(8, OWN)  # a newer epoch seen: epoch 7's checks may go
+    commit("amina", NEW)
+    assert checks.check_once() == 0 and checked == [], "amina's alone is one witness: it waits for a second"
+    commit("rahim", NEW)
+    assert checks.check_once() == 2
+    assert sorted(checked) == [("amina", [True]), ("rahim", [True])]
+
+
+def test_a_peer_that_serves_and_claims_its_own_parameters_is_never_held(corroboration):
+    """The capture liar of tests/security/liar_agent.py serves its own parameters; the volunteers
+    compute at the swarm's. One volunteer's claims are no witness, however many sessions it opens."""
+    from runs.models import StepCommitment
+
+    checks, commit, checked = corroboration
+    checks._served_keep(7, OWN)
+    checks._served_keep(7, NEW)
+    checks._served_keep(8, NEW)
+    commit("liar", OWN)
+    commit("amina", NEW)
+    commit("rahim", NEW)
+    checks.check_once()
+    assert sorted(checked) == [("amina", [True]), ("rahim", [True])], "the liar's own state is no reference"
+    liar = StepCommitment.objects.get(session__user__username="liar")
+    assert liar.outcome == "pending", "it waits for a second witness while the epoch is recent"
+    for newer in range(9, 12):
+        checks._served_keep(newer, NEW)
+    checked.clear()
+    checks.check_once()  # amina's and rahim's again too: the test's check records nothing
+    assert ("liar", [True]) in checked, "then it is checked against the swarm's state alone (and diverges)"
