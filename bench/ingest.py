@@ -45,7 +45,7 @@ EVIDENCE_RULES = ("local_epoch_ahead_of_swarm", "speed_beyond_device", "samples_
 
 def commitment_refusal_before(*, report, session, pace):
     """A commitment's checks before issue 29: the signature only, without the bounds on its micro-batch,
-    its steps' samples and its cursors (runs.ingest.reports.commitment_refusal)."""
+    its steps' samples (runs.ingest.reports.commitment_refusal) and its cursors (commitment_beyond_reach)."""
     from peer_agent.protocol import commitment_message
     from runs.access.authority import peer_key_proof_verify
     from runs.ingest.reports import ReportRefused
@@ -80,7 +80,7 @@ def server_application():
         def __init__(self, thread_sensitive: bool) -> None:
             self.thread_sensitive = thread_sensitive
 
-        async def store(self, *, session_id, report) -> None:
+        async def store(self, *, session_id, report, **options) -> None:  # commitments are not stored here
             event = reports.report_event(session_id=session_id, report=report)
             await database_sync_to_async(reports.report_events_store, thread_sensitive=self.thread_sensitive)(events=[event])
 
@@ -89,6 +89,7 @@ def server_application():
         reports._not_allowed = lambda **kwargs: frozenset()
         reports._swarm_epoch = lambda **kwargs: None
         reports.commitment_refusal = commitment_refusal_before
+        reports.commitment_beyond_reach = lambda **kwargs: None
     writer = os.environ.get(WRITER_ENV, "batch")
     if writer != "batch":
         reports.report_writer = PerReportWriter(thread_sensitive=writer == "one_thread")

@@ -118,8 +118,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             if refusal is not None:
                 await self._refuse(report, refusal)
                 return
+            beyond_reach = reports.commitment_beyond_reach(report=report, pace=pace)
+            if beyond_reach is not None:  # the samples count; the commitment is dropped, and recorded as refused
+                await db(reports.report_rejection_record)(
+                    user_id=self.token.user_id, session_id=report.session_id, seq=report.seq,
+                    code="invalid_commitment", detail=beyond_reach)
             try:
-                await reports.report_writer.store(session_id=session.pk, report=report, swarm_epoch=pace.swarm_epoch)
+                await reports.report_writer.store(session_id=session.pk, report=report, swarm_epoch=pace.swarm_epoch,
+                                                  beyond_reach=beyond_reach)
             except Exception:  # noqa: BLE001 - logged by the writer; the agent keeps the report and resends it
                 await self._report_error(report.seq, "server_error", "the report could not be stored now; it will be sent again")
                 return

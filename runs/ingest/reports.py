@@ -392,10 +392,10 @@ def report_check(*, report: Report, pace: SessionPace, now: datetime | None = No
 
 def commitment_refusal(*, report: Report, session: TrainingSession, pace: SessionPace) -> ReportRefused | None:
     """Why the report's commitment cannot stand (the frame is then refused whole), or None: it must
-    be for an epoch the session has reached, of the micro-batch size the session declared at join, at
-    places in the stream the session's reported work reaches, and signed by the session's own peer
-    key. The bounds keep one commitment from stalling the validator, which replays the stream up to
-    each checked step."""
+    be for an epoch the session has reached, of the micro-batch size the session declared at join,
+    with no step of more samples than a micro-batch, and signed by the session's own peer key.
+    Micro-batches of one sample, or of a million, would make the validator's replay of the stream as
+    long as the agent likes. How far its cursors reach is :func:`commitment_beyond_reach`'s."""
     commitment = report.commitment
     if commitment is None:
         return None
@@ -408,19 +408,28 @@ def commitment_refusal(*, report: Report, session: TrainingSession, pace: Sessio
     if any(step.samples > commitment.micro_batch_size for step in commitment.steps):
         return ReportRefused("invalid_commitment", f"a committed micro-batch holds more samples than the commitment's "
                                                    f"micro-batch size ({commitment.micro_batch_size})")
-    drawn = (commitment.steps[-1].cursor + 1) * commitment.micro_batch_size
-    reported = pace.counted + report.samples
-    # A report refused whole is not counted: bounded by the reported samples alone, one refusal (a resync
-    # that dropped many steps) would leave every later commitment too far, and the session's reports
-    # refused for good. The session's budget on the portal's clock grows whatever was refused.
-    reachable = CURSOR_SLACK * max(reported, session_samples_budget(pace, timezone.now())) + pace.target_batch_size
-    if drawn > reachable:
-        return ReportRefused("invalid_commitment", f"the commitment reaches micro-batch {commitment.steps[-1].cursor} "
-                                                   f"of the session's stream ({drawn} samples), further than the "
-                                                   f"{reported} samples it reported, or the time since it joined, allow")
     message = commitment_message(run_id=session.run.hivemind_run_id, session_id=session.pk, commitment=commitment)
     if not peer_key_proof_verify(peer_public_key=session.peer_public_key, message=message, proof=commitment.signature):
         return ReportRefused("invalid_commitment", "the commitment is not signed by this session's peer key")
+    return None
+
+
+def commitment_beyond_reach(*, report: Report, pace: SessionPace) -> str | None:
+    """Why the report's (well-formed, signed) commitment reaches further into the session's stream than
+    its reported samples allow, or None. The validator replays the stream up to each checked step, so
+    this bounds a replay's cost by the session's own work. The report is stored all the same and only
+    the commitment is dropped, unchecked: its epoch earns nothing. Refusing the report whole would
+    leave it uncounted, so after one refusal (a resync that dropped many drawn steps) every later
+    commitment would reach too far again, and the session's reports would be refused for good."""
+    commitment = report.commitment
+    if commitment is None:
+        return None
+    drawn = (commitment.steps[-1].cursor + 1) * commitment.micro_batch_size
+    reported = pace.counted + report.samples
+    if drawn > CURSOR_SLACK * reported + pace.target_batch_size:
+        return (f"epoch {commitment.epoch}: the commitment reaches micro-batch {commitment.steps[-1].cursor} of the "
+                f"session's stream ({drawn} samples), further than the {reported} samples the session reported "
+                f"allow: it cannot be checked, so the epoch earns nothing")
     return None
 
 
@@ -432,12 +441,20 @@ def report_event(*, session_id: int, report: Report) -> ContributionEvent:
     )
 
 
-def report_commitment(*, session_id: int, report: Report, swarm_epoch: int | None = None) -> StepCommitment | None:
+def report_commitment(*, session_id: int, report: Report, swarm_epoch: int | None = None,
+                      beyond_reach: str | None = None) -> StepCommitment | None:
     """The report's commitment as stored: pending a check, or unchecked for good when it came after the
-    deadline (the swarm, as the monitor last read it, more than COMMITMENT_WINDOW_EPOCHS past its epoch)."""
+    deadline (the swarm, as the monitor last read it, more than COMMITMENT_WINDOW_EPOCHS past its epoch)
+    or reaches further than the session's work (``beyond_reach``, :func:`commitment_beyond_reach`;
+    its steps are not kept)."""
     commitment = report.commitment
     if commitment is None:
         return None
+    if beyond_reach is not None:
+        return StepCommitment(
+            session_id=session_id, epoch=commitment.epoch, micro_batch_size=commitment.micro_batch_size,
+            shuffle_buffer=commitment.shuffle_buffer, samples=sum(step.samples for step in commitment.steps), steps=[],
+            outcome=StepCommitment.Outcome.UNCHECKED, checked_at=timezone.now(), check_detail=beyond_reach[:500])
     stored = StepCommitment(
         session_id=session_id, epoch=commitment.epoch, micro_batch_size=commitment.micro_batch_size,
         shuffle_buffer=commitment.shuffle_buffer, samples=sum(step.samples for step in commitment.steps),
@@ -490,7 +507,8 @@ class ReportWriter:
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue] = weakref.WeakKeyDictionary()
         self._seen_at: dict[int, float] = {}
 
-    async def store(self, *, session_id: int, report: Report, swarm_epoch: int | None = None) -> None:
+    async def store(self, *, session_id: int, report: Report, swarm_epoch: int | None = None,
+                    beyond_reach: str | None = None) -> None:
         loop = asyncio.get_running_loop()
         queue = self._queues.get(loop)
         if queue is None:
@@ -498,7 +516,8 @@ class ReportWriter:
             loop.create_task(self._drain(queue))
         stored = loop.create_future()
         queue.put_nowait((report_event(session_id=session_id, report=report),
-                          report_commitment(session_id=session_id, report=report, swarm_epoch=swarm_epoch), stored))
+                          report_commitment(session_id=session_id, report=report, swarm_epoch=swarm_epoch,
+                                            beyond_reach=beyond_reach), stored))
         await stored
 
     async def _drain(self, queue: asyncio.Queue) -> None:

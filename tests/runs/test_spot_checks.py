@@ -3,11 +3,9 @@ peer key, and credit that rests on checked work (runs/ingest/reports.py, runs/sw
 Each test plays a cheater the rule is for; tests/e2e/test_spot_checks_with_agents.py runs the
 validator against real agents."""
 
-import datetime
 import random
 
 import pytest
-from django.utils import timezone
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.protocol import EpochCommitment, StepCommitment
@@ -254,15 +252,13 @@ def test_a_commitment_sent_after_the_deadline_is_stored_unchecked_and_earns_noth
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("stall", ["huge_cursor", "huge_micro_batch", "samples_beyond_the_micro_batch"])
+@pytest.mark.parametrize("stall", ["huge_micro_batch", "samples_beyond_the_micro_batch"])
 def test_a_commitment_that_would_stall_the_validator_is_refused_whole(keyed_session, stall):
-    # Issue 29: the validator replays a session's stream up to each checked step; one commitment at
-    # cursor 2^48 or of a million samples a step would hold every session's checks up.
+    # Issue 29: the validator replays a session's stream in micro-batches; a commitment of 4,096-sample
+    # micro-batches, or of a million samples a step, would hold every session's checks up.
     session = keyed_session
     made = commitment(1)
-    if stall == "huge_cursor":
-        made = commitment(1, cursors=(0, 2, 2**48))
-    elif stall == "huge_micro_batch":
+    if stall == "huge_micro_batch":
         made = made.model_copy(update={"micro_batch_size": 4096})
     else:
         made = commitment(1, samples=1_000_000)
@@ -273,18 +269,28 @@ def test_a_commitment_that_would_stall_the_validator_is_refused_whole(keyed_sess
 
 
 @pytest.mark.django_db(transaction=True)
-def test_one_refused_commitment_does_not_get_every_later_one_refused(keyed_session):
-    """A resync drops steps whose micro-batches were drawn and never reported, and a report whose
-    commitment is refused is not counted: bounded by the reported samples alone, every later
-    commitment of the session was refused too (tests/browser/test_full_story.py's agents after a
-    resume). Within the time the session has had, on the portal's clock, a commitment stands."""
+def test_a_commitment_beyond_the_sessions_work_is_dropped_and_its_samples_earn_nothing(keyed_session):
+    """A commitment at micro-batch 2^48 would have the validator replay the stream for ever: its cursors
+    are bounded by twice the samples the session reported. The report's samples are stored, so one
+    commitment too far (a resync that dropped many drawn steps) does not leave every later one too far;
+    its epoch earns nothing, and the next stands (tests/browser/test_full_story.py's agents after a
+    resume had every report refused when the report was refused with its commitment)."""
     session = keyed_session
-    TrainingSession.objects.filter(pk=session.pk).update(started_at=timezone.now() - datetime.timedelta(minutes=5))
-    far = commitment(1, cursors=(0, 2, 400))  # 3,208 samples drawn against 8 reported
-    frame = commitment_sign(far, run_id=session.run.hivemind_run_id, session_id=session.pk, key=session.key)
-    answers = exchange(session.secret, [report(session.pk, 1, commitment=frame.model_dump(mode="json"))])
-    assert answers[0]["type"] == "ack", answers
-    assert StoredCommitment.objects.filter(session=session, epoch=1).exists()
+    far = commitment(1, cursors=(0, 2, 2**48))
+    near = commitment(2, cursors=(3, 4, 5))
+    answers = exchange(session.secret, [
+        report(session.pk, 1, local_epoch=1, commitment=commitment_sign(
+            far, run_id=session.run.hivemind_run_id, session_id=session.pk, key=session.key).model_dump(mode="json")),
+        report(session.pk, 2, local_epoch=2, commitment=commitment_sign(
+            near, run_id=session.run.hivemind_run_id, session_id=session.pk, key=session.key).model_dump(mode="json")),
+    ])
+    assert [answer["type"] for answer in answers] == ["ack", "ack"], answers
+    dropped, kept = StoredCommitment.objects.filter(session=session).order_by("epoch")
+    assert (dropped.outcome, dropped.steps, kept.outcome) == ("unchecked", [], "pending")
+    assert "further than the 32 samples the session reported" in dropped.check_detail
+    assert session.rejections.filter(code="invalid_commitment", detail__contains="further than").exists()
+    verification.announced_record(session_id=session.pk, epoch=1, announced=32)
+    assert judge(session.run, 1) == {session.pk: "rejected"}
 
 
 @pytest.mark.django_db(transaction=True)
