@@ -22,13 +22,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.demo_lab import ROOT, demo_lab
 
 # name -> (the agent's module, its environment): one row of docs/trust.md's economics each
 STRATEGIES = {
@@ -80,41 +78,19 @@ def _uptime() -> str:
 
 def main() -> None:
     args = _parse()
-    var_dir = Path(args.var_dir or tempfile.mkdtemp(prefix="dedloc-liar-"))
-    os.environ["PORTAL_VAR_DIR"] = str(var_dir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    lab = demo_lab(var_dir=args.var_dir, prefix="dedloc-liar-", volunteers=2, port=args.port)
+    var_dir, logs, url, run, honest = lab.var_dir, lab.logs, lab.url, lab.run, lab.volunteers
     from django.db.models import Sum
     from django.utils import timezone
 
     from accounts.models import User
-    from runs.management.commands.demo import (
-        agent_launch,
-        backbone_wait,
-        coordinator_command,
-        demo_people_ensure,
-        demo_run_ensure,
-        web_command,
-        worker_command,
-    )
+    from runs.management.commands.demo import agent_launch, backbone_wait
     from runs.models import ContributionEvent, RunSample, SessionEpoch, epoch_confirmed_samples
 
     print(f"var dir {var_dir}; liars {args.strategies}, {args.seconds:g} s each, {args.drain:g} s drain; "
           f"uptime: {_uptime()}", flush=True)
-    call_command("migrate", verbosity=0)
-    organizer, honest = demo_people_ensure(2)
-    run = demo_run_ensure(organizer=organizer, preset="demo")
-    url = f"http://127.0.0.1:{args.port}"
-    logs = var_dir / "logs"
-    logs.mkdir(exist_ok=True)
     launched = timezone.now()
-    services = [_start(web_command("127.0.0.1", args.port), {}, logs / "web.log"),
-                _start(worker_command(), {}, logs / "worker.log"),
-                _start(coordinator_command(), {}, logs / "coordinator.log")]
+    services = [_start(command, {}, log) for _, command, log in lab.services]
     agents = []
     # strategy -> the liar, its home, and the swarm's epochs as it joined, left, and the drain after it ended
     liars: dict[str, tuple[User, Path, tuple[int, int, int]]] = {}

@@ -24,13 +24,11 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.demo_lab import ROOT, demo_lab
 
 
 def _parse() -> argparse.Namespace:
@@ -99,40 +97,18 @@ def _mb(value: float) -> str:
 
 def main() -> None:
     args = _parse()
-    var_dir = Path(args.var_dir or tempfile.mkdtemp(prefix="dedloc-soak-"))
-    os.environ["PORTAL_VAR_DIR"] = str(var_dir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    started = time.monotonic()
+    lab = demo_lab(var_dir=args.var_dir, prefix="dedloc-soak-", volunteers=max(args.agents, 2), port=args.port)
+    var_dir, logs, url, run, volunteers = lab.var_dir, lab.logs, lab.url, lab.run, lab.volunteers
     from django.db.models import Count, Sum
 
     from peer_agent.spool import spool_files, spool_read
-    from runs.management.commands.demo import (
-        agent_launch,
-        backbone_wait,
-        coordinator_command,
-        demo_people_ensure,
-        demo_run_ensure,
-        web_command,
-        worker_command,
-    )
+    from runs.management.commands.demo import agent_launch, backbone_wait
     from runs.models import ContributionEvent
 
-    started = time.monotonic()
     print(f"var dir {var_dir}; {args.minutes:g} min, {args.agents} agents, a kill every {args.kill_every:g} s "
           f"({args.kills}); uptime: {_uptime()}")
-    call_command("migrate", verbosity=0)
-    organizer, volunteers = demo_people_ensure(max(args.agents, 2))
-    run = demo_run_ensure(organizer=organizer, preset="demo")
-    url = f"http://127.0.0.1:{args.port}"
-    logs = var_dir / "logs"
-    logs.mkdir(exist_ok=True)
-    roles = [Role("web", web_command("127.0.0.1", args.port), {}, logs / "web.log"),
-             Role("worker", worker_command(), {}, logs / "worker.log"),
-             Role("coordinator", coordinator_command(), {}, logs / "coordinator.log")]
+    roles = [Role(name, command, {}, log) for name, command, log in lab.services]
     from django.utils import timezone
 
     launched = timezone.now()

@@ -1,0 +1,56 @@
+"""The demo's portal for a bench (bench/liar.py, bench/soak.py): Django set up on a var dir of its own
+(SQLite, media), migrated, the demo's organizer, volunteers and run made, and the commands of the three
+services ``manage.py demo`` starts. The bench starts and stops the processes its own way."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class DemoLab:
+    var_dir: Path
+    logs: Path  # the services' and agents' logs
+    url: str  # the web server's
+    organizer: Any
+    volunteers: list  # the demo's volunteers, each to run an agent
+    run: Any
+    services: list[tuple[str, list[str], Path]]  # (name, command, log) of the web server, worker and coordinator
+
+
+def demo_lab(*, var_dir: str | None, prefix: str, volunteers: int, port: int) -> DemoLab:
+    """Set up the demo's portal in ``var_dir`` (a new temporary one named ``prefix`` when None)."""
+    var = Path(var_dir or tempfile.mkdtemp(prefix=prefix))
+    os.environ["PORTAL_VAR_DIR"] = str(var)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from runs.management.commands.demo import (
+        coordinator_command,
+        demo_people_ensure,
+        demo_run_ensure,
+        web_command,
+        worker_command,
+    )
+
+    call_command("migrate", verbosity=0)
+    organizer, people = demo_people_ensure(volunteers)
+    run = demo_run_ensure(organizer=organizer, preset="demo")
+    logs = var / "logs"
+    logs.mkdir(exist_ok=True)
+    services = [("web", web_command("127.0.0.1", port), logs / "web.log"),
+                ("worker", worker_command(), logs / "worker.log"),
+                ("coordinator", coordinator_command(), logs / "coordinator.log")]
+    return DemoLab(var_dir=var, logs=logs, url=f"http://127.0.0.1:{port}", organizer=organizer, volunteers=people,
+                   run=run, services=services)
