@@ -54,7 +54,7 @@ HOLD_SOURCES_PER_TRY = 3
 READING_LAG_EPOCHS = 3  # how far the swarm may be past the monitor's last reading when a state is served
 # States of one epoch kept at most: the one the peers compute at, the previous epoch's served for a moment
 # under the new epoch, one averaged in the background.
-STATES_PER_EPOCH = 3
+STATES_PER_EPOCH = 4
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
@@ -65,6 +65,12 @@ REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them
 # while one optimizer step moves parameters by about the learning rate (LAMB scales it by each layer's norm).
 # A session whose step was computed further than this from the held state trained elsewhere.
 STATE_AGREEMENT = 1e-3
+# Two downloads of one state: peers hold the same bytes after an all-reduce and an optimizer step on them,
+# and the wire's fp16 rounds them alike. States further apart than this are kept apart even when within
+# STATE_AGREEMENT: late in a run one step can move parameters by less than 1e-3, and a validator that
+# kept only the first of two such states recomputed honest steps at the wrong one (a demo's two agents
+# were suspended at epoch 567).
+STATE_SAME = 1e-6
 # How long a commitment whose steps claim a state only one peer served waits for a second volunteer's
 # commitment to claim it too: commitments come when each session closes the epoch, seconds apart.
 CORROBORATION_WAIT_EPOCHS = 3
@@ -239,10 +245,11 @@ class Validator:
             return any(fingerprint_distance(sketch, other) <= STATE_AGREEMENT for other in others)
 
         held_sketches = [self._sketch(config, epoch, state) for state in held]
-        candidates: list[tuple[list, str]] = []  # served states unlike the held ones and each other
+        candidates: list[tuple[list, str]] = []  # served states other than the held ones and each other
         for state in served:
             sketch = self._sketch(config, epoch, state)
-            if not alike(sketch, held_sketches + [other for _, other in candidates]):
+            if not any(fingerprint_distance(sketch, other) <= STATE_SAME
+                       for other in held_sketches + [other for _, other in candidates]):
                 candidates.append((state, sketch))
         claims: dict[int, set[str]] = {}  # volunteer -> the parameters their steps of the epoch claim
         for user, steps in StepCommitment.objects.filter(session__run=run, epoch=epoch).values_list(
@@ -315,17 +322,16 @@ class Validator:
             served_now[peer] = parameters  # a peer's later state replaces its earlier: it may have stepped since
             for unheld in sorted(self._served)[:-HELD_EPOCHS]:  # epochs no two peers agreed on, long gone
                 del self._served[unheld]
-            agreed = state_agreed(served_now) if len(sources) > 1 else parameters
-            if agreed is not None:
+            for agreed in state_agreed(served_now) if len(sources) > 1 else [parameters]:
                 self._hold_state(epoch, agreed)
-            if tried == 0 and state_among(parameters, self.held.get(epoch, [])):
+            if tried == 0 and state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
                 return  # a state already held: nothing new
 
     def _served_keep(self, epoch: int, parameters: list) -> None:
         """Keep a state a peer served under ``epoch``, unless one like it is kept already: the checker holds
         it once two volunteers' steps claim it (:meth:`_references`)."""
         states = self.served.setdefault(epoch, [])
-        if not state_among(parameters, states):
+        if not state_among(parameters, states, within=STATE_SAME):
             states.append(parameters)
             del states[:-STATES_PER_EPOCH]
         for old in sorted(self.served)[:-HELD_EPOCHS]:
@@ -333,7 +339,7 @@ class Validator:
 
     def _hold_state(self, epoch: int, parameters: list) -> None:
         states = self.held.setdefault(epoch, [])
-        if state_among(parameters, states):
+        if state_among(parameters, states, within=STATE_SAME):
             return
         logger.debug("run %s: spot checks hold a state of epoch %d (%d so far)", self.slug, epoch, len(states) + 1)
         states.append(parameters)
@@ -373,15 +379,18 @@ class Validator:
                 del self._replays[next(iter(self._replays))]
         sketches = [self._sketch(config, commitment.epoch, state) for state in states]
         steps = commitment.steps
-        diverged, computed_at = {}, {}  # cursor -> distance to the nearest held state; step index -> that state
+        # cursor -> distance to the nearest held state; step index -> the held states it may have been
+        # computed at, nearest first (a sketch tells apart states 1e-3 apart, not closer ones)
+        diverged, computed_at = {}, {}
         for index, step in enumerate(steps):
             claimed = step_parameters(steps, index)
             apart = [fingerprint_distance(claimed, sketch) if claimed is not None else 0.0 for sketch in sketches]
-            nearest = min(range(len(states)), key=apart.__getitem__)
-            if apart[nearest] > STATE_AGREEMENT:
-                diverged[step[0]] = apart[nearest]
+            near = sorted((state for state in range(len(states)) if apart[state] <= STATE_AGREEMENT),
+                          key=apart.__getitem__)
+            if near:
+                computed_at[index] = near
             else:
-                computed_at[index] = nearest
+                diverged[step[0]] = min(apart)
         at_state = sorted(computed_at)
         drawn = [at_state[index] for index in steps_draw([steps[index][1] for index in at_state],
                                                           config.verification.checks_per_epoch)]
@@ -390,11 +399,17 @@ class Validator:
                          for index in sorted(drawn)}
         distances, loaded = {}, None
         for index in sorted(drawn, key=computed_at.__getitem__):
-            if computed_at[index] != loaded:
-                loaded = computed_at[index]
-                self._state_load(config, states[loaded])
-            recomputed = step_fingerprint(self._model, micro_batches[index], self.run_id, commitment.epoch)
-            distances[steps[index][0]] = fingerprint_distance(steps[index][2], recomputed)
+            # The nearest state first; a step that does not recompute there is tried at the others its
+            # sketch cannot tell apart, and fails only if it recomputes at none.
+            for state in computed_at[index]:
+                if state != loaded:
+                    loaded = state
+                    self._state_load(config, states[state])
+                recomputed = step_fingerprint(self._model, micro_batches[index], self.run_id, commitment.epoch)
+                distance = fingerprint_distance(steps[index][2], recomputed)
+                distances[steps[index][0]] = min(distance, distances.get(steps[index][0], distance))
+                if distance <= config.verification.tolerance:
+                    break
         outcome = verification.check_record(
             commitment=commitment, distances=dict(sorted(distances.items())), diverged=diverged,
             tolerance=config.verification.tolerance, failures_to_suspend=config.verification.failures_to_suspend)
@@ -408,19 +423,16 @@ def epochs_final(held: dict[int, list[list]]) -> set[int]:
     return {epoch for epoch in held if epoch < max(held)}
 
 
-def state_among(parameters: list, states: list[list]) -> bool:
-    """Whether ``parameters`` are one of ``states``, as far as travelling in fp16 allows."""
-    return any(parameters_apart(parameters, state) <= STATE_AGREEMENT for state in states)
+def state_among(parameters: list, states: list[list], within: float = STATE_AGREEMENT) -> bool:
+    """Whether ``parameters`` are one of ``states``: as far as travelling in fp16 allows, or ``within``."""
+    return any(parameters_apart(parameters, state) <= within for state in states)
 
 
-def state_agreed(served: dict[str, list]) -> list | None:
-    """The parameters that two distinct peers of ``served`` (peer -> parameters) agree on, if any."""
+def state_agreed(served: dict[str, list]) -> list[list]:
+    """The parameters of ``served`` (peer -> parameters) that another peer's agree with: each is held."""
     peers = list(served)
-    for index, first in enumerate(peers):
-        for second in peers[index + 1:]:
-            if parameters_apart(served[first], served[second]) <= STATE_AGREEMENT:
-                return served[second]
-    return None
+    return [served[peer] for peer in peers
+            if any(parameters_apart(served[peer], served[other]) <= STATE_AGREEMENT for other in peers if other != peer)]
 
 
 def steps_draw(samples: list[int], k: int) -> list[int]:

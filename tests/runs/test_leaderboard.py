@@ -2,6 +2,7 @@
 
 import datetime
 import json
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -109,22 +110,27 @@ def test_the_live_feed_refuses_foreign_origins_and_hidden_drafts():
     assert not async_to_sync(connects)("/ws/runs/open-run/live/", b"http://evil.example")
 
 
-async def _board_frames(path: str, count: int, between) -> list[dict]:
-    """The first ``count`` frames of ``path``, calling ``between`` (in a thread) after each but the last."""
+async def _board_frames(path: str, between=None, until=None) -> tuple[dict, dict | None]:
+    """The first frame of ``path``; then, after calling ``between`` (in a thread), the first frame that
+    ``until`` accepts. Frames come whenever the snapshot changes, and a row's decaying average credit
+    changes it every push: on a loaded host one such frame came before ``between`` had committed."""
     from channels.db import database_sync_to_async
 
     communicator = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://127.0.0.1")])
     connected, _ = await communicator.connect()
     assert connected
-    frames = []
     try:
-        for index in range(count):
-            frames.append(json.loads(await communicator.receive_from(timeout=10)))
-            if index < count - 1:
-                await database_sync_to_async(between, thread_sensitive=False)()
+        first = json.loads(await communicator.receive_from(timeout=10))
+        if between is None:
+            return first, None
+        await database_sync_to_async(between, thread_sensitive=False)()
+        deadline = time.monotonic() + 10
+        while True:
+            frame = json.loads(await communicator.receive_from(timeout=max(0.1, deadline - time.monotonic())))
+            if until(frame):
+                return first, frame
     finally:
         await communicator.disconnect()
-    return frames
 
 
 @pytest.mark.django_db(transaction=True)
@@ -142,13 +148,14 @@ def test_the_board_across_runs_is_live_and_pushes_confirmed_work_as_it_is_counte
         contribute(second, rahim, milestone, seq=2)
         credit_rollup()
 
-    before, after = async_to_sync(_board_frames)("/ws/leaderboard/live/?by=user&window=all", 2, rahim_trains_in_another_run)
+    before, after = async_to_sync(_board_frames)("/ws/leaderboard/live/?by=user&window=all", rahim_trains_in_another_run,
+                                                 lambda frame: len(frame["leaderboard"]) > 1)
     assert [(row["name"], row["samples"]) for row in before["leaderboard"]] == [("amina", 64)]
     assert [(row["name"], row["samples"]) for row in after["leaderboard"]] == [("rahim", milestone), ("amina", 64)]
     assert {"measure": "samples", "threshold": milestone} in after["leaderboard"][0]["milestones"]
     assert after["leaderboard"][1]["milestones"] == []
     assert BoardSnapshot.model_validate(after).model_dump(mode="json") == after, "the frame is the protocol's BoardSnapshot"
-    teams = async_to_sync(_board_frames)("/ws/leaderboard/live/?by=team&window=24h", 1, None)[0]
+    teams, _ = async_to_sync(_board_frames)("/ws/leaderboard/live/?by=team&window=24h")
     assert (teams["by"], teams["window"], teams["leaderboard"]) == ("team", "24h", [])
 
 

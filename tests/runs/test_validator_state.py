@@ -10,6 +10,7 @@ from runs.swarm.spotcheck import (
     HELD_EPOCHS,
     READING_LAG_EPOCHS,
     STATE_AGREEMENT,
+    STATE_SAME,
     Validator,
     epochs_final,
     parameters_apart,
@@ -71,9 +72,23 @@ def test_two_peers_that_serve_the_same_parameters_have_them_held_by_their_epoch(
     through_fp16 = [parameter.half().float() for parameter in parameters]  # how states travel
     checks = validator(amina=(7, parameters), rahim=(7, through_fp16))
     looks(checks, 1)
-    assert list(checks.held) == [7] and len(checks.held[7]) == 1
-    assert all(torch.allclose(held, sent, atol=1e-3) for held, sent in zip(checks.held[7][0], parameters, strict=True))
+    assert list(checks.held) == [7] and len(checks.held[7]) == 2, "each peer's, as close as fp16 allows"
+    assert all(torch.allclose(held, sent, atol=1e-3) for state in checks.held[7]
+               for held, sent in zip(state, parameters, strict=True))
     assert checks.disagreements == {}
+
+
+def test_two_states_closer_than_a_sketch_can_tell_apart_are_both_held():
+    """Late in a run one optimizer step moves the parameters by less than STATE_AGREEMENT: the previous
+    epoch's state, served under the new epoch for a moment, and the new one both agree with the
+    parameters the agents claim. Keeping only the first held, the validator recomputed the agents'
+    steps at the wrong one and suspended both agents of a demo (epoch 567)."""
+    stepped = one_lamb_step(OLD, rate=0.0004)
+    assert 0.0003 < parameters_apart(stepped, OLD) < STATE_AGREEMENT
+    checks = validator(amina=[(8, OLD), (8, stepped)], rahim=[(8, OLD), (8, stepped)])
+    looks(checks, 10, swarm_epoch=8)
+    assert len(checks.held[8]) == 2 and state_among(stepped, checks.held[8], within=STATE_SAME)
+    assert state_among(OLD, checks.held[8], within=STATE_SAME)
 
 
 OLD = model_parameters(0)
