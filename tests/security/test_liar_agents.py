@@ -59,10 +59,19 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
         epochs = commitments.exclude(outcome="pending").values_list("epoch", flat=True)
         return sum(liar_agent.strategy_of(epoch) == strategy for epoch in epochs)
 
+    def liar_disagreements() -> int:
+        """States the liar served unlike those two peers agreed on, as the validator counted them."""
+        peer = tmp_path / "mallory" / "peer_id"
+        peers = coordinator.peers.get(run.pk)
+        validator = getattr(peers, "validator", None)
+        return validator.disagreements.get(peer.read_text(), 0) if peer.exists() and validator else 0
+
     try:
         serve_until(coordinator, lambda: judged("dark") >= 2 and judged("shield") >= 2 and judged("probe") >= 2
-                    and SessionEpoch.objects.filter(session__user=honest, status="verified").count() >= 12,
-                    420, "the liar's commitments of every strategy judged, and honest epochs verified")
+                    and SessionEpoch.objects.filter(session__user=honest, status="verified").count() >= 12
+                    and liar_disagreements() >= 3,
+                    420, "the liar's commitments of every strategy judged, honest epochs verified, and the "
+                         "liar's own state counted as a disagreement")
     finally:
         for process in processes:
             if process.poll() is None:
