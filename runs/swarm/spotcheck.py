@@ -215,14 +215,20 @@ class Validator:
         if spot_checks is None or not seen:
             return 0
         run, config = spot_checks
-        verification.commitments_uncheckable(run=run, before_epoch=min(seen))
+        # An epoch's steps are checked against its neighbours' states too (below): the window reaches one further.
+        verification.commitments_uncheckable(run=run, before_epoch=min(seen) - 1)
         newest, checked = max(seen), 0
-        for commitment in verification.commitments_to_check(run=run, epochs=epochs_final(seen)):
+        for commitment in verification.commitments_to_check(run=run, epochs=epochs_checkable(seen)):
             if self._closed:
                 break
-            epoch = commitment.epoch
-            states, waiting = self._references(run, config, commitment, held=held.get(epoch, []),
-                                               served=served.get(epoch, []) + served.get(epoch + 1, []))
+            # The states of the epoch and of its neighbours: peers serve the previous epoch's parameters
+            # under a new epoch for a moment, so a holder that looks at that moment holds an epoch's
+            # parameters under the next one. A step that recomputes at any state the swarm served was
+            # computed, and at the swarm's parameters.
+            epoch, near = commitment.epoch, (commitment.epoch - 1, commitment.epoch, commitment.epoch + 1)
+            states, waiting = self._references(run, config, commitment,
+                                               held=[state for each in near for state in held.get(each, [])],
+                                               served=[state for each in near for state in served.get(each, [])])
             if not states or (waiting and epoch >= newest - CORROBORATION_WAIT_EPOCHS):
                 continue  # unchecked once the epoch leaves the window, if no state is ever held for it
             self._check(run, config, commitment, states)
@@ -232,7 +238,7 @@ class Validator:
     def _references(self, run: Run, config: RunConfig, commitment: StepCommitment, *, held: list[list],
                     served: list[list]) -> tuple[list[list], bool]:
         """The states ``commitment``'s steps are checked against: those two distinct peers served alike
-        (``held``), and those one peer served (under the epoch, or under the next before its optimizer
+        (``held``), and those one peer served (under the epoch, or a neighbour: under the next before its optimizer
         step) that the steps of two distinct volunteers' commitments for the epoch claim to be computed
         at. Those volunteers ran their steps there, so it is the swarm's state, not one peer's: a peer
         that serves parameters of its own, or whose averaging round failed, is the only one to claim
@@ -418,9 +424,12 @@ class Validator:
                     (f"; {len(diverged)} micro-batches computed off the held states" if diverged else ""))
 
 
-def epochs_final(held: dict[int, list[list]]) -> set[int]:
-    """The held epochs whose state is final: those before the newest held (see ``Validator._hold``)."""
-    return {epoch for epoch in held if epoch < max(held)}
+def epochs_checkable(seen: set[int]) -> set[int]:
+    """The epochs whose commitments may be checked, given those a state was seen for: each beside such an
+    epoch (its steps are compared with its neighbours' states too) and before the newest one, which may
+    still gain a state (see ``Validator._hold``)."""
+    newest = max(seen)
+    return {near for epoch in seen for near in (epoch - 1, epoch, epoch + 1) if near < newest}
 
 
 def state_among(parameters: list, states: list[list], within: float = STATE_AGREEMENT) -> bool:
