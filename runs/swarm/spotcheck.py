@@ -71,6 +71,13 @@ STATE_AGREEMENT = 1e-3
 # kept only the first of two such states recomputed honest steps at the wrong one (a demo's two agents
 # were suspended at epoch 567).
 STATE_SAME = 1e-6
+# How far a step's claimed parameters may be from the state it is recomputed at for a mismatch to count as
+# faked: the wire's fp16 rounding (about 3e-4 relative) and the sketch's own error. A step claimed further
+# off, though within STATE_AGREEMENT, may have been computed at a state the validator never held, one step
+# away: late in a run a step that small moves the gradient by more than the tolerance (a demo agent's
+# honest step recomputed 0.104 away beside a held state). Such a step diverged: its epoch earns nothing,
+# and nothing is held against the session.
+STATE_EXACT = 5e-4
 # How long a commitment whose steps claim a state only one peer served waits for a second volunteer's
 # commitment to claim it too: commitments come when each session closes the epoch, seconds apart.
 CORROBORATION_WAIT_EPOCHS = 3
@@ -387,14 +394,14 @@ class Validator:
         steps = commitment.steps
         # cursor -> distance to the nearest held state; step index -> the held states it may have been
         # computed at, nearest first (a sketch tells apart states 1e-3 apart, not closer ones)
-        diverged, computed_at = {}, {}
+        diverged, computed_at, claimed_apart = {}, {}, {}
         for index, step in enumerate(steps):
             claimed = step_parameters(steps, index)
             apart = [fingerprint_distance(claimed, sketch) if claimed is not None else 0.0 for sketch in sketches]
             near = sorted((state for state in range(len(states)) if apart[state] <= STATE_AGREEMENT),
                           key=apart.__getitem__)
             if near:
-                computed_at[index] = near
+                computed_at[index], claimed_apart[index] = near, apart[near[0]]
             else:
                 diverged[step[0]] = min(apart)
         at_state = sorted(computed_at)
@@ -416,6 +423,10 @@ class Validator:
                 distances[steps[index][0]] = min(distance, distances.get(steps[index][0], distance))
                 if distance <= config.verification.tolerance:
                     break
+            cursor = steps[index][0]
+            if distances[cursor] > config.verification.tolerance and claimed_apart[index] > STATE_EXACT:
+                diverged[cursor] = claimed_apart[index]
+                del distances[cursor]
         outcome = verification.check_record(
             commitment=commitment, distances=dict(sorted(distances.items())), diverged=diverged,
             tolerance=config.verification.tolerance, failures_to_suspend=config.verification.failures_to_suspend)
