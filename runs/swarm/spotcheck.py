@@ -81,7 +81,6 @@ STATE_EXACT = 5e-4
 # How long a commitment whose steps claim a state only one peer served waits for a second volunteer's
 # commitment to claim it too: commitments come when each session closes the epoch, seconds apart.
 CORROBORATION_WAIT_EPOCHS = 3
-EPOCHS_TIMED = 8  # new epochs whose arrival times pace the holder (hold_pause)
 _random = secrets.SystemRandom()
 
 
@@ -118,7 +117,6 @@ class Validator:
         self._sketches: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its sketch
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
         self._hold_spent = 0.0  # seconds the last try at holding a state took
-        self._epochs_entered: list[tuple[int, float]] = []  # (epoch, monotonic time) as new epochs were first held
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
         self._model = None
         self._threads: dict[str, threading.Thread] = {}
@@ -172,8 +170,9 @@ class Validator:
                 logger.exception("run %s: spot checks could not hold the swarm's state this time", self.slug)
             finally:
                 close_old_connections()
-            time.sleep(hold_pause(period=self.hold_period, spent=self._hold_spent,
-                                  epoch_seconds=epoch_seconds(self._epochs_entered)))
+            # As long as the last try took: a large model's state takes seconds to download, and every
+            # download is served by a training peer.
+            time.sleep(max(self.hold_period, self._hold_spent))
 
     def _spot_checks_on(self) -> tuple[Run, RunConfig] | None:
         run = Run.objects.get(pk=self.run_pk)
@@ -201,7 +200,7 @@ class Validator:
         """Look at the states the swarm serves and hold a new epoch's once two distinct peers agree on it.
         Peers step into an epoch at their own moments and the monitor's reading is up to a heartbeat old,
         so the holder does not wait for a reading to move: it looks every ``hold_period`` (longer for a
-        large state, see ``hold_pause``), and an epoch whose state is missed earns nothing."""
+        large state), and an epoch whose state is missed earns nothing."""
         if self._spot_checks_on() is None:
             return
         reading = RunSample.objects.filter(run_id=self.run_pk).order_by("-at").values_list("global_epoch", flat=True)
@@ -352,8 +351,6 @@ class Validator:
             del self.served[old]
 
     def _hold_state(self, epoch: int, parameters: list) -> None:
-        if epoch > max(self.held, default=-1):
-            self._epochs_entered = [*self._epochs_entered[-(EPOCHS_TIMED - 1):], (epoch, time.monotonic())]
         states = self.held.setdefault(epoch, [])
         if state_among(parameters, states, within=STATE_SAME):
             return
@@ -436,23 +433,6 @@ class Validator:
         logger.info("run %s: spot check of session %d, epoch %d: %s (%s)", self.slug, session_id, commitment.epoch,
                     outcome, ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in sorted(distances.items())) +
                     (f"; {len(diverged)} micro-batches computed off the held states" if diverged else ""))
-
-
-def hold_pause(*, period: float, spent: float, epoch_seconds: float | None) -> float:
-    """How long the holder waits before its next look: as long as its last look took (a large model's state
-    takes seconds to download, and every download is served by a training peer), but at most a quarter of
-    an epoch, so that it looks several times in every epoch whatever a look costs. Paced by the look alone,
-    a holder on a busy host looked every 3-4 s (two downloads of 0.7 s, then as long again asleep) while a
-    demo's epochs lasted 3 s: it missed one epoch in twenty, and both agents' steps of it earned nothing."""
-    pause = max(period, spent)
-    return pause if epoch_seconds is None else max(period, min(pause, epoch_seconds / 4))
-
-
-def epoch_seconds(entered: list[tuple[int, float]]) -> float | None:
-    """The swarm's seconds per epoch from (epoch, time) pairs of epochs as they were first held; None from fewer than two."""
-    if len(entered) < 2 or entered[-1][0] <= entered[0][0]:
-        return None
-    return (entered[-1][1] - entered[0][1]) / (entered[-1][0] - entered[0][0])
 
 
 def epochs_checkable(seen: set[int]) -> set[int]:

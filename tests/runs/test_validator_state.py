@@ -12,9 +12,7 @@ from runs.swarm.spotcheck import (
     STATE_AGREEMENT,
     STATE_SAME,
     Validator,
-    epoch_seconds,
     epochs_checkable,
-    hold_pause,
     parameters_apart,
     state_among,
 )
@@ -256,28 +254,3 @@ def test_an_epochs_steps_are_checked_against_its_state_held_under_the_next_epoch
     commit("amina", NEW)
     assert checks.check_once() == 1
     assert checked == [("amina", [True])]
-
-
-def test_the_holder_waits_as_long_as_its_look_took_but_looks_several_times_an_epoch():
-    # Measured in a demo beside a CI run: looks of 1.5-2 s, paced as long again, missed 3 s epochs.
-    assert hold_pause(period=0.5, spent=1.8, epoch_seconds=3.0) == 0.75
-    assert hold_pause(period=0.5, spent=0.1, epoch_seconds=3.0) == 0.5, "never more often than its period"
-    assert hold_pause(period=0.5, spent=0.1, epoch_seconds=1.0) == 0.5
-    # A large model: a download of seconds in epochs of minutes; the swarm's peers are not asked more often.
-    assert hold_pause(period=0.5, spent=9.0, epoch_seconds=300.0) == 9.0
-    assert hold_pause(period=0.5, spent=1.8, epoch_seconds=None) == 1.8, "before the pace of epochs is known"
-
-
-def test_the_swarms_seconds_per_epoch_come_from_the_epochs_the_holder_saw_begin(monkeypatch):
-    assert epoch_seconds([]) is None and epoch_seconds([(4, 10.0)]) is None
-    assert epoch_seconds([(4, 10.0), (5, 13.0), (7, 19.0)]) == 3.0
-    clock = iter(float(second) for second in range(0, 1000, 3))
-    monkeypatch.setattr("runs.swarm.spotcheck.time.monotonic", lambda: next(clock))
-    state = model_parameters(1)
-    checks = validator(a=(4, state), b=(4, state))
-    for epoch in range(4, 20):
-        checks._hold_state(epoch, state)
-        checks._hold_state(epoch, state)  # a second state of the same epoch starts no new one
-    assert [epoch for epoch, _ in checks._epochs_entered] == list(range(12, 20)), "the last few are kept"
-    assert epoch_seconds(checks._epochs_entered) == 3.0
-
