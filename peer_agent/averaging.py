@@ -301,13 +301,7 @@ class MembersOnlyOptimizer(Optimizer):
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         # hivemind's own method names its class inline: the same arguments as hivemind 1.1.12's
-        # Optimizer._make_state_averager (hivemind/optim/optimizer.py), plus the authorizer, and the delta rule.
-        # With an offloaded optimizer hivemind averages the parameters in place and any optimizer statistics
-        # in copies it never applies (TrainingStateAverager: reuse_tensors skips _apply_averaging_results_),
-        # so LAMB's moments (peer_agent/training.py, AVERAGED_OPTIMIZER_STATISTICS) were never averaged. The
-        # delta rule averages copies of all of them and adds what the round changed to each, keeping what the
-        # optimizer step did meanwhile.
-        kwargs["delta_rule_averaging"] = True
+        # Optimizer._make_state_averager (hivemind/optim/optimizer.py), plus the authorizer.
         return MembersOnlyStateAverager(
             dht=self.dht,
             prefix=f"{self.run_id}_state_averager",
