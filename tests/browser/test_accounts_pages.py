@@ -6,7 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from accounts.models import AgentToken
-from tests.browser.steps import open_mailed_link
+from tests.browser.steps import log_in, open_mailed_link
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -45,12 +45,7 @@ def test_a_newcomer_signs_up_and_manages_an_agent_token(page, screenshot):
 
 
 def test_a_team_is_founded_and_shows_its_history(page, volunteer, screenshot):
-    from tests.factories import PASSWORD
-
-    page.goto("/accounts/login/")
-    page.fill("#id_username", volunteer.username)
-    page.fill("#id_password", PASSWORD)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, volunteer.username)
     page.goto("/teams/new/")
     page.fill("#id_name", "Dhaka Compute")
     page.fill("#id_description", "<script>alert('x')</script> We train Bengali models.")
