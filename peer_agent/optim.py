@@ -45,6 +45,24 @@ class Lamb(torch.optim.Optimizer):
                     exp_avg_sq=torch.zeros_like(param, memory_format=torch.preserve_format),
                 )
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load ``state_dict`` into the state tensors this optimizer already has, not new ones.
+
+        With an offloaded optimizer hivemind's state averager averages the very tensors of the state it
+        was built with (``reuse_tensors``), and every state download and checkpoint resume loads through
+        here: torch's own ``load_state_dict`` puts new tensors in their place, and the averager would go on
+        averaging the old ones, which the optimizer no longer reads (peer_agent/training.py,
+        AVERAGED_OPTIMIZER_STATISTICS)."""
+        kept = {param: dict(state) for param, state in self.state.items()}
+        super().load_state_dict(state_dict)
+        with torch.no_grad():
+            for param, state in self.state.items():
+                for key, tensor in kept.get(param, {}).items():
+                    loaded = state.get(key)
+                    if isinstance(loaded, torch.Tensor) and loaded is not tensor and loaded.shape == tensor.shape:
+                        tensor.copy_(loaded)
+                        state[key] = tensor
+
     @torch.no_grad()
     def step(self, closure=None):
         """Update every parameter that has a gradient; returns the closure's loss, if any."""

@@ -72,8 +72,10 @@ MAX_COMMITTED_STEPS = 1024
 # useless part from it and fail the round), and reach NATed peers through the backbones' relays.
 # From 0.8.0 on they pass the modes in parameter averaging too, which aggregators now join.
 # The portal refuses joins from older agents. 0.9.0 adds the sketch of the parameters each step was
-# computed at to its commitments (StepCommitment.parameters); 0.8.0 agents still train and earn credit.
-SWARM_COMPATIBLE_SINCE = "0.8.0"
+# computed at to its commitments (StepCommitment.parameters). From 0.10.0 on they average LAMB's first
+# moments with the parameters (peer_agent/training.py, AVERAGED_OPTIMIZER_STATISTICS): a parameter averaging
+# round carries more tensors, and an older agent could average parameters with none of them.
+SWARM_COMPATIBLE_SINCE = "0.10.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).

@@ -61,6 +61,15 @@ class SwarmUnreachable(Exception):
     """The run's initial peers (its coordinator's backbone) did not answer: the swarm cannot be entered now."""
 
 BAD_STEPS_BEFORE_RELOAD = 3
+# LAMB's first moments (peer_agent/optim.py), averaged with the parameters every epoch. hivemind averages only
+# the parameters by default: two peers whose moments differ (one stepped once with its own gradients: its round
+# found no group) then take different steps from the same averaged gradients, epoch after epoch, until the
+# moments forget (0.9 an epoch), and every step they compute is at parameters no second peer serves, which
+# the validator cannot check (runs/swarm/spotcheck.py). Measured in a demo beside a CI run: stretches of
+# epochs with both agents 0.006-0.014 apart, all rejected. The second moments are left out: one epoch moves
+# them by a thousandth (beta2 0.999), and their values (squared gradients) underflow fp16, the run's
+# state_compression. This doubles the parameter averaging's traffic, which runs in the background.
+AVERAGED_OPTIMIZER_STATISTICS = ("exp_avg",)
 SWARM_READ_PERIOD_S = 5.0
 
 
@@ -468,6 +477,7 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module, *, au
         batch_size_per_step=None if auxiliary else training.per_device_batch_size * training.gradient_accumulation_steps,
         auxiliary=auxiliary, offload_optimizer=True,
         delay_optimizer_step=delay, delay_grad_averaging=delay, delay_state_averaging=True,
+        average_opt_statistics=AVERAGED_OPTIMIZER_STATISTICS,
         grad_compression=compression_build(averaging.grad_compression),
         state_averaging_compression=compression_build(averaging.state_compression),
         matchmaking_time=averaging.matchmaking_time, averaging_timeout=averaging.averaging_timeout,

@@ -248,6 +248,23 @@ def test_lamb_state_exists_before_the_first_step():
     assert state["step"].item() == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
 
 
+def test_lamb_loads_a_state_into_the_tensors_it_already_has():
+    """hivemind's state averager averages the optimizer's own state tensors in place; a state download or a
+    checkpoint resume that put new ones in their place would leave it averaging tensors nobody reads."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = Lamb([weight])
+    held = dict(optimizer.state[weight])
+    other = Lamb([torch.nn.Parameter(torch.ones(3))])
+    other.param_groups[0]["params"][0].grad = torch.tensor([1.0, -2.0, 3.0])
+    other.step()
+
+    optimizer.load_state_dict(other.state_dict())
+
+    state = optimizer.state[weight]
+    assert all(state[key] is held[key] for key in ("step", "exp_avg", "exp_avg_sq"))
+    assert torch.allclose(state["exp_avg"], torch.tensor([0.1, -0.2, 0.3])) and state["step"].item() == 1
+
+
 def test_biases_and_layer_norms_are_not_decayed(tiny_config, tokenizer):
     model = model_build(tiny_config(), len(tokenizer))
     decayed, kept = parameter_groups(model, weight_decay=0.01)

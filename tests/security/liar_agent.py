@@ -16,13 +16,18 @@ half an epoch ahead of its own, so that hivemind's download asks it first, and s
 the swarm's: held by the validator as the swarm's state, it would make every honest step look computed
 elsewhere.
 
-Every step announces and reports what an honest one would. The samples it really computed are written
+Every step announces and reports what an honest one would, at the pace of its real steps: faked steps
+cost nothing, and a liar passing them off as fast as it can makes the swarm's epochs shorter than an
+averaging round, every peer steps alone and no epoch is verified, its own included (seen in this test: the
+swarm raced a hundred epochs a minute; docs/trust.md, "Not defended yet"). A liar who wants credit keeps
+the swarm going. The samples it really computed are written
 to ``$PEER_AGENT_HOME/computed`` after each real step (tests/e2e/lazy_agent.py), for the test to weigh its
 credit against.
 """
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -55,6 +60,7 @@ class LiarTrainer(LazyTrainer):
         (Path(os.environ["PEER_AGENT_HOME"]) / "peer_id").write_text(str(self.optimizer.state_averager.peer_id))
         self._real_in_epoch: dict[int, int] = {}
         self._held_back: list[EpochCommitment] = []
+        self._real_step_s = 0.0
 
     def step(self) -> StepResult:
         epoch = self.optimizer.local_epoch
@@ -62,7 +68,11 @@ class LiarTrainer(LazyTrainer):
         real_steps = self._real_in_epoch.setdefault(epoch, 0)
         if self._last_real is None or strategy in ("probe", "stall") or (strategy == "shield" and not real_steps):
             self._real_in_epoch[epoch] = real_steps + 1
-            return self._step_real()
+            began = time.monotonic()
+            result = self._step_real()
+            self._real_step_s = time.monotonic() - began
+            return result
+        time.sleep(self._real_step_s)
         return self._step_faked(epoch, off_state=strategy == "shield")
 
     def _step_faked(self, epoch: int, *, off_state: bool) -> StepResult:
