@@ -20,15 +20,19 @@ def run_is_organizer(*, run: Run, user: User) -> bool:
     return user.is_authenticated and run.organizers.filter(pk=user.pk).exists()
 
 
+def run_seen_by_all(*, run: Run) -> bool:
+    """Whether whoever has the run's address may see it: a started run whose audience is everyone.
+    Read from the run alone, so that a live feed asks nothing per viewer of such a run."""
+    return run.status != Run.Status.DRAFT and run.audience != Run.Audience.MEMBERS
+
+
 def run_may_view(*, run: Run, user: User) -> bool:
     """Drafts are for their organizers; a members-only run for them and its members; every other run
     is visible to whoever has its address. The one answer to "may this person see this run", for
     pages, the API, the live board, charts and profiles."""
-    if user.is_staff or run_is_organizer(run=run, user=user):
+    if run_seen_by_all(run=run) or user.is_staff or run_is_organizer(run=run, user=user):
         return True
-    if run.status == Run.Status.DRAFT:
-        return False
-    return run.audience != Run.Audience.MEMBERS or run_is_member(run=run, user=user)
+    return run.status != Run.Status.DRAFT and run_is_member(run=run, user=user)
 
 
 def run_is_member(*, run: Run, user: User) -> bool:
