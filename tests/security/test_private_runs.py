@@ -25,7 +25,9 @@ from tests.factories import RunFactory, join_body, report, session_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SLUG = "hidden-run"
-PAGES = ["/runs/{slug}/", "/runs/{slug}/health/", "/runs/{slug}/join/"]
+PAGES = ["/runs/{slug}/", "/runs/{slug}/health/", "/runs/{slug}/join/",
+         # Its organizers' pages: refused as for a missing run, not as a run one may not organize.
+         "/runs/{slug}/edit/", "/runs/{slug}/participants/", "/runs/{slug}/probes/", "/runs/{slug}/flags/"]
 API = ["/api/v1/runs/{slug}/", "/api/v1/runs/{slug}/leaderboard", "/api/v1/runs/{slug}/checkpoints",
        "/api/v1/runs/{slug}/series", "/api/v1/runs/{slug}/evaluations"]
 
