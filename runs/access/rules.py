@@ -68,6 +68,11 @@ def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
 def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
     """The reason `user` may not train in `run` now, or None when they may (in the reader's language
     on the join page; agents send no Accept-Language and read English)."""
+    return run_status_refusal(run=run) or run_entry_refusal(run=run, user=user)
+
+
+def run_status_refusal(*, run: Run) -> JoinRefused | None:
+    """Why nobody may train in `run` now (not started, paused, finished), or None."""
     name = {"run": run.slug}
     if run.status == Run.Status.DRAFT:
         return JoinRefused(409, "run_not_active", _("run “%(run)s” has not started yet") % name)
@@ -76,6 +81,13 @@ def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
                            _("run “%(run)s” is paused by its organizer; the agent will retry every 60 s") % name)
     if run.status == Run.Status.FINISHED:
         return JoinRefused(409, "run_finished", _("run “%(run)s” has finished; thank you for contributing") % name)
+    return None
+
+
+def run_entry_refusal(*, run: Run, user: User) -> JoinRefused | None:
+    """Why the run's own rule of who may train (its bans, its invite list or allowlist) keeps `user`
+    out, whatever the run's status, or None when it lets them in."""
+    name = {"run": run.slug}
     if RunBan.objects.filter(run=run, user=user).exists():
         return JoinRefused(403, "banned", _("you were banned from run “%(run)s” by its organizers") % name)
     if run.sessions.filter(user=user, suspended_at__isnull=False).exists():
@@ -103,9 +115,13 @@ def run_role_refusal(*, run: Run, user: User, role: str) -> JoinRefused | None:
 
 
 def visible_run(*, slug: str, user: User, joining: bool = False, join_code: str = "") -> Run | None:
-    """The run named ``slug`` if ``user`` may see it or (``joining``) may train in it or brings its
-    invite code; else None, the same answer as for a run that does not exist, so that a hidden run's
-    name is not confirmed."""
+    """The run named ``slug`` if ``user`` may see it; else None, the same answer as for a run that
+    does not exist, so that a hidden run's name is not confirmed.
+
+    ``joining`` (the join page, an agent's join): also a started run whose own rule lets ``user`` in,
+    or that they bring the invite code of, paused or finished as it may be: the door of a
+    members-only run, where the invited learn its name and how to join (docs/organizers.md, "Who
+    may see")."""
     run = Run.objects.filter(slug=slug).prefetch_related("organizers").first()
     if run is None:
         return None
@@ -114,7 +130,7 @@ def visible_run(*, slug: str, user: User, joining: bool = False, join_code: str 
     if not joining or run.status == Run.Status.DRAFT:
         return None
     invited = run.visibility == Run.Visibility.INVITE and bool(join_code) and join_code.strip() == run.join_code
-    if invited or run_join_refusal(run=run, user=user) is None:
+    if invited or run_entry_refusal(run=run, user=user) is None:
         return run
     return None
 
