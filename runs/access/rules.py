@@ -20,15 +20,19 @@ def run_is_organizer(*, run: Run, user: User) -> bool:
     return user.is_authenticated and run.organizers.filter(pk=user.pk).exists()
 
 
+def run_seen_by_all(*, run: Run) -> bool:
+    """Whether whoever has the run's address may see it: a started run whose audience is everyone.
+    Read from the run alone, so that a live feed asks nothing per viewer of such a run."""
+    return run.status != Run.Status.DRAFT and run.audience != Run.Audience.MEMBERS
+
+
 def run_may_view(*, run: Run, user: User) -> bool:
     """Drafts are for their organizers; a members-only run for them and its members; every other run
     is visible to whoever has its address. The one answer to "may this person see this run", for
     pages, the API, the live board, charts and profiles."""
-    if user.is_staff or run_is_organizer(run=run, user=user):
+    if run_seen_by_all(run=run) or user.is_staff or run_is_organizer(run=run, user=user):
         return True
-    if run.status == Run.Status.DRAFT:
-        return False
-    return run.audience != Run.Audience.MEMBERS or run_is_member(run=run, user=user)
+    return run.status != Run.Status.DRAFT and run_is_member(run=run, user=user)
 
 
 def run_is_member(*, run: Run, user: User) -> bool:
@@ -64,6 +68,11 @@ def run_may_download_checkpoints(*, run: Run, user: User) -> bool:
 def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
     """The reason `user` may not train in `run` now, or None when they may (in the reader's language
     on the join page; agents send no Accept-Language and read English)."""
+    return run_status_refusal(run=run) or run_entry_refusal(run=run, user=user)
+
+
+def run_status_refusal(*, run: Run) -> JoinRefused | None:
+    """Why nobody may train in `run` now (not started, paused, finished), or None."""
     name = {"run": run.slug}
     if run.status == Run.Status.DRAFT:
         return JoinRefused(409, "run_not_active", _("run “%(run)s” has not started yet") % name)
@@ -72,6 +81,13 @@ def run_join_refusal(*, run: Run, user: User) -> JoinRefused | None:
                            _("run “%(run)s” is paused by its organizer; the agent will retry every 60 s") % name)
     if run.status == Run.Status.FINISHED:
         return JoinRefused(409, "run_finished", _("run “%(run)s” has finished; thank you for contributing") % name)
+    return None
+
+
+def run_entry_refusal(*, run: Run, user: User) -> JoinRefused | None:
+    """Why the run's own rule of who may train (its bans, its invite list or allowlist) keeps `user`
+    out, whatever the run's status, or None when it lets them in."""
+    name = {"run": run.slug}
     if RunBan.objects.filter(run=run, user=user).exists():
         return JoinRefused(403, "banned", _("you were banned from run “%(run)s” by its organizers") % name)
     if run.sessions.filter(user=user, suspended_at__isnull=False).exists():
@@ -99,9 +115,13 @@ def run_role_refusal(*, run: Run, user: User, role: str) -> JoinRefused | None:
 
 
 def visible_run(*, slug: str, user: User, joining: bool = False, join_code: str = "") -> Run | None:
-    """The run named ``slug`` if ``user`` may see it or (``joining``) may train in it or brings its
-    invite code; else None, the same answer as for a run that does not exist, so that a hidden run's
-    name is not confirmed."""
+    """The run named ``slug`` if ``user`` may see it; else None, the same answer as for a run that
+    does not exist, so that a hidden run's name is not confirmed.
+
+    ``joining`` (the join page, an agent's join): also a started run whose own rule lets ``user`` in,
+    or that they bring the invite code of, paused or finished as it may be: the door of a
+    members-only run, where the invited learn its name and how to join (docs/organizers.md, "Who
+    may see")."""
     run = Run.objects.filter(slug=slug).prefetch_related("organizers").first()
     if run is None:
         return None
@@ -110,7 +130,7 @@ def visible_run(*, slug: str, user: User, joining: bool = False, join_code: str 
     if not joining or run.status == Run.Status.DRAFT:
         return None
     invited = run.visibility == Run.Visibility.INVITE and bool(join_code) and join_code.strip() == run.join_code
-    if invited or run_join_refusal(run=run, user=user) is None:
+    if invited or run_entry_refusal(run=run, user=user) is None:
         return run
     return None
 

@@ -1,12 +1,13 @@
-"""`WS /ws/runs/{slug}/live/`: the run's leaderboard and pace; `WS /ws/leaderboard/live/`: the board
-across all runs. Each is pushed at most twice a second."""
+"""`WS /ws/runs/{slug}/live/`: the run's leaderboard and pace, for whoever may see the run, asked again
+every few seconds; `WS /ws/leaderboard/live/`: the board across all runs, everyone's. Each is pushed
+at most twice a second."""
 
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 
-from portal.live import PushingConsumer, cached_snapshot
-from runs.access.rules import visible_run
+from portal.live import PushingConsumer, cached, cached_snapshot, current_viewer
+from runs.access.rules import run_may_view, run_seen_by_all, visible_run
 from runs.credit.boards import BY, WINDOWS, board_snapshot, run_snapshot
 from runs.models import Run
 
@@ -18,17 +19,32 @@ async def snapshot_text(run: Run) -> str:
 
 
 class RunLiveConsumer(PushingConsumer):
+    refusal_code = 4404  # as for a run that does not exist
+
     async def connect(self) -> None:
         slug = self.scope["url_route"]["kwargs"]["slug"]
         self.run = await database_sync_to_async(visible_run)(slug=slug, user=self.scope.get("user"))
         if self.run is None:
-            await self.close(code=4404)
+            await self.close(code=self.refusal_code)
             return
         self.feed = f"snapshot of run {self.run.slug}"
         await self.start()
 
     async def snapshot(self) -> str:
         return await snapshot_text(self.run)
+
+    async def may_watch(self) -> bool:
+        """The run's row is read once per recheck for all its viewers; only a run not seen by all
+        (members only) asks about the viewer, who may have been banned, dropped from its list or
+        signed out since the feed opened."""
+        run = await cached(("run row", self.run.pk), lambda: Run.objects.filter(pk=self.run.pk).first(),
+                           self.recheck)
+        if run is None:
+            return False
+        if run_seen_by_all(run=run):
+            return True
+        viewer = await current_viewer(self.scope)
+        return await database_sync_to_async(run_may_view, thread_sensitive=False)(run=run, user=viewer)
 
 
 class BoardLiveConsumer(PushingConsumer):

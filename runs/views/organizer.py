@@ -1,6 +1,7 @@
 """Pages and actions for a run's organizers: configure, start and stop, moderate, data, tokenizer,
 downstream probes, flagged credit."""
 
+from collections.abc import Callable
 from functools import wraps
 
 from django.conf import settings
@@ -15,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
-from runs.access.rules import run_is_organizer
+from runs.access.rules import run_is_organizer, visible_run
 from runs.models import DataFile, Probe, Run, SessionEpoch, TrainingSession
 from runs.setup import services
 from runs.setup.config_labels import FIELDS
@@ -26,17 +27,26 @@ from runs.swarm import verification
 MAX_TOKENIZER_BYTES = 20 * 1024 * 1024
 
 
+def _run_for(request: HttpRequest, slug: str, *, may: Callable[[Run], bool], refusal: str) -> Run:
+    """The run named ``slug`` if the user may act on it (``may(run)``); a run they may not see (a
+    draft, a members-only run) is a 404 as for one that does not exist, so that its slug is not
+    confirmed; a run they see but may not act on is a 403 with ``refusal``."""
+    run = visible_run(slug=slug, user=request.user)
+    if run is None:
+        raise Http404("no such run")
+    if not may(run):
+        raise PermissionDenied(refusal)
+    return run
+
+
 def organizer_required(view):
-    """Only the run's organizers; everyone else gets a 404, so drafts do not leak their slugs."""
+    """Only the run's organizers; a 404 to whoever may not see the run, a 403 to who sees it."""
 
     @login_required
     @wraps(view)
     def wrapper(request: HttpRequest, slug: str, *args, **kwargs) -> HttpResponse:
-        run = get_object_or_404(Run, slug=slug)
-        if not run_is_organizer(run=run, user=request.user):
-            if run.status == Run.Status.DRAFT:
-                raise Http404("no such run")
-            raise PermissionDenied("only the run's organizers can do this")
+        run = _run_for(request, slug, may=lambda run: run_is_organizer(run=run, user=request.user),
+                       refusal="only the run's organizers can do this")
         return view(request, run, *args, **kwargs)
 
     return wrapper
@@ -209,12 +219,8 @@ def tokenizer_upload(request: HttpRequest, run: Run) -> HttpResponse:
 
 def _credit_reviewer_run(request: HttpRequest, slug: str) -> Run:
     """The run, if the user may decide its flagged credit: its organizers and the portal's staff."""
-    run = get_object_or_404(Run, slug=slug)
-    if not (run_is_organizer(run=run, user=request.user) or request.user.is_staff):
-        if run.status == Run.Status.DRAFT:
-            raise Http404("no such run")
-        raise PermissionDenied("only the run's organizers can review its flagged credit")
-    return run
+    return _run_for(request, slug, may=lambda run: request.user.is_staff or run_is_organizer(run=run, user=request.user),
+                    refusal="only the run's organizers can review its flagged credit")
 
 
 @login_required

@@ -51,8 +51,9 @@
       // charts.js appends the snapshot's figures to the run's charts.
       root.dispatchEvent(new CustomEvent("run:snapshot", { detail: snapshot, bubbles: true }));
     };
-    socket.onclose = () => {
+    socket.onclose = (event) => {
       root.classList.remove("connected");
+      if (event.code === 4404) return;  // this viewer may not (or no longer) see the run: asking again changes nothing
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 30000);
     };

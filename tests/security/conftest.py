@@ -1,7 +1,9 @@
-"""The world every security test speaks of: the named personas, a public and an invite-only run.
+"""The world every security test speaks of: the named personas, a public and an invite-only run, and
+an invite-only run only its members may see.
 
-anonymous; oscar: logged in, no relation; vik: volunteer of both runs (member of the invite-only
-one); bruno: banned from both; olga: organizer of both; otto: organizer of another run; stella: staff.
+anonymous; oscar: logged in, no relation; vik: volunteer of the three runs (member of the invite-only
+ones); bruno: banned from the three; olga: organizer of the three; otto: organizer of another run;
+stella: staff.
 """
 
 import pytest
@@ -11,7 +13,7 @@ from accounts.notifications import unsubscribe_link
 from accounts.services import team_create, token_create, token_revoke
 from accounts.verification import verification_link
 from runs.access.sessions import session_link_token
-from runs.models import Certificate, Checkpoint, Probe, RunCredit, RunMembership, SessionEpoch
+from runs.models import Certificate, Checkpoint, Probe, Run, RunCredit, RunMembership, SessionEpoch
 from runs.setup.services import data_file_add, run_ban
 from tests.factories import UserFactory
 from tests.security.world import World, world_run, world_session
@@ -24,11 +26,13 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     users = {"anonymous": None, "oscar": outsider, "vik": volunteer, "bruno": banned, "olga": organizer,
              "otto": other_organizer, "stella": staff}
     public, invite = world_run("open-run", "public", organizer), world_run("code-run", "invite", organizer)
+    members = world_run("members-run", "invite", organizer, audience=Run.Audience.MEMBERS)
     other = world_run("other-run", "public", other_organizer)
-    for run in (public, invite):
+    for run in (public, invite, members):
         run_ban(run=run, actor=organizer, user=banned)
-    RunMembership.objects.create(run=invite, user=volunteer)
-    RunMembership.objects.create(run=invite, user=banned)
+        if run.visibility == Run.Visibility.INVITE:
+            RunMembership.objects.create(run=run, user=volunteer)
+            RunMembership.objects.create(run=run, user=banned)
     tokens = {name: token_create(user=user, name=f"{name}'s laptop")[1] for name, user in users.items() if user}
     vik_token = token_create(user=volunteer, name="old laptop")
     token_revoke(token=vik_token[0])
@@ -44,17 +48,22 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     # vik's confirmed work in the public run, and the certificate it earned (its page recomputes it from here).
     RunCredit.objects.create(run=public, user=volunteer, samples=64, samples_verified=64, credit_verified=112.0, credit=112.0)
     certificate = Certificate.objects.create(run=public, user=volunteer)
+    members_session = world_session(members, volunteer, None)
     values = {
-        "public": public.slug, "invite": invite.slug, "team": team.slug, "vik_token": vik_token[0].pk,
+        "public": public.slug, "invite": invite.slug, "members": members.slug, "team": team.slug, "vik_token": vik_token[0].pk,
         "data_file": data_file.pk, "wheel": "peer_agent-0.1.0-py3-none-any.whl",
         "public_session": public_session.pk, "invite_session": invite_session.pk,
         "flag": SessionEpoch.objects.create(session=public_session, epoch=1, reported_samples=64, announced_samples=32,
                                             status=SessionEpoch.Status.FLAGGED).pk,
+        # What the organizer routes act on in the members-only run.
+        "members_data_file": data_file_add(run=members, actor=organizer, name="bn.txt", content=b"a line\n").pk,
+        "members_session": members_session.pk,
+        "members_flag": SessionEpoch.objects.create(session=members_session, epoch=1, reported_samples=64,
+                                                    announced_samples=32, status=SessionEpoch.Status.FLAGGED).pk,
+        "members_probe": _probe(members).pk,
         "vik": volunteer.username,
         "vik_certificate": certificate.code,
-        "probe": Probe.objects.create(run=public, name="topics", task=Probe.Task.TEXT, labels=["a", "b"], train_examples=2,
-                                      test_examples=2, train_file=ContentFile(b"text,label\nx,a\ny,b\n", name="train.csv"),
-                                      test_file=ContentFile(b"text,label\nx,a\ny,b\n", name="test.csv")).pk,
+        "probe": _probe(public).pk,
         "vik_verify": verification_link(user=volunteer).rsplit("/verify/", 1)[1].strip("/"),
         "vik_unsubscribe": unsubscribe_link(user=volunteer, kind="run_paused").rsplit("/unsubscribe/", 1)[1].strip("/"),
         "invite_data_link": f"{session_link_token(session=invite_session, kind='data', target=data_file)}/{data_file.pk}.txt",
@@ -62,3 +71,10 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
                                    f"/{checkpoints[invite].pk}.zip"),
     }
     return World(users, tokens, values)
+
+
+def _probe(run) -> Probe:
+    rows = b"text,label\nx,a\ny,b\n"
+    return Probe.objects.create(run=run, name="topics", task=Probe.Task.TEXT, labels=["a", "b"], train_examples=2,
+                                test_examples=2, train_file=ContentFile(rows, name="train.csv"),
+                                test_file=ContentFile(rows, name="test.csv"))

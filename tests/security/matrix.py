@@ -4,8 +4,11 @@ against them; test_csrf.py and test_websocket_matrix.py read them too).
 PAGES: browser routes with a session cookie. API: the JSON API with an agent token
 (`Authorization: Bearer`). Each row is `(path, method, expected status per persona)`; `{public}`
 and `{invite}` in a path are a public run and an invite-only run, both active and organized by
-olga. A route of the URL conf with no row here fails `test_every_route_has_a_row`, so adding a
-route means adding its row here (one line per method and run).
+olga; `{members}` an invite-only run of olga's that only its members see (vik; bruno is banned
+from it): whoever may not see a run gets, on every route, the 404 of a run that does not exist,
+and only who sees it but may not act on it a 403. A route of the URL conf with no row here fails
+`test_every_route_has_a_row`, so adding a route means adding its row here (one line per method and
+run).
 """
 
 from django.core.files.base import ContentFile
@@ -86,6 +89,27 @@ PAGES = [
     ("/runs/{public}/flags/{flag}/accept/",       "POST", L,    403,   403,  403,   302,  403,  302),
     ("/runs/{public}/flags/{flag}/reject/",       "GET",  405,  405,   405,  405,   405,  405,  405),
     ("/runs/{public}/suspended/{public_session}/lift/", "POST", L, 403,   403,  403,   302,  403,  302),
+    # The members-only run: every organizer route, and the pages its members see.
+    ("/runs/{members}/",                          "GET",  404,  404,   200,  404,   200,  404,  200),
+    ("/runs/{members}/join/",                     "GET",  L,    404,   200,  404,   200,  404,  200),
+    ("/runs/{members}/edit/",                     "GET",  L,    404,   403,  404,   200,  404,  403),
+    ("/runs/{members}/edit/",                     "POST", L,    404,   403,  404,   200,  404,  403),
+    ("/runs/{members}/participants/",             "GET",  L,    404,   403,  404,   200,  404,  403),
+    ("/runs/{members}/ban/",                      "POST", L,    404,   403,  404,   302,  404,  403),
+    ("/runs/{members}/unban/",                    "POST", L,    404,   403,  404,   302,  404,  403),
+    ("/runs/{members}/allowlist/",                "POST", L,    404,   403,  404,   302,  404,  403),
+    ("/runs/{members}/data/",                     "POST", L,    404,   403,  404,   302,  404,  403),
+    ("/runs/{members}/data/{members_data_file}/remove/", "POST", L, 404, 403,  404,   302,  404,  403),
+    ("/runs/{members}/tokenizer/train/",          "POST", L,    404,   403,  404,   302,  404,  403),
+    ("/runs/{members}/tokenizer/upload/",         "POST", L,    404,   403,  404,   302,  404,  403),
+    ("/runs/{members}/status/pause/",             "POST", L,    404,   403,  404,   302,  404,  403),
+    ("/runs/{members}/status/pause/",             "GET",  405,  405,   405,  405,   405,  405,  405),
+    ("/runs/{members}/probes/",                   "GET",  L,    404,   403,  404,   200,  404,  403),
+    ("/runs/{members}/probes/",                   "POST", L,    404,   403,  404,   400,  404,  403),
+    ("/runs/{members}/probes/{members_probe}/remove/", "POST", L, 404, 403,  404,   302,  404,  403),
+    ("/runs/{members}/flags/",                    "GET",  L,    404,   403,  404,   200,  404,  200),
+    ("/runs/{members}/flags/{members_flag}/accept/", "POST", L,  404,  403,  404,   302,  404,  302),
+    ("/runs/{members}/suspended/{members_session}/lift/", "POST", L, 404, 403, 404,  302,  404,  302),
     ("/leaderboard/",                             "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/runs/{public}/certificate.svg",            "GET",  L,    404,   200,  404,   404,  404,  404),
     ("/runs/{invite}/certificate.png",            "GET",  L,    404,   404,  404,   404,  404,  404),
@@ -155,6 +179,10 @@ FORMS = {
     "/runs/{public}/join/": {"action": "token"},
     "/runs/{invite}/join/": {"action": "token"},
     "/runs/{public}/ban/": {"username": "oscar"},
+    "/runs/{members}/ban/": {"username": "oscar"},
+    "/runs/{members}/unban/": {"username": "bruno"},
+    "/runs/{members}/allowlist/": {"usernames": "vik"},
+    "/runs/{members}/data/": {"file": lambda: ContentFile(b"one line of text\n", name="more.txt")},
     "/runs/{public}/unban/": {"username": "bruno"},
     "/runs/{invite}/allowlist/": {"usernames": "vik"},
     "/runs/{invite}/data/": {"file": lambda: ContentFile(b"one line of text\n", name="more.txt")},

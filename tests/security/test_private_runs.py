@@ -25,7 +25,9 @@ from tests.factories import RunFactory, join_body, report, session_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SLUG = "hidden-run"
-PAGES = ["/runs/{slug}/", "/runs/{slug}/health/", "/runs/{slug}/join/"]
+PAGES = ["/runs/{slug}/", "/runs/{slug}/health/", "/runs/{slug}/join/",
+         # Its organizers' pages: refused as for a missing run, not as a run one may not organize.
+         "/runs/{slug}/edit/", "/runs/{slug}/participants/", "/runs/{slug}/probes/", "/runs/{slug}/flags/"]
 API = ["/api/v1/runs/{slug}/", "/api/v1/runs/{slug}/leaderboard", "/api/v1/runs/{slug}/checkpoints",
        "/api/v1/runs/{slug}/series", "/api/v1/runs/{slug}/evaluations"]
 
@@ -128,3 +130,31 @@ def test_an_organizer_makes_a_run_members_only(organizer):
                         audience=Run.Audience.MEMBERS, config=RunConfig.model_validate(run.config))
     assert Client().get("/runs/open-run/").status_code == 404
     assert client.get("/runs/open-run/").status_code == 200
+
+
+@pytest.mark.parametrize("status", [Run.Status.ACTIVE, Run.Status.PAUSED, Run.Status.FINISHED])
+def test_the_address_of_a_members_only_run_anyone_may_join_opens_its_door_and_nothing_else(organizer, outsider, status):
+    """Its join page is the invitation: a signed-in person with the address learns the run's name
+    and how to join, paused or finished as it may be, and sees nothing more of it until they joined."""
+    RunFactory(slug="door-run", name="Sylheti ALBERT", visibility=Run.Visibility.UNLISTED, audience=Run.Audience.MEMBERS,
+               status=status, organizers=[organizer])
+    client = client_for(outsider)
+    door = client.get("/runs/door-run/join/")
+    assert door.status_code == 200 and "Sylheti ALBERT" in door.content.decode()
+    for path in [path for path in PAGES + API if not path.endswith("/join/")]:
+        assert client.get(path.format(slug="door-run")).status_code == 404, path
+
+
+@pytest.mark.parametrize("shut_out", ["banned", "not listed", "no code", "draft"])
+def test_whoever_a_members_only_run_would_not_let_in_finds_no_door(organizer, volunteer, outsider, shut_out):
+    visibility = {"not listed": Run.Visibility.ALLOWLIST, "no code": Run.Visibility.INVITE}.get(shut_out, Run.Visibility.UNLISTED)
+    status = Run.Status.DRAFT if shut_out == "draft" else Run.Status.ACTIVE
+    run = RunFactory(slug="door-run", visibility=visibility, audience=Run.Audience.MEMBERS, status=status, organizers=[organizer])
+    run.allowlist.add(volunteer)
+    if shut_out == "banned":
+        services.run_ban(run=run, actor=organizer, user=outsider)
+    client = client_for(outsider)
+    door, missing = client.get("/runs/door-run/join/"), client.get("/runs/no-such-run/join/")
+    assert door.status_code == missing.status_code == 404
+    assert _without_request_id(door.content.decode().replace("door-run", "no-such-run")) == \
+        _without_request_id(missing.content.decode())

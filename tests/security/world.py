@@ -26,10 +26,10 @@ class World:
     values: dict  # what fills the path templates
 
 
-def world_run(slug: str, visibility: str, organizer) -> Run:
+def world_run(slug: str, visibility: str, organizer, audience: str = Run.Audience.EVERYONE) -> Run:
     public_key, private_key = _authority()
     run = RunFactory(
-        slug=slug, visibility=visibility, organizers=[organizer],
+        slug=slug, visibility=visibility, audience=audience, organizers=[organizer],
         authority_public_key=public_key, authority_private_key=private_key,
     )
     run.tokenizer_file.save(f"{slug}-tokenizer.json", ContentFile(b'{"version": "1.0"}'))
