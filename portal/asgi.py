@@ -10,11 +10,12 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from portal.request_body import RequestBodyLimit  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": RequestBodyLimit(django_asgi_app),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )
