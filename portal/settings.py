@@ -275,8 +275,10 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 MEDIA_URL = "media/"
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
-# Serve files straight from the apps' static folders too, so that the demo and the test servers
-# (DEBUG off) need no collectstatic; production still serves the compressed, hashed copies.
+# Serve files straight from the static folders too, so that the demo and the tests (their settings
+# read with DEBUG on, the default) need no collectstatic. With DEBUG off pages link the compressed,
+# hashed copies collectstatic writes, and the web process does not start without them
+# (portal/static_manifest.py).
 WHITENOISE_USE_FINDERS = True
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
