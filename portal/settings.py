@@ -211,9 +211,19 @@ COORDINATOR_DUTIES_LEASE_SECONDS = env_int("COORDINATOR_DUTIES_LEASE_SECONDS", 1
 COORDINATOR_AGGREGATOR_HOST_MADDRS = env_list("COORDINATOR_AGGREGATOR_HOST_MADDRS", ["/ip4/127.0.0.1/tcp/0"])
 COORDINATOR_AGGREGATOR_ANNOUNCE_MADDRS = env_list("COORDINATOR_AGGREGATOR_ANNOUNCE_MADDRS", [])
 COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS = env_int("COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS", 100, minimum=1)
-FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
-# Downstream probes (docs/organizers.md "Probes"): the largest train or test part an organizer may upload.
+# The largest files organizers upload: a run's text file (the largest), its tokenizer.json, and each
+# part of a downstream probe (docs/organizers.md "Probes").
+DATA_FILE_MAX_BYTES = 50 * 1024 * 1024
+TOKENIZER_MAX_BYTES = 20 * 1024 * 1024
 PROBE_MAX_FILE_BYTES = env_int("PROBE_MAX_FILE_BYTES", 10 * 1024 * 1024, minimum=1024)
+# A request's fields other than files (a form's, a JSON body's): the largest, a run's settings form,
+# is a few KiB.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+# Past this an uploaded file, and under ASGI any request body, waits in a temporary file, not in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+# A request body larger than the largest upload with the rest of its form is answered 413 before it is
+# read (portal/request_body.py); the proxy in front takes no more either (docs/deploy.md, "The proxy").
+REQUEST_BODY_MAX_BYTES = max(DATA_FILE_MAX_BYTES, TOKENIZER_MAX_BYTES, 2 * PROBE_MAX_FILE_BYTES) + DATA_UPLOAD_MAX_MEMORY_SIZE
 # `manage.py publish_checkpoint --hub REPO` uploads with this Hugging Face token; without one it refuses.
 HF_TOKEN = env_str("HF_TOKEN", "")
 
@@ -265,8 +275,10 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 MEDIA_URL = "media/"
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
-# Serve files straight from the apps' static folders too, so that the demo and the test servers
-# (DEBUG off) need no collectstatic; production still serves the compressed, hashed copies.
+# Serve files straight from the static folders too, so that the demo and the tests (their settings
+# read with DEBUG on, the default) need no collectstatic. With DEBUG off pages link the compressed,
+# hashed copies collectstatic writes, and the web process does not start without them
+# (portal/static_manifest.py).
 WHITENOISE_USE_FINDERS = True
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -7,10 +7,8 @@ name: they are left out of the volunteers' and runs' files
 and counted only in their team's totals.
 """
 
-import csv
 import datetime
 import gzip
-import io
 import json
 import os
 from pathlib import Path
@@ -20,6 +18,7 @@ from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from accounts.models import User
+from portal.csv_export import csv_text
 from runs.credit.boards import volunteer_profile_key
 from runs.evaluation.selectors import evaluation_row
 from runs.models import Evaluation, Run, RunCredit, TeamCredit, VolunteerCredit
@@ -92,15 +91,6 @@ def _write_atomically(path: Path, content: bytes) -> None:
     os.replace(partial, path)  # a reader never sees half a file
 
 
-def _csv(rows: list[dict]) -> bytes:
-    text = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return text.getvalue().encode()
-
-
 def stats_dump(*, day: datetime.date | None = None) -> Path:
     """Write the day's dump (rewriting it if it exists: the task is idempotent). Returns its folder."""
     day = day or timezone.now().date()
@@ -110,7 +100,7 @@ def stats_dump(*, day: datetime.date | None = None) -> Path:
                        ("evaluations", _evaluations())):
         # mtime=0: the same figures give the same bytes.
         _write_atomically(folder / f"{kind}.json.gz", gzip.compress(json.dumps(rows).encode(), mtime=0))
-        _write_atomically(folder / f"{kind}.csv.gz", gzip.compress(_csv(rows), mtime=0))
+        _write_atomically(folder / f"{kind}.csv.gz", gzip.compress(csv_text(rows).encode(), mtime=0))
     return folder
 
 

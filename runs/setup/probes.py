@@ -68,8 +68,15 @@ def tokens_parse(text: str) -> list[tuple[list[str], list[str]]]:
 
 def text_parse(text: str) -> list[tuple[str, str]]:
     """CSV ``text,label`` rows (a first row ``text,label`` is a header)."""
+    # newline="": the reader itself ends rows at \n, \r\n or \r, and keeps line breaks inside quotes.
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        table = list(reader)
+    except csv.Error as exc:  # a cell past the csv module's field size limit, mostly an unclosed quote
+        raise ProbeFormatError(f"line {reader.line_num} cannot be read as CSV ({exc}); a text may have at most "
+                               f"{csv.field_size_limit():,} characters, and a quote must be closed") from None
     rows = []
-    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+    for number, row in enumerate(table, start=1):
         if not row or not "".join(row).strip():
             continue
         if len(row) != 2:

@@ -20,8 +20,6 @@ from runs.setup.heldout import heldout_join, heldout_split
 
 logger = logging.getLogger(__name__)
 
-MAX_DATA_FILE_BYTES = 50 * 1024 * 1024
-
 
 class RunError(Exception):
     """A run action that is not allowed; the message is meant for the person who tried it."""
@@ -187,9 +185,9 @@ def _utf8_lines(content: bytes) -> int:
 def data_file_add(*, run: Run, actor: User, name: str, content: bytes) -> DataFile:
     """Store an uploaded text file; documents it gives to the run's held-out split (up to the run's
     held-out size) are kept apart, and the agents are served the rest."""
-    if len(content) > MAX_DATA_FILE_BYTES:
+    if len(content) > settings.DATA_FILE_MAX_BYTES:
         raise RunError(_("the file is %(size)d MiB; the limit is %(limit)d MiB per file")
-                       % {"size": len(content) // 2**20, "limit": MAX_DATA_FILE_BYTES // 2**20})
+                       % {"size": len(content) // 2**20, "limit": settings.DATA_FILE_MAX_BYTES // 2**20})
     if not content.strip():
         raise RunError(_("the file is empty"))
     _utf8_lines(content)

@@ -161,6 +161,8 @@ def tokenizer_validate(json_text: str) -> Tokenizer:
     hint = "Upload the tokenizer.json written by tokenizers' Tokenizer.save(), or let the portal train one."
     try:
         parsed = json.loads(json_text)
+    except RecursionError:  # json.loads recurses once per level of nesting
+        raise ValueError(f"The uploaded JSON is nested too deeply to be a tokenizer. {hint}") from None
     except ValueError as error:
         logger.info("uploaded tokenizer is not JSON: %s", error)
         raise ValueError(f"The uploaded file is not valid JSON. {hint}") from None

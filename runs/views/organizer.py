@@ -24,8 +24,6 @@ from runs.setup.forms import PRESETS, ProbeForm, RunForm, preset_config
 from runs.setup.probes import ProbeFormatError, probe_add, probe_remove
 from runs.swarm import verification
 
-MAX_TOKENIZER_BYTES = 20 * 1024 * 1024
-
 
 def _run_for(request: HttpRequest, slug: str, *, may: Callable[[Run], bool], refusal: str) -> Run:
     """The run named ``slug`` if the user may act on it (``may(run)``); a run they may not see (a
@@ -173,8 +171,8 @@ def data_upload(request: HttpRequest, run: Run) -> HttpResponse:
     if upload is None:
         messages.error(request, _("Choose a text file to upload."))
         return redirect(run)
-    if upload.size > services.MAX_DATA_FILE_BYTES:
-        messages.error(request, _("The file is larger than %(size)s MiB.") % {"size": services.MAX_DATA_FILE_BYTES // 2**20})
+    if upload.size > settings.DATA_FILE_MAX_BYTES:
+        messages.error(request, _("The file is larger than %(size)s MiB.") % {"size": settings.DATA_FILE_MAX_BYTES // 2**20})
         return redirect(run)
     content = upload.read()
     return _then(
@@ -203,7 +201,7 @@ def tokenizer_train(request: HttpRequest, run: Run) -> HttpResponse:
 @organizer_required
 def tokenizer_upload(request: HttpRequest, run: Run) -> HttpResponse:
     upload = request.FILES.get("file")
-    if upload is None or upload.size > MAX_TOKENIZER_BYTES:
+    if upload is None or upload.size > settings.TOKENIZER_MAX_BYTES:
         messages.error(request, _("Choose a tokenizer.json file of at most 20 MiB."))
         return redirect(run)
     try:

@@ -1,6 +1,7 @@
 """Settings come from the environment; bad values stop start-up; production passes check --deploy."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,22 @@ def test_a_secret_can_be_read_from_a_file(tmp_path):
         timeout=60,
     )
     assert result.stdout.strip() == "from-a-mounted-file-3f9a7c1e2b8d4f6a0c5e9b7d1f3a5c7e9b1d3f5a7c9e", result.stderr
+
+
+def test_the_web_process_without_collected_static_files_refuses_to_start_naming_the_command(tmp_path):
+    """With DEBUG off every page links the hashed names of collectstatic's manifest: without it the
+    portal would answer every page 500, so the web server stops at start-up and says what to run."""
+    env = {**PRODUCTION, "PORTAL_VAR_DIR": str(tmp_path), "STATIC_ROOT": str(tmp_path / "static"),
+           "ALLOWED_HOSTS": "testserver", "SECURE_SSL_REDIRECT": "false"}
+    login_page = ("import portal.asgi; from django.test import Client; "
+                  "page = Client().get('/accounts/login/'); print(page.status_code, page.content.decode())")
+    refused = manage("shell", "--verbosity", "0", "-c", login_page, **env)
+    assert refused.returncode != 0
+    assert "staticfiles.json is missing" in refused.stderr
+    assert "run `python manage.py collectstatic --noinput` before starting the web server" in refused.stderr
+
+    assert manage("collectstatic", "--noinput", **env).returncode == 0
+    served = manage("shell", "--verbosity", "0", "-c", login_page, **env)
+    assert served.returncode == 0, served.stderr
+    status, page = served.stdout.split(" ", 1)
+    assert status == "200" and re.search(r"/static/css/portal\.[0-9a-f]{12}\.css", page)
