@@ -28,8 +28,8 @@ DAY = 86400
 def limits(settings):
     """Low limits and fresh counters; a day-long window so that no test straddles two windows."""
     cache.clear()
-    settings.RATE_LIMITS = {"login": (3, DAY), "signup": (2, DAY), "token_create": (2, DAY), "join": (2, DAY),
-                            "refresh": (2, DAY), "token_failures": (3, DAY)}
+    settings.RATE_LIMITS = {"login": (3, DAY), "login_address": (5, DAY), "signup": (2, DAY), "token_create": (2, DAY),
+                            "join": (2, DAY), "refresh": (2, DAY), "token_failures": (3, DAY)}
     yield settings.RATE_LIMITS
     cache.clear()
 
@@ -115,6 +115,17 @@ def test_login_attempts_are_limited_per_address_and_username(limits, client, vol
     assert "_auth_user_id" not in client.session
     assert login(client, "oscar", PASSWORD).status_code == 302, "another username is not affected"
     assert login(client, "vik", PASSWORD, ip="198.51.100.8").status_code == 302, "nor another address"
+
+
+def test_one_address_trying_many_usernames_is_limited_across_them(limits, client, volunteer, outsider):
+    """One password against many accounts: each username is tried once, the address meets its limit."""
+    for n in range(5):
+        assert login(client, f"guess{n}", "hunter2").status_code == 200
+    refused = login(client, "oscar", PASSWORD)  # a sixth username, even with its right password
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert "Too many log-in attempts from your address" in refused.content.decode()
+    assert "_auth_user_id" not in client.session
+    assert login(client, "oscar", PASSWORD, ip="198.51.100.8").status_code == 302, "another address is not affected"
 
 
 def test_signups_are_limited_per_address(limits, client, db):
