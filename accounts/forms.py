@@ -11,25 +11,31 @@ from runs.models import Run
 
 
 class LoginLimit:
-    """Counts every attempt per client IP and username before the password is checked.
+    """Counts every attempt per client IP, and per client IP and username, before the password is checked.
 
-    The site's and the admin's log-in forms share the limit "login" and its counter, so that
-    guesses split between the two pages still meet one limit.
+    The site's and the admin's log-in forms share the limits "login_address" and "login" and their
+    counters, so that guesses split between the two pages still meet one limit. The count per
+    address alone stops one password tried against many usernames, which the other never sees.
     """
 
     rate_limited: RateLimited | None = None
 
     def clean(self):
+        address = request_ip(self.request)
         username = (self.cleaned_data.get("username") or "").lower()
         try:
-            rate_limit_hit(name="login", key=f"{request_ip(self.request)}|{username}")
+            rate_limit_hit(name="login_address", key=str(address))
         except RateLimited as exc:
-            self.rate_limited = exc
-            raise forms.ValidationError(
-                _("Too many log-in attempts for this account; try again in %(seconds)s s."),
-                code="rate_limited", params={"seconds": exc.retry_after},
-            ) from None
+            self._refuse(exc, _("Too many log-in attempts from your address; try again in %(seconds)s s."))
+        try:
+            rate_limit_hit(name="login", key=f"{address}|{username}")
+        except RateLimited as exc:
+            self._refuse(exc, _("Too many log-in attempts for this account; try again in %(seconds)s s."))
         return super().clean()
+
+    def _refuse(self, exc: RateLimited, message: str):
+        self.rate_limited = exc
+        raise forms.ValidationError(message, code="rate_limited", params={"seconds": exc.retry_after}) from None
 
 
 class LoginForm(LoginLimit, AuthenticationForm):

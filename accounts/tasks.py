@@ -4,7 +4,7 @@ import smtplib
 
 from celery import shared_task
 
-from accounts import notifications
+from accounts import notifications, password_reset
 
 
 @shared_task(acks_late=True, ignore_result=True, autoretry_for=(smtplib.SMTPException, OSError),
@@ -12,6 +12,12 @@ from accounts import notifications
 def notification_email_task(notification_id: int) -> str:
     """Send one notification's e-mail; a retry or a duplicate of this task sends nothing new."""
     return notifications.notification_email_send(notification_id=notification_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def password_reset_email_task(*, email: str, language: str, domain: str, use_https: bool) -> None:
+    """Mail a password reset link to the accounts with `email`, if any (accounts.password_reset)."""
+    password_reset.password_reset_send(email=email, language=language, domain=domain, use_https=use_https)
 
 
 @shared_task(ignore_result=True)

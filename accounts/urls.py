@@ -6,6 +6,7 @@ urlpatterns = [
     path("accounts/signup/", views.signup, name="signup"),
     path("accounts/profile/", views.profile, name="profile"),
     path("accounts/login/", views.LoginView.as_view(), name="login"),
+    path("accounts/password_reset/", views.PasswordResetView.as_view(), name="password_reset"),
     path("accounts/verify/resend/", views.email_verify_resend, name="email-verify-resend"),
     path("accounts/verify/<str:token>/", views.email_verify, name="email-verify"),
     path("notifications/", views.notification_list, name="notifications"),

@@ -24,6 +24,7 @@ from accounts.notifications import (
     notifications_mark_read,
     unsubscribe_claim,
 )
+from accounts.password_reset import password_reset_request
 from accounts.verification import (
     VerificationFailed,
     email_change,
@@ -40,6 +41,21 @@ class LoginView(auth_views.LoginView):
     def form_invalid(self, form: LoginForm) -> HttpResponse:
         response = super().form_invalid(form)
         return rate_limited_page(response, form.rate_limited) if form.rate_limited else response
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's page, but the mail is queued (accounts/password_reset.py) and both asker and address are limited."""
+
+    def form_valid(self, form) -> HttpResponse:
+        try:
+            password_reset_request(email=form.cleaned_data["email"], ip=request_ip(self.request),
+                                   language=self.request.LANGUAGE_CODE, domain=self.request.get_host(),
+                                   use_https=self.request.is_secure())
+        except RateLimited as exc:
+            form.add_error(None, _("Too many password resets asked from your address; try again in %(seconds)s s.")
+                           % {"seconds": exc.retry_after})
+            return rate_limited_page(self.form_invalid(form), exc)
+        return redirect(self.get_success_url())
 
 
 def signup(request: HttpRequest) -> HttpResponse:

@@ -240,9 +240,16 @@ if _multiproc_dir and not os.path.isdir(_multiproc_dir):
 
 RATE_LIMITS = {
     "login": env_rate("RATE_LIMIT_LOGIN", "10/15m"),  # per client IP and username
+    # Per client IP, whatever the username: one password tried against many accounts. Higher than
+    # "login" because a lab or a campus may share one address.
+    "login_address": env_rate("RATE_LIMIT_LOGIN_ADDRESS", "50/15m"),
     "signup": env_rate("RATE_LIMIT_SIGNUP", "10/1h"),  # per client IP
     "token_create": env_rate("RATE_LIMIT_TOKEN_CREATE", "30/1h"),  # per volunteer
     "verify_resend": env_rate("RATE_LIMIT_VERIFY_RESEND", "5/1h"),  # verification e-mails, per volunteer
+    # Password reset mails: per client IP that asks, and per address mailed (silently past it, so
+    # that the page never tells anything about an address).
+    "reset_client": env_rate("RATE_LIMIT_RESET_CLIENT", "10/1h"),
+    "reset_email": env_rate("RATE_LIMIT_RESET_EMAIL", "3/1h"),
     "join": env_rate("RATE_LIMIT_JOIN", "60/10m"),  # per agent token
     # Per agent token. An agent holds two copies of its hivemind access, the DHT process's and the one
     # that signs its averaging membership proofs (peer_agent/averaging.py), and each is refreshed once

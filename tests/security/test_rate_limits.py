@@ -28,8 +28,8 @@ DAY = 86400
 def limits(settings):
     """Low limits and fresh counters; a day-long window so that no test straddles two windows."""
     cache.clear()
-    settings.RATE_LIMITS = {"login": (3, DAY), "signup": (2, DAY), "token_create": (2, DAY), "join": (2, DAY),
-                            "refresh": (2, DAY), "token_failures": (3, DAY)}
+    settings.RATE_LIMITS = {"login": (3, DAY), "login_address": (5, DAY), "signup": (2, DAY), "token_create": (2, DAY),
+                            "join": (2, DAY), "refresh": (2, DAY), "token_failures": (3, DAY)}
     yield settings.RATE_LIMITS
     cache.clear()
 
@@ -40,16 +40,44 @@ def test_the_counter_refuses_past_the_limit_and_says_when_to_retry(limits):
         rate_limit_hit(name="login", key=key)
     with pytest.raises(RateLimited) as refused:
         rate_limit_hit(name="login", key=key)
-    assert 1 <= refused.value.retry_after <= DAY
+    assert 1 <= refused.value.retry_after <= DAY + DAY // ratelimit.SLOTS  # the window slides a slot at a time
     rate_limit_hit(name="login", key=str(uuid.uuid4()))  # another key has its own count
 
 
-def test_a_new_window_starts_a_new_count(limits, monkeypatch):
+def test_a_window_later_the_count_starts_afresh(limits, monkeypatch):
     key = str(uuid.uuid4())
     for _ in range(3):
         rate_limit_hit(name="login", key=key)
-    later = ratelimit.time.time() + DAY
+    later = ratelimit.time.time() + DAY + DAY // ratelimit.SLOTS  # past the slot that held the three
     monkeypatch.setattr(ratelimit.time, "time", lambda: later)
+    rate_limit_hit(name="login", key=key)
+
+
+def test_twice_the_limit_never_fits_across_a_window_boundary(limits, monkeypatch):
+    """The window slides: three attempts just before a day's boundary still count just after it."""
+    key, boundary = str(uuid.uuid4()), (ratelimit.time.time() // DAY + 1) * DAY
+    monkeypatch.setattr(ratelimit.time, "time", lambda: boundary - 1)
+    for _ in range(3):
+        rate_limit_hit(name="login", key=key)
+    monkeypatch.setattr(ratelimit.time, "time", lambda: boundary + 1)
+    with pytest.raises(RateLimited) as refused:
+        rate_limit_hit(name="login", key=key)
+    retry_at = boundary + 1 + refused.value.retry_after
+    assert boundary - 1 + DAY <= retry_at <= boundary + DAY + DAY // ratelimit.SLOTS + 1
+    monkeypatch.setattr(ratelimit.time, "time", lambda: retry_at)
+    rate_limit_hit(name="login", key=key)  # told when to come back, it is let in then
+
+
+def test_a_refused_attempt_does_not_push_the_retry_time_back(limits, monkeypatch):
+    key, now = str(uuid.uuid4()), ratelimit.time.time()
+    for _ in range(3):
+        rate_limit_hit(name="login", key=key)
+    retry_afters = []
+    for _ in range(5):
+        with pytest.raises(RateLimited) as refused:
+            rate_limit_hit(name="login", key=key)
+        retry_afters.append(refused.value.retry_after)
+    monkeypatch.setattr(ratelimit.time, "time", lambda: now + retry_afters[-1] + 1)
     rate_limit_hit(name="login", key=key)
 
 
@@ -87,6 +115,17 @@ def test_login_attempts_are_limited_per_address_and_username(limits, client, vol
     assert "_auth_user_id" not in client.session
     assert login(client, "oscar", PASSWORD).status_code == 302, "another username is not affected"
     assert login(client, "vik", PASSWORD, ip="198.51.100.8").status_code == 302, "nor another address"
+
+
+def test_one_address_trying_many_usernames_is_limited_across_them(limits, client, volunteer, outsider):
+    """One password against many accounts: each username is tried once, the address meets its limit."""
+    for n in range(5):
+        assert login(client, f"guess{n}", "hunter2").status_code == 200
+    refused = login(client, "oscar", PASSWORD)  # a sixth username, even with its right password
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert "Too many log-in attempts from your address" in refused.content.decode()
+    assert "_auth_user_id" not in client.session
+    assert login(client, "oscar", PASSWORD, ip="198.51.100.8").status_code == 302, "another address is not affected"
 
 
 def test_signups_are_limited_per_address(limits, client, db):
