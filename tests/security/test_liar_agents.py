@@ -103,7 +103,9 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
         checks = StepCommitment.objects.filter(session__user=user)
         assert checks.filter(outcome="passed").count() >= 5, f"the validator kept checking {user}"
         assert not checks.filter(outcome="failed").exists()
-        assert not SessionEpoch.objects.filter(session__user=user, status="flagged").exists()
+        flagged = SessionEpoch.objects.filter(session__user=user, status="flagged")
+        assert not flagged.exists(), [(row.epoch, row.reported_samples, row.announced_samples, row.detail)
+                                      for row in flagged]
         assert confirmed(liar) < confirmed(user)
     # The liar's state was never held as the swarm's: the honest agents' checks passed against the state
     # they agreed on, and one peer, the liar, served a state unlike the held one again and again.
