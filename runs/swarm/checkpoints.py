@@ -10,6 +10,7 @@ import threading
 import time
 import warnings
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,11 +20,12 @@ from django.db import close_old_connections, transaction
 from django.db.models import Sum
 
 from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write, checkpoint_zip
-from peer_agent.metrics import metrics_read
+from peer_agent.metrics import LocalMetrics, metrics_read
 from peer_agent.protocol import AveragingConfig, RunConfig
 from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
 from runs.models import Checkpoint, ContributionEvent, Evaluation, Run
 from runs.swarm.cards import model_card_write
+from runs.swarm.monitor import progress_read
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
@@ -123,14 +125,25 @@ def run_samples_total(*, run: Run) -> int:
 
 
 def swarm_read(dht: DHT, run_id: str) -> SwarmReading | None:
-    """The collaboration's epoch and loss from the peers' signed metrics; None when no peer published any."""
-    return swarm_reading_of(list(metrics_read(dht, run_id).values()))
+    """The collaboration's epoch and loss from the signed metrics of the peers in the swarm now; None
+    when none published any."""
+    return swarm_reading_of(metrics_read(dht, run_id), present=progress_read(dht, run_id).keys())
 
 
-def swarm_reading_of(records: list) -> SwarmReading | None:
-    """The epoch that half the peers have reached (the lower median of their metrics' steps), and their
-    mean loss there: each peer signs only its own records, so one member announcing a far epoch moves
-    neither, while the swarm moving on moves both."""
+def swarm_reading_of(metrics: dict[bytes, LocalMetrics], *, present: Iterable[bytes]) -> SwarmReading | None:
+    """The epoch that half the ``present`` peers (those with a progress record, by owner subkey) have
+    reached (the lower median of their metrics' steps), and their mean loss there: each peer signs only
+    its own records, so one member announcing a far epoch moves neither, while the swarm moving on
+    moves both.
+
+    A peer that left keeps its last metrics record for ``METRICS_EXPIRATION_S`` (10 minutes), but its
+    progress record goes within a minute (hivemind clears it on shutdown). After a pause every agent
+    joins again with a new peer key: counting the old sessions' records would hold the reading at their
+    last step while the new peers moved past it, and the checkpointer would refuse those peers' states
+    as too far ahead until the old records expired.
+    """
+    present = set(present)
+    records = [record for subkey, record in metrics.items() if subkey in present]
     if not records:
         return None
     steps = sorted(record.step for record in records)

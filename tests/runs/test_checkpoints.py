@@ -246,15 +246,31 @@ def metrics(step: int, loss: float = 4.0) -> LocalMetrics:
     return LocalMetrics(step=step, samples_per_second=10.0, samples_accumulated=32, loss=loss, mini_steps=4)
 
 
+def reading_of(*records: LocalMetrics, left: tuple[LocalMetrics, ...] = ()):
+    """The checkpointer's reading of ``records`` from peers in the swarm and ``left`` from peers gone from it."""
+    present = {b"[owner:peer %d]" % index: record for index, record in enumerate(records)}
+    gone = {b"[owner:gone %d]" % index: record for index, record in enumerate(left)}
+    return swarm_reading_of({**present, **gone}, present=present.keys())
+
+
 def test_one_member_announcing_a_far_epoch_moves_neither_the_checkpointers_epoch_nor_its_trust():
     honest = [metrics(7, loss=4.0), metrics(7, loss=3.0), metrics(6, loss=5.0)]
     liar = metrics(10**6, loss=0.01)
-    reading = swarm_reading_of([*honest, liar])
+    reading = reading_of(*honest, liar)
     assert (reading.epoch, reading.loss) == (7, 3.5)
-    assert swarm_reading_of(honest[:1] + [liar]).epoch == 7, "one honest peer and one liar: the honest epoch"
-    assert swarm_reading_of([]) is None
+    assert reading_of(honest[0], liar).epoch == 7, "one honest peer and one liar: the honest epoch"
+    assert reading_of() is None
     assert state_epoch_trusted(state_epoch=8, swarm_epoch=7)
     assert not state_epoch_trusted(state_epoch=10**6, swarm_epoch=7), "a served state past the swarm is refused"
+
+
+def test_the_records_of_peers_that_left_do_not_hold_the_reading_back():
+    # After a pause both agents join again with new peer keys; the old sessions' metrics outlive them.
+    paused = (metrics(4, loss=6.0), metrics(5, loss=6.0))
+    reading = reading_of(metrics(9, loss=3.0), metrics(8, loss=3.5), left=paused)
+    assert (reading.epoch, reading.loss) == (8, 3.5), "only the peers in the swarm count"
+    assert state_epoch_trusted(state_epoch=9, swarm_epoch=reading.epoch), "the new peers' states are not refused"
+    assert reading_of(left=paused) is None, "nobody in the swarm: no reading"
 
 
 def test_the_checkpointers_download_asks_no_peer_declaring_an_epoch_past_its_bound():
