@@ -4,7 +4,9 @@ import os
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+
+from tests.browser.steps import CSP_WATCH
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(os.environ.get("SCREENSHOT_DIR", Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"))
@@ -20,6 +22,27 @@ CHROMIUM_FLAGS = [
 ]
 
 
+class PolicyWatchedBrowser:
+    """The browser, whose every new page records what the Content-Security-Policy refuses
+    (tests/browser/steps.py, csp_violations)."""
+
+    def __init__(self, browser: Browser) -> None:
+        self._browser = browser
+
+    def new_context(self, **options) -> BrowserContext:
+        context = self._browser.new_context(**options)
+        context.add_init_script(CSP_WATCH)
+        return context
+
+    def new_page(self, **options) -> Page:
+        page = self._browser.new_page(**options)
+        page.add_init_script(CSP_WATCH)
+        return page
+
+    def __getattr__(self, name: str):
+        return getattr(self._browser, name)
+
+
 @pytest.fixture(scope="module")
 def browser():
     # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
@@ -28,7 +51,7 @@ def browser():
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-            yield browser
+            yield PolicyWatchedBrowser(browser)
             browser.close()
     finally:
         del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]

@@ -1,6 +1,6 @@
 """What the browser tests do on the way to what they check: log in through the form, report over
 `WS /ws/agent/` of a live server as an agent does, and check a page for sideways scrolling and for
-axe-core's serious and critical violations."""
+axe-core's serious and critical violations and for what the Content-Security-Policy refused."""
 
 import datetime
 import json
@@ -20,6 +20,10 @@ AXE_RUN = """async () => {
   return result.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
     .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(" | ")}`);
 }"""
+# Installed in every page by the browser fixture (tests/browser/conftest.py), before the page's own scripts.
+CSP_WATCH = """window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__cspViolations.push(
+  `${e.effectiveDirective} refused ${e.blockedURI || "an inline one"} (${e.sourceFile || "the page"}:${e.lineNumber})`));"""
 PHONE = {"width": 360, "height": 780}
 OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
@@ -49,13 +53,28 @@ def open_mailed_link(page, kind: str = "accounts/verify") -> None:
     page.goto(re.search(rf"https?://[^/\s]+(/{kind}/[^\s\"<>]+/)", mail.outbox[-1].body).group(1))
 
 
+def csp_violations(page) -> list[str]:
+    """What the Content-Security-Policy refused on the page since it loaded."""
+    violations = page.evaluate("window.__cspViolations")
+    assert violations is not None, "the page was not opened through the browser fixture, which watches the policy"
+    return violations
+
+
+def axe_findings(page) -> list[str]:
+    """axe-core's serious and critical violations on the page. axe is evaluated, not added as a script
+    tag: the portal's policy refuses inline scripts, which is what such a tag is."""
+    page.evaluate(AXE.read_text())
+    return page.evaluate(AXE_RUN)
+
+
 def page_problems(page, label: str) -> list[str]:
-    """What is wrong with the loaded page: sideways scrolling, and axe-core's serious or critical findings."""
+    """What is wrong with the loaded page: sideways scrolling, anything its Content-Security-Policy refused,
+    and axe-core's serious or critical findings."""
     problems = []
     if (overflow := page.evaluate(OVERFLOW)) > 0:
         problems.append(f"{label}: scrolls {overflow} px sideways")
-    page.add_script_tag(path=str(AXE))
-    return problems + [f"{label}: {violation}" for violation in page.evaluate(AXE_RUN)]
+    problems += [f"{label}: the policy's {violation}" for violation in csp_violations(page)]
+    return problems + [f"{label}: {finding}" for finding in axe_findings(page)]
 def watch_console(page) -> list[str]:
     """Errors and warnings the page logs; the portal has no favicon, which is not the charts' concern."""
     problems = []

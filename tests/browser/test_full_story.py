@@ -18,7 +18,7 @@ from accounts.services import token_create
 from harness.processes import children_reap
 from runs.models import Checkpoint, ContributionEvent, Run, RunCredit, TrainingSession
 from runs.setup.corpus import corpus_write
-from tests.browser.steps import log_in, open_mailed_link
+from tests.browser.steps import csp_violations, log_in, open_mailed_link
 from tests.e2e.agents import agent, serve_until, wait_for
 from tests.factories import PASSWORD, UserFactory
 
@@ -118,6 +118,7 @@ def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_ser
         expect(rumana.locator("#leaderboard tr[data-name='nusrat']")).to_be_visible(timeout=60_000)
         assert rumana.evaluate("window.__not_reloaded") is True
         screenshot(rumana, "story-live-leaderboard")
+        assert csp_violations(rumana) == [], "the live socket, charts and board work under the policy"
 
         olga = organizer_returns(browser, asgi_server, organizer)
         olga.get_by_role("button", name="Pause").click()

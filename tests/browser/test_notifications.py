@@ -9,15 +9,10 @@ from playwright.sync_api import expect
 
 from accounts.models import User
 from accounts.notifications import notify
-from tests.browser.steps import AXE, AXE_RUN, log_in, open_mailed_link, watch_console
+from tests.browser.steps import axe_findings, log_in, open_mailed_link, watch_console
 from tests.factories import PASSWORD, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def axe_problems(page) -> list[str]:
-    page.add_script_tag(path=str(AXE))
-    return page.evaluate(AXE_RUN)
 
 
 def test_the_bell_counts_unread_notifications_until_they_are_read(browser, asgi_server, screenshot):
@@ -34,7 +29,7 @@ def test_the_bell_counts_unread_notifications_until_they_are_read(browser, asgi_
     bell.click()
     expect(page).to_have_url(re.compile(r"/notifications/$"))
     expect(page.locator("#notification-list li.unread")).to_have_count(2)
-    assert axe_problems(page) == []
+    assert axe_findings(page) == []
     screenshot(page, "notifications")
 
     page.locator("#notification-list li", has_text="Hindi BERT").get_by_role("button", name="Mark read").click()
@@ -59,7 +54,7 @@ def test_the_unsubscribe_link_of_an_email_works_in_a_logged_out_browser(page, li
     notify(user=amina, kind="run_finished", key="run-event:3", context={"run": "Bangla ALBERT"})
     open_mailed_link(page, "notifications/unsubscribe")
     expect(page.get_by_text("Stop e-mails about “A run I train for is finished”?")).to_be_visible()
-    assert axe_problems(page) == []
+    assert axe_findings(page) == []
     page.get_by_role("button", name="Unsubscribe").click()
     expect(page.locator("#unsubscribe-result")).to_contain_text("no more e-mails")
     screenshot(page, "unsubscribed")
@@ -77,7 +72,7 @@ def test_sign_up_verify_by_the_mailed_link_then_create_a_token(page, live_server
     blocked = page.locator("#token-blocked")
     expect(blocked).to_contain_text("rumana@example.org")
     expect(page.get_by_role("button", name="Create token")).to_have_count(0)
-    assert axe_problems(page) == []
+    assert axe_findings(page) == []
     screenshot(page, "tokens-before-verification")
 
     open_mailed_link(page)

@@ -9,8 +9,8 @@ from playwright.sync_api import expect
 
 from runs.models import Run
 from runs.setup.corpus import corpus_write
-from tests.browser.steps import log_in
-from tests.factories import join_body
+from tests.browser.steps import csp_violations, log_in
+from tests.factories import RunFactory, join_body
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -78,3 +78,27 @@ def test_organizer_creates_and_activates_a_run_and_a_volunteer_gets_a_join_comma
     assert joined.status_code == 200, joined.text
     assert joined.json()["run_id"] == Run.objects.get(slug="bengali-demo").hivemind_run_id
     page.close()
+
+
+def test_finishing_a_run_asks_first_and_a_no_keeps_it_active(page, organizer):
+    run = RunFactory(slug="asked", organizers=[organizer])
+    log_in(page, organizer.username)
+    page.goto(f"/runs/{run.slug}/")
+    questions = []
+
+    def answer(dialog, accept: bool) -> None:
+        questions.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda dialog: answer(dialog, accept=False))
+    page.get_by_role("button", name="Finish").click()
+    expect(page.locator("#run-status")).to_have_text("Active")
+    assert questions == ["Finish this run for good?"]
+    run.refresh_from_db()
+    assert run.status == Run.Status.ACTIVE
+
+    page.once("dialog", lambda dialog: answer(dialog, accept=True))
+    page.get_by_role("button", name="Finish").click()
+    expect(page.locator("#run-status")).to_have_text("Finished")
+    assert len(questions) == 2
+    assert csp_violations(page) == []

@@ -2,6 +2,7 @@
 escaped on every page that shows them; the live leaderboard writes text, never HTML; every
 response carries the browser-hardening headers."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,14 @@ def test_responses_carry_the_hardening_headers(db, client, path):
     assert response["X-Frame-Options"] == "DENY"
     assert response["Referrer-Policy"] == "same-origin"
     assert response["Cross-Origin-Opener-Policy"] == "same-origin"
+    policy = dict(directive.strip().split(" ", 1) for directive in response["Content-Security-Policy"].split(";"))
+    assert policy["script-src"] == policy["style-src"] == policy["connect-src"] == "'self'", "no inline script or style"
+    assert policy["object-src"] == policy["base-uri"] == policy["frame-ancestors"] == "'none'"
+
+
+def test_no_template_holds_an_inline_script_handler_or_style_the_policy_would_refuse():
+    """The browser tests report violations on the pages they visit; this reads every template, visited or not."""
+    inline = re.compile(r'<script(?![^>]*\b(?:src=|type="application/json"))[^>]*>|\son[a-z]+=|\sstyle=', re.IGNORECASE)
+    templates = sorted((Path(settings.BASE_DIR) / "templates").rglob("*.html"))
+    offenders = [f"{path.name}: {match.group(0)}" for path in templates for match in inline.finditer(path.read_text())]
+    assert templates and not offenders
