@@ -6,8 +6,12 @@ from django.utils.translation import gettext_lazy as _
 
 from accounts.auth import request_ip
 from accounts.models import Notification, Team, User
+from accounts.names import name_clean
 from portal.ratelimit import RateLimited, rate_limit_hit
 from runs.models import Run
+
+# A volunteer appears on boards by username or display name, so each is held against both.
+PERSON_SKELETONS = ("username_skeleton", "display_name_skeleton")
 
 
 class LoginLimit:
@@ -51,6 +55,9 @@ class SignUpForm(UserCreationForm):
         model = User
         fields = ("username", "email")
 
+    def clean_username(self) -> str:
+        return name_clean(self.cleaned_data["username"], rivals=User.objects.all(), skeleton_fields=PERSON_SKELETONS)
+
     def clean_email(self) -> str:
         email = self.cleaned_data["email"]
         if User.objects.filter(email__iexact=email).exists():
@@ -76,6 +83,11 @@ class ProfileForm(forms.ModelForm):
         self.fields["emails"].initial = [kind for kind in Notification.Kind.values if kind not in self.instance.email_opt_outs]
         self.fields["language"].required = False
 
+    def clean_display_name(self) -> str:
+        # One's own names are no rivals: changing the case of one's name is an honest rename.
+        return name_clean(self.cleaned_data["display_name"], rivals=User.objects.exclude(pk=self.instance.pk),
+                          skeleton_fields=PERSON_SKELETONS)
+
     def clean_language(self) -> str:
         return self.cleaned_data.get("language") or self.instance.language
 
@@ -99,10 +111,8 @@ class TeamForm(forms.ModelForm):
         widgets = {"description": forms.Textarea(attrs={"rows": 4})}
 
     def clean_name(self) -> str:
-        name = self.cleaned_data["name"].strip()
-        if Team.objects.filter(name__iexact=name).exists():
-            raise forms.ValidationError(_("A team with this name already exists."))
-        return name
+        return name_clean(self.cleaned_data["name"], rivals=Team.objects.exclude(pk=self.instance.pk),
+                          skeleton_fields=("name_skeleton",))
 
 
 class HandOverForm(forms.Form):

@@ -7,6 +7,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from accounts.names import name_check_visible, name_skeleton
+
 
 def _pseudonym() -> str:
     return f"volunteer-{secrets.token_hex(4)}"
@@ -21,7 +23,12 @@ class User(AbstractUser):
         HIDDEN = "hidden", _("Hidden: leave me off public boards")
 
     email = models.EmailField(_("e-mail address"), unique=True)
-    display_name = models.CharField(max_length=64, blank=True, help_text=_("Shown on leaderboards instead of your username."))
+    display_name = models.CharField(max_length=64, blank=True, validators=[name_check_visible],
+                                    help_text=_("Shown on leaderboards instead of your username."))
+    # TR39 skeletons of the two names (accounts/names.py), kept so that a look-alike is one
+    # indexed query away; save() keeps them in step with the names.
+    username_skeleton = models.TextField(db_index=True, editable=False, default="")
+    display_name_skeleton = models.TextField(db_index=True, editable=False, default="")
     visibility = models.CharField(
         max_length=16,
         choices=Visibility.choices,
@@ -41,6 +48,13 @@ class User(AbstractUser):
     class Meta:
         permissions = [("organize_runs", "Can create and organize training runs")]
 
+    def save(self, *args, **kwargs) -> None:
+        self.username_skeleton = name_skeleton(self.username)
+        self.display_name_skeleton = name_skeleton(self.display_name) if self.display_name else ""
+        kwargs["update_fields"] = _with_skeletons(kwargs.get("update_fields"), {"username", "display_name"},
+                                                  {"username_skeleton", "display_name_skeleton"})
+        super().save(*args, **kwargs)
+
     @property
     def public_name(self) -> str | None:
         """The name others may see, or None when the volunteer asked to be hidden."""
@@ -59,8 +73,16 @@ class User(AbstractUser):
         return self.email_verified_at is not None
 
 
+def _with_skeletons(update_fields, names: set[str], skeletons: set[str]):
+    """`update_fields` widened by the skeletons, when a save writes a name they are taken from."""
+    if update_fields is None or not names & set(update_fields):
+        return update_fields
+    return {*update_fields, *skeletons}
+
+
 class Team(models.Model):
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=64, unique=True, validators=[name_check_visible])
+    name_skeleton = models.TextField(db_index=True, editable=False, default="")
     slug = models.SlugField(max_length=64, unique=True)
     description = models.TextField(blank=True, max_length=2000)
     founder = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -72,6 +94,11 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs) -> None:
+        self.name_skeleton = name_skeleton(self.name)
+        kwargs["update_fields"] = _with_skeletons(kwargs.get("update_fields"), {"name"}, {"name_skeleton"})
+        super().save(*args, **kwargs)
 
     def get_absolute_url(self) -> str:
         return reverse("team-detail", args=[self.slug])
