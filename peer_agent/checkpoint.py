@@ -41,6 +41,9 @@ class CheckpointMetadata:
 def checkpoint_write(directory: Path, *, model: AlbertForPreTraining, tokenizer: PreTrainedTokenizerFast,
                      optimizer_state: dict, metadata: CheckpointMetadata) -> None:
     """Save a checkpoint into ``directory`` (created if needed)."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its "Writing model shards" bar would cut into the agent's console
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

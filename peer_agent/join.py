@@ -78,6 +78,7 @@ STOP_WITHIN_S = 10.0
 STEP_GRACE_S = 3.0
 SHUTDOWN_RESERVE_S = 4.0
 _CLEAN_STOPS = ("stopped_by_you", "max_runtime")
+PAUSED_STATE_DIR = "paused-state"  # in the run's files: the peer's state kept while its run is paused
 
 
 class StepAbandoned(Exception):
@@ -298,8 +299,10 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
         extra["announce_maddrs"] = announce
     elif announce:
         logger.warning(_("--announce only decides client mode here: this trainer cannot announce the address to peers"))
-    if joined.checkpoint_url:
-        extra["checkpoint_fetch"] = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, files / "checkpoints")
+    checkpoint = functools.partial(_checkpoint_fetch, portal, joined.checkpoint_url, files / "checkpoints") \
+        if joined.checkpoint_url else None
+    kept = files / PAUSED_STATE_DIR
+    extra["checkpoint_fetch"] = functools.partial(_resume_source, checkpoint, kept)
     setup = TrainerSetup(config=config, run_id=joined.run_id, initial_peers=joined.initial_peers, client_mode=client_mode,
                          bandwidth=bandwidth, authorizer=authorizer, private_key=key, host_maddrs=[settings.host],
                          device=device, threads=settings.threads, seed=data_seed(joined.run_id, joined.session_id),
@@ -322,7 +325,10 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
                             report_url=joined.report_url, run=settings.run).start()
         watcher = RunWatcher(settings.portal, settings.run, RUN_POLL_S)
         try:
-            return _train_loop(trainer, reporter, [watcher], refusals, stop, deadline, settings, console)
+            reason = _train_loop(trainer, reporter, [watcher], refusals, stop, deadline, settings, console)
+            if reason.pause:
+                _state_keep(trainer, kept)
+            return reason
         finally:
             watcher.close()
             flush_timeout = min(FLUSH_TIMEOUT_S, max(1.0, stop.time_left() - SHUTDOWN_RESERVE_S))
@@ -439,6 +445,30 @@ def _data_files(portal: PortalClient, urls: list[str], folder: Path) -> list[str
             logger.info(_("Downloaded %s (%.1f MB)"), dest.name, download.size / 1e6)
         paths.append(str(dest))
     return paths
+
+
+def _state_keep(trainer: Trainer, directory: Path) -> None:
+    """Keep the trainer's state on disk while the run is paused (Trainer.state_keep)."""
+    try:
+        trainer.state_keep(directory)
+        logger.info(_("Kept this peer's state of epoch %d to resume from when the run is active again"),
+                    trainer.progress().local_epoch)
+    except (OSError, RuntimeError) as exc:  # a full disk: the run's checkpoint or the peers' state still serve
+        logger.warning(_("Could not keep this peer's state during the pause: %s"), exc)
+
+
+def _resume_source(checkpoint: Callable[[], Path | None] | None, kept: Path) -> Path | None:
+    """What a session starts from when no peer online has a state: the newer of the run's checkpoint
+    and the state this agent kept when the run was paused; None for fresh weights."""
+    from peer_agent.checkpoint import checkpoint_metadata
+
+    epochs = {}
+    for source in (checkpoint() if checkpoint else None, kept):
+        try:
+            epochs[source] = checkpoint_metadata(source).epoch
+        except (OSError, ValueError, TypeError):  # none, nothing kept, or a save cut short by a crash
+            continue
+    return max(epochs, key=epochs.get, default=None)
 
 
 def _checkpoint_fetch(portal: PortalClient, url: str, folder: Path) -> Path | None:

@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerFast
 
 from peer_agent.authorizer import PortalAuthorizer
 from peer_agent.averaging import FlooredGradientAverager, MembersOnlyOptimizer
-from peer_agent.checkpoint import checkpoint_load_into, checkpoint_metadata
+from peer_agent.checkpoint import CheckpointMetadata, checkpoint_load_into, checkpoint_metadata, checkpoint_write
 from peer_agent.data import batches, dataset_stream
 from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from peer_agent.model import model_build, precision_choose
@@ -178,7 +178,7 @@ class Trainer(SwarmPeer):
                  batch_iterator: Iterator[dict[str, torch.Tensor]] | None = None):
         if "." in setup.run_id:
             raise ValueError(f"run id {setup.run_id!r} contains '.', which hivemind's averagers do not accept")
-        self.setup, config = setup, setup.config
+        self.setup, config, self.tokenizer = setup, setup.config, tokenizer
         if setup.threads:
             torch.set_num_threads(setup.threads)
         self.precision = precision_choose(setup.device, config.training.precision)
@@ -307,14 +307,24 @@ class Trainer(SwarmPeer):
         return owner_subkey(self.setup.private_key)
 
     def _checkpoint_resume(self, fetch: Callable[[], Path | None]) -> None:
-        """Start from the run's newest checkpoint instead of fresh weights: nobody online had a newer state."""
+        """Start from the newest state saved (the run's checkpoint, or this agent's own state kept at a
+        pause) instead of fresh weights: nobody online had a newer state."""
         directory = fetch()
         if directory is None:
             return
         if checkpoint_metadata(directory).epoch <= self.optimizer.local_epoch:
             return
         epoch = checkpoint_load_into(directory, model=self.model, optimizer=self.optimizer)
-        logger.info("No peer had a newer state: resumed from the run's checkpoint of epoch %d", epoch)
+        logger.info("No peer had a newer state: resumed from %s of epoch %d", directory.name, epoch)
+
+    def state_keep(self, directory: Path) -> None:
+        """Save this peer's state (parameters, optimizer, epoch) as a checkpoint into ``directory``: what
+        the agent resumes from when the run it paused in becomes active again and nobody online has a
+        newer state. Without it a pause would lose the training since the run's last checkpoint."""
+        metadata = CheckpointMetadata(run_id=self.setup.run_id, epoch=self.optimizer.local_epoch, loss=None,
+                                      samples=0, time=time.time())
+        checkpoint_write(directory, model=self.model, tokenizer=self.tokenizer,
+                         optimizer_state=self.optimizer.state_dict(), metadata=metadata)
 
     def _autocast(self):
         if self.precision == "fp32":

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from django.db.models import Max, Min
 from playwright.sync_api import expect
 
 from accounts.models import User
@@ -89,6 +90,11 @@ def reports_of(username: str) -> int:
     return ContributionEvent.objects.filter(session__user__username=username).count()
 
 
+def epoch_reached(username: str) -> int:
+    """The newest collaboration epoch the volunteer's agent reported training in."""
+    return ContributionEvent.objects.filter(session__user__username=username).aggregate(epoch=Max("local_epoch"))["epoch"]
+
+
 def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_server, coordinator, organizer, tmp_path,
                                                                screenshot, credit_beat):
     olga = browser.new_page(base_url=asgi_server)
@@ -126,6 +132,7 @@ def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_ser
         for name, log in logs.items():
             wait_for(lambda log=log: "paused" in log.read_text(errors="replace"), 60, f"{name}'s agent to notice the pause")
         paused_at = {name: reports_of(name) for name in agents}
+        reached = {name: epoch_reached(name) for name in agents}
         time.sleep(10)  # long enough for several report intervals (2 s) of an agent that kept training
         assert all(reports_of(name) <= paused_at[name] + 1 for name in agents), "no training while paused"
         assert all(process.poll() is None for process in agents.values()), "agents wait instead of exiting"
@@ -140,6 +147,12 @@ def test_a_run_from_setup_to_pause_and_resume_with_real_agents(browser, asgi_ser
             wait_for(lambda resumed=resumed: ContributionEvent.objects.filter(session=resumed).exists(), 120,
                      f"{name}'s reports after resuming")
         assert User.objects.get(username="rumana").training_sessions.count() == 2
+        # Each agent kept its state at the pause; the first back resumed from it (the other from that peer),
+        # so the run went on from where it was rather than from its last checkpoint or fresh weights.
+        assert all("Kept this peer's state of epoch" in log.read_text(errors="replace") for log in logs.values())
+        resumed = [TrainingSession.objects.filter(user__username=name).latest("started_at") for name in agents]
+        resumed_from = ContributionEvent.objects.filter(session__in=resumed).aggregate(epoch=Min("local_epoch"))["epoch"]
+        assert resumed_from >= min(reached.values()), (resumed_from, reached)
 
         # The coordinator saves the collaboration's state every 2 epochs; the organizer downloads it.
         def checkpoint_saved() -> bool:

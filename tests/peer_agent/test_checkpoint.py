@@ -1,6 +1,9 @@
-"""The checkpoint format on the agent's side: written, zipped and read back; a hostile archive is refused."""
+"""The checkpoint format on the agent's side: written, zipped and read back; a hostile archive is refused;
+what a session resumes from."""
 
+import json
 import zipfile
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from peer_agent.checkpoint import (
     checkpoint_write,
     checkpoint_zip,
 )
+from peer_agent.join import _resume_source
 from peer_agent.model import model_build
 from peer_agent.optim import Lamb, parameter_groups
 
@@ -38,3 +42,21 @@ def test_unzipping_refuses_members_outside_the_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="outside the checkpoint"):
         checkpoint_unzip(tmp_path / "evil.zip", tmp_path / "out")
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_a_session_resumes_from_the_newer_of_the_runs_checkpoint_and_the_state_kept_at_a_pause(tmp_path):
+    def saved(name: str, epoch: int):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "metadata.json").write_text(json.dumps(asdict(
+            CheckpointMetadata(run_id="dlp-test", epoch=epoch, loss=None, samples=0, time=1.0))))
+        return directory
+
+    checkpoint, kept = saved("checkpoint", 4), saved("paused-state", 9)
+    assert _resume_source(lambda: checkpoint, kept) == kept, "the pause came after the run's last checkpoint"
+    assert _resume_source(lambda: saved("newer", 12), kept).name == "newer"
+    assert _resume_source(None, kept) == kept, "a run without checkpoints"
+    assert _resume_source(lambda: checkpoint, tmp_path / "nothing-kept") == checkpoint
+    assert _resume_source(lambda: None, tmp_path / "nothing-kept") is None, "fresh weights"
+    (tmp_path / "cut-short").mkdir()  # a crash while saving: no metadata
+    assert _resume_source(lambda: checkpoint, tmp_path / "cut-short") == checkpoint
