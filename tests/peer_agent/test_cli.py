@@ -275,6 +275,13 @@ class StandInTrainer:
     def shutdown(self):
         self.shut_down = True
 
+    def state_keep(self, directory):
+        """What Trainer.state_keep leaves: a checkpoint's metadata (the stand-in has no model to save)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "metadata.json").write_text(json.dumps(
+            {"run_id": self.setup.run_id, "epoch": 5, "loss": None, "samples": 0, "time": 0.0}))
+        self.kept = directory
+
 
 @pytest.fixture
 def stand_in_trainer(monkeypatch):
@@ -355,6 +362,9 @@ def test_a_paused_run_stops_training_and_the_agent_rejoins_when_it_resumes(porta
     first, second = stand_in_trainer.instances
     assert first.shut_down and second.shut_down and portal.refused_joins >= 1
     assert reports.samples(100) == 4 * first.steps and reports.samples(101) == 4 * second.steps
+    # The first session kept its state when the pause stopped it; the second starts from it when no peer has one.
+    assert first.kept.name == "paused-state" and not hasattr(second, "kept")
+    assert second.setup.checkpoint_fetch() == first.kept
 
 
 def test_a_ban_reported_on_the_socket_ends_the_agent_with_exit_3(portal, stand_in_trainer, agent_home_dir):
