@@ -7,6 +7,26 @@ from django.test import Client
 
 from tests.factories import UserFactory
 
+# pytest-django's fixtures that reach the database (directly, or through a server of the portal).
+DATABASE_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+                     "live_server", "client", "admin_client", "django_user_model"}
+# Modules whose tests reach the database or Redis without those fixtures: they start the portal's own
+# processes, or use its cache or broker, which follow DATABASE_URL and REDIS_URL.
+SERVER_MODULES = ("tests/portal/test_api.py", "tests/portal/test_broker.py", "tests/portal/test_settings.py",
+                  "tests/portal/test_web_tier.py", "tests/runs/test_coordinator_signals.py",
+                  "tests/security/test_client_address.py", "tests/security/test_rate_limits.py",
+                  "tests/test_backup_restore.py", "tests/test_docs_commands.py", "tests/test_process_stops.py",
+                  "tests/harness/test_netlab.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Mark ``backend_free`` the tests whose outcome cannot depend on the database and Redis the suite
+    runs on: .ci/run runs them once, on the embedded defaults, rather than again on PostgreSQL."""
+    for item in items:
+        if not (item.get_closest_marker("django_db") or DATABASE_FIXTURES & set(item.fixturenames)
+                or item.nodeid.startswith(SERVER_MODULES)):
+            item.add_marker(pytest.mark.backend_free)
+
 
 @pytest.fixture
 def organizer(db):
