@@ -311,6 +311,9 @@ class SessionEpoch(models.Model):
     epoch = models.PositiveIntegerField()
     reported_samples = models.PositiveBigIntegerField(default=0)
     announced_samples = models.PositiveBigIntegerField(null=True, blank=True)
+    announced_final = models.BooleanField(default=True, help_text=(
+        "Whether announced_samples is the peer's own count of the closed epoch (its metrics record), not a "
+        "progress record read while the epoch was still gathering: only a final count can flag a report."))
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PROVISIONAL)
     detail = models.CharField(max_length=500, blank=True, help_text="Why the monitor flagged it, with the figures.")
     checked_at = models.DateTimeField(null=True, blank=True)

@@ -116,6 +116,12 @@ def announcements(progress: dict[bytes, LocalTrainingProgress], metrics: dict[by
     return found
 
 
+def counted_epochs(metrics: dict[bytes, LocalMetrics]) -> set[tuple[bytes, int]]:
+    """The (peer, epoch) pairs whose full count a metrics record holds (``closed_epochs``): what the peer
+    itself counted once the epoch closed, where a progress record may have been read before its end."""
+    return {(subkey, epoch) for subkey, record in metrics.items() for epoch, _ in record.closed_epochs}
+
+
 class Monitor:
     """Reads one run's swarm through the backbone peer's DHT; :meth:`poll` once every few seconds."""
 
@@ -124,7 +130,8 @@ class Monitor:
         self.grace_s = GRACE_S if grace_s is None else grace_s
         dht.add_validators(progress_validators(run_id))
         self.announced: dict[tuple[bytes, int], int] = {}  # (peer subkey, epoch) → samples, until judged
-        self.stored: dict[tuple[int, int], int] = {}  # (session, epoch) → announced samples in the rows
+        self.counted: set[tuple[bytes, int]] = set()  # (peer subkey, epoch) whose figure is the peer's own count
+        self.stored: dict[tuple[int, int], tuple[int, bool]] = {}  # (session, epoch) → the row's figure, and final
         self.sessions: dict[bytes, int | None] = {}
         self.global_epoch: int | None = None
         # Closed epochs not judged for good: when they closed and when to judge them.
@@ -164,6 +171,7 @@ class Monitor:
             # Records outlive their epoch: skip the ones judged already.
             if epoch > self.judged_through or epoch in self.due or epoch in self.unjudged:
                 self.announced[subkey, epoch] = max(self.announced.get((subkey, epoch), 0), samples)
+        self.counted |= counted_epochs(metrics) & set(self.announced)
 
     def _epochs_close(self, global_epoch: int) -> None:
         first = self.judged_through + 1 if self.global_epoch is None else max(self.global_epoch, self.judged_through + 1)
@@ -183,12 +191,14 @@ class Monitor:
         return self.sessions[subkey]
 
     def _store_closed(self) -> None:
-        """Write the announced figures of closed epochs to their rows (only when they grew)."""
+        """Write the announced figures of closed epochs to their rows (only when they grew or became final)."""
         for (subkey, epoch), samples in self.announced.items():
-            session = self._session_of(subkey)
-            if epoch in self.closed_at and session is not None and self.stored.get((session, epoch), -1) < samples:
-                verification.announced_record(session_id=session, epoch=epoch, announced=samples)
-                self.stored[session, epoch] = samples
+            session, final = self._session_of(subkey), (subkey, epoch) in self.counted
+            if epoch not in self.closed_at or session is None:
+                continue
+            if self.stored.get((session, epoch), (-1, False)) < (samples, final):
+                verification.announced_record(session_id=session, epoch=epoch, announced=samples, final=final)
+                self.stored[session, epoch] = samples, final
 
     def _judge_due(self) -> None:
         for epoch in sorted(epoch for epoch, due in self.due.items() if due <= time.monotonic()):
@@ -200,6 +210,7 @@ class Monitor:
                 continue
             del self.due[epoch], self.closed_at[epoch]
             self.announced = {key: value for key, value in self.announced.items() if key[1] != epoch}
+            self.counted = {key for key in self.counted if key[1] != epoch}
             self.stored = {key: value for key, value in self.stored.items() if key[1] != epoch}
 
     def _judge_late_reports(self) -> None:

@@ -60,6 +60,7 @@ NEVER_SEEN_REJECT_AFTER = datetime.timedelta(minutes=10)
 NEVER_SEEN = "never seen in the DHT: no signed progress record of this session's peer for the epoch"
 NOT_SEEN_YET = "not seen in the DHT yet"
 AWAITING_CHECK = "waiting for a spot check of the session's steps"
+AWAITING_COUNT = "waiting for the peer's own count of the epoch, which its signed metrics record publishes"
 NO_COMMITMENT = "no commitment: the session never committed to the steps of this epoch, so they cannot be checked"
 # Claims the monitor has not judged this long after they were reported are rejected, unless their
 # epoch is the swarm's current one (a slow epoch is still gathering samples).
@@ -114,9 +115,9 @@ def spot_standing(*, session_id: int, epoch: int, spot_checks: bool) -> SpotStan
 
 
 def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: EpochLimits,
-                 spot: SpotStanding = SPOT_CHECKS_OFF) -> tuple[str, str]:
-    """The status the figures call for (verified, flagged, or provisional when never seen or not
-    checked yet) and why."""
+                 spot: SpotStanding = SPOT_CHECKS_OFF, announced_final: bool = True) -> tuple[str, str]:
+    """The status the figures call for (verified, flagged, or provisional when never seen, not
+    checked yet, or reported past a count that may still grow) and why."""
     if spot.check == _Outcome.FAILED:
         return _Status.FLAGGED, spot.detail or f"epoch {epoch}: a spot check failed"
     if spot.check in (_Outcome.DIVERGED, _Outcome.UNCHECKED):
@@ -127,6 +128,10 @@ def epoch_assess(*, epoch: int, reported: int, announced: int | None, limits: Ep
         return _Status.FLAGGED, (f"epoch {epoch}: the peer announced {announced} samples, more than one peer gathers "
                                  f"in an epoch ({RUN_PACE_SLACK:g} × the target batch of {limits.target_batch_size})")
     allowed = int(announced * (1 + limits.tolerance)) + limits.step_samples
+    if reported > allowed and not announced_final:
+        # A peer publishes its count of an epoch after the first step of the next, which waits for the
+        # averaging round: a progress record read before then can be short of what it reported.
+        return _Status.PROVISIONAL, AWAITING_COUNT
     if reported > allowed:
         return _Status.FLAGGED, (f"epoch {epoch}: reported {reported} samples, but the peer's signed DHT records "
                                  f"announced {announced} (at most {allowed} allowed)")
@@ -149,14 +154,21 @@ def reported_samples(*, session_ids: list[int] | None = None, run: Run | None = 
     return dict(events.values_list("session").annotate(total=Sum("samples")).values_list("session", "total"))
 
 
-def announced_record(*, session_id: int, epoch: int, announced: int) -> None:
-    """Keep the largest sample count a session's peer announced for a closed epoch, before it is judged."""
+def announced_record(*, session_id: int, epoch: int, announced: int, final: bool = True) -> None:
+    """Keep the largest sample count a session's peer announced for a closed epoch, before it is judged;
+    ``final`` when it is the peer's own count of the closed epoch rather than a progress record's."""
     with transaction.atomic():
         row, created = SessionEpoch.objects.select_for_update().get_or_create(
-            session_id=session_id, epoch=epoch, defaults={"announced_samples": announced})
-        if not created and row.status == _Status.PROVISIONAL and (row.announced_samples or 0) < announced:
-            row.announced_samples = announced
-            row.save(update_fields=["announced_samples"])
+            session_id=session_id, epoch=epoch, defaults={"announced_samples": announced, "announced_final": final})
+        if created or row.status != _Status.PROVISIONAL:
+            return
+        if row.announced_samples is None:  # the row was made for a report before any record was seen
+            row.announced_final = final
+        grown, now_final = (row.announced_samples or 0) < announced, final and not row.announced_final
+        if grown or now_final:
+            row.announced_samples = max(row.announced_samples or 0, announced)
+            row.announced_final = row.announced_final or final
+            row.save(update_fields=["announced_samples", "announced_final"])
 
 
 def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_ids: list[int] | None = None) -> dict[int, str]:
@@ -168,6 +180,7 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     if session_ids is not None:
         stored = stored.filter(session_id__in=session_ids)
     known = dict(stored.values_list("session_id", "announced_samples"))
+    counted = set(stored.filter(announced_final=True).values_list("session_id", flat=True))
     sessions = set(reported) | set(known)
     if session_ids is not None:
         sessions &= set(session_ids)
@@ -184,17 +197,20 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
             limits=limits[micro_batch_sizes.get(session_id)],
             spot=spot_standing(session_id=session_id, epoch=epoch, spot_checks=spot_checks),
             give_up=session_id in ended or timezone.now() - closed_at >= NEVER_SEEN_REJECT_AFTER,
-            suspended=session_id in suspended)
+            suspended=session_id in suspended, counted=session_id in counted)
     return outcome
 
 
 @transaction.atomic
 def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announced: int | None, limits: EpochLimits,
-                         give_up: bool, spot: SpotStanding = SPOT_CHECKS_OFF, suspended: bool = False) -> str:
+                         give_up: bool, spot: SpotStanding = SPOT_CHECKS_OFF, suspended: bool = False,
+                         counted: bool = True) -> str:
     row, _ = SessionEpoch.objects.select_for_update().get_or_create(session_id=session_id, epoch=epoch)
     if row.status in (_Status.ACCEPTED, _Status.REJECTED):
         return row.status  # an organizer's decision, or a final "never seen", is not revisited
-    status, detail = epoch_assess(epoch=epoch, reported=reported, announced=announced, limits=limits, spot=spot)
+    # Past the wait (the session ended, or 10 minutes since the epoch closed) the figures seen are final.
+    status, detail = epoch_assess(epoch=epoch, reported=reported, announced=announced, limits=limits, spot=spot,
+                                  announced_final=counted or give_up)
     if suspended and status == _Status.VERIFIED:  # as session_suspend did to the epochs judged before it
         status, detail = _Status.FLAGGED, f"epoch {epoch}: session suspended by spot checks"
     if status == _Status.PROVISIONAL and row.status != _Status.PROVISIONAL:

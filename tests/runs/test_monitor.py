@@ -86,7 +86,7 @@ def test_the_monitor_judges_closed_epochs_from_signed_records_and_a_restart_judg
 
     peer.progress(1, 8)  # the monitor misses the last progress of epoch 1: the metrics record has it
     monitor.poll()
-    peer.epoch_ended(2, samples=20)
+    peer.epoch_ended(2, samples=20, closed_epochs=[(0, 16), (1, 20)])
     monitor.poll()
     assert statuses(amina) == {0: ("verified", 16, 16), 1: ("flagged", 40, 20)}
     judged_at = dict(SessionEpoch.objects.values_list("epoch", "checked_at"))
@@ -98,7 +98,7 @@ def test_the_monitor_judges_closed_epochs_from_signed_records_and_a_restart_judg
     assert dict(SessionEpoch.objects.values_list("epoch", "checked_at")) == judged_at, "nothing judged twice"
 
     report(amina, 8, epoch=2)
-    peer.epoch_ended(3, samples=8)
+    peer.epoch_ended(3, samples=8, closed_epochs=[(0, 16), (1, 20), (2, 8)])
     restarted.poll()
     assert statuses(amina)[2] == ("verified", 8, 8), "the restarted monitor goes on judging"
     series = list(RunSample.objects.filter(run=run).values_list("global_epoch", "alive_peers"))

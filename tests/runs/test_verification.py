@@ -8,7 +8,7 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress
 from peer_agent.metrics import LocalMetrics
 from runs.models import RunEvent, SessionEpoch, StepCommitment, TrainingSession
 from runs.swarm import verification
-from runs.swarm.monitor import announcements, peer_key_text, swarm_reading
+from runs.swarm.monitor import announcements, counted_epochs, peer_key_text, swarm_reading
 from tests.factories import RunFactory
 from tests.runs.epochs import judge, report, session_for
 
@@ -74,6 +74,38 @@ def test_a_share_beyond_what_one_peer_gathers_in_an_epoch_is_flagged_even_if_rep
     assert judge(run, 2) == {amina.pk: status}
     if status == "flagged":
         assert "more than one peer gathers in an epoch (2 × the target batch of 64)" in row(amina, 2).detail
+
+
+def test_a_report_past_a_progress_record_waits_for_the_peers_own_count_of_the_epoch(run):
+    """A peer publishes its count of an epoch after the first step of the next, which waits for the
+    averaging round; under load the epoch is judged before it comes. What the monitor read so far is a
+    progress record from before the epoch's last steps: short of the reports, but no reason to flag."""
+    amina, rahim = session_for(run), session_for(run, "rahim")
+    for session in (amina, rahim):
+        report(session, 48, epoch=5)
+        verification.announced_record(session_id=session.pk, epoch=5, announced=32, final=False)
+    assert judge(run, 5) == {amina.pk: "provisional", rahim.pk: "provisional"}
+    assert row(amina, 5).detail == verification.AWAITING_COUNT
+
+    verification.announced_record(session_id=amina.pk, epoch=5, announced=48)  # its metrics record: 48, all reported
+    verification.announced_record(session_id=rahim.pk, epoch=5, announced=32)  # its own count: 32, but 48 reported
+    assert judge(run, 5) == {amina.pk: "verified", rahim.pk: "flagged"}
+    assert (row(rahim, 5).announced_samples, row(rahim, 5).announced_final) == (32, True)
+
+
+def test_a_count_that_never_comes_is_judged_on_what_was_seen(run):
+    amina, rahim = session_for(run), session_for(run, "rahim")
+    for session in (amina, rahim):
+        report(session, 48, epoch=5)
+        verification.announced_record(session_id=session.pk, epoch=5, announced=32, final=False)
+    TrainingSession.objects.filter(pk=rahim.pk).update(ended_at=timezone.now())
+    assert judge(run, 5) == {amina.pk: "provisional", rahim.pk: "flagged"}, "an ended session publishes no more"
+    assert judge(run, 5, closed_minutes_ago=11)[amina.pk] == "flagged", "nor does one 10 minutes on"
+
+
+def test_the_monitor_knows_which_figures_are_the_peers_own_counts():
+    records = {b"a": metrics(9, 40, 1.0, closed_epochs=[(7, 32), (8, 40)]), b"b": metrics(4, 16, 1.0)}
+    assert counted_epochs(records) == {(b"a", 7), (b"a", 8)}
 
 
 def test_the_largest_announced_figure_is_kept(run):
