@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.pt"
 METADATA_FILE = "metadata.json"
+PAUSED_STATE_DIR = "paused-state"  # in an agent's files of a run: its own state, kept while the run is paused
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,6 @@ STOP_WITHIN_S = 10.0
 STEP_GRACE_S = 3.0
 SHUTDOWN_RESERVE_S = 4.0
 _CLEAN_STOPS = ("stopped_by_you", "max_runtime")
-PAUSED_STATE_DIR = "paused-state"  # in the run's files: the peer's state kept while its run is paused
 
 
 class StepAbandoned(Exception):
@@ -249,6 +248,7 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
 
     from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
     from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe
+    from peer_agent.checkpoint import PAUSED_STATE_DIR
     from peer_agent.model import averaged_bytes, precision_choose, precision_describe
     from peer_agent.spotcheck import data_seed
     from peer_agent.training import SwarmUnreachable, Trainer, TrainerSetup

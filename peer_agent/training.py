@@ -37,7 +37,13 @@ from transformers import PreTrainedTokenizerFast
 
 from peer_agent.authorizer import PortalAuthorizer
 from peer_agent.averaging import FlooredGradientAverager, MembersOnlyOptimizer
-from peer_agent.checkpoint import CheckpointMetadata, checkpoint_load_into, checkpoint_metadata, checkpoint_write
+from peer_agent.checkpoint import (
+    PAUSED_STATE_DIR,
+    CheckpointMetadata,
+    checkpoint_load_into,
+    checkpoint_metadata,
+    checkpoint_write,
+)
 from peer_agent.data import batches, dataset_stream
 from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from peer_agent.model import model_build, precision_choose
@@ -315,7 +321,8 @@ class Trainer(SwarmPeer):
         if checkpoint_metadata(directory).epoch <= self.optimizer.local_epoch:
             return
         epoch = checkpoint_load_into(directory, model=self.model, optimizer=self.optimizer)
-        logger.info("No peer had a newer state: resumed from %s of epoch %d", directory.name, epoch)
+        source = "the state this agent kept at the pause" if directory.name == PAUSED_STATE_DIR else "the run's checkpoint"
+        logger.info("No peer had a newer state: resumed from %s of epoch %d", source, epoch)
 
     def state_keep(self, directory: Path) -> None:
         """Save this peer's state (parameters, optimizer, epoch) as a checkpoint into ``directory``: what
