@@ -78,12 +78,16 @@ class SwarmReading:
 
 
 def swarm_reading(progress: dict[bytes, LocalTrainingProgress], metrics: dict[bytes, LocalMetrics]) -> SwarmReading:
-    """Summarize the records the way hivemind's tracker does: client-mode peers do not decide the epoch."""
+    """Summarize the records the way hivemind's tracker does: client-mode peers do not decide the epoch.
+    The loss is that of the peers in the swarm now (those with a progress record): a peer that left keeps
+    its last metrics record for 10 minutes, and after a pause the old sessions' losses would be averaged
+    with the new ones' (runs/swarm/checkpoints.py, ``swarm_reading_of``)."""
     records = list(progress.values())
     full = [record.epoch for record in records if not record.client_mode]
     epoch = max(full or [record.epoch for record in records], default=None)
-    latest_step = max((m.step for m in metrics.values()), default=None)
-    losses = [m.loss for m in metrics.values() if m.step == latest_step]
+    present = [record for subkey, record in metrics.items() if subkey in progress]
+    latest_step = max((m.step for m in present), default=None)
+    losses = [m.loss for m in present if m.step == latest_step]
     return SwarmReading(
         global_epoch=epoch,
         samples_per_second=sum(record.samples_per_second for record in records),

@@ -218,6 +218,13 @@ def test_the_swarm_reading_follows_hivemind_client_peers_do_not_decide_the_epoch
     assert swarm_reading({}, {}).global_epoch is None
 
 
+def test_the_swarm_reading_s_loss_is_that_of_the_peers_in_the_swarm_now():
+    """A peer that left keeps its metrics record for 10 minutes, its progress record goes: after a pause
+    the old session's last loss (at a later step) is not the swarm's."""
+    reading = swarm_reading({b"new": progress(3, 8)}, {b"old": metrics(9, 32, 2.0), b"new": metrics(3, 8, 6.5)})
+    assert (reading.global_epoch, reading.loss) == (3, 6.5)
+
+
 def test_a_metrics_record_counts_toward_the_epoch_the_peer_was_in_before():
     found = announcements({b"a": progress(9, 8)}, {b"a": metrics(9, 40, 1.0), b"b": metrics(4, 16, 1.0)},
                           known_epochs={b"a": {6}})
