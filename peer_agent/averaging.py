@@ -25,28 +25,40 @@ holds matchmaking's lock while suspended, and with the wrapper agents' rounds so
 group for a whole averaging timeout (docs/deploy.md).
 """
 
+import base64
 import logging
 import math
+import multiprocessing
 from collections.abc import Sequence
 
+# typing's, not collections.abc's: hivemind 1.1.12 tells a streaming handler by the hint's ``_name``
+# (hivemind/p2p/servicer.py, ``_strip_iterator_hint``), which only typing's generic alias has.
+from typing import AsyncIterator  # noqa: UP035
+
+import torch
 from hivemind.averaging.allreduce import AllreduceException, AveragingMode
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.averaging.load_balancing import hagenbach_bishoff
+from hivemind.compression import serialize_torch_tensor
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.optimizer import Optimizer
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.streaming import split_for_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 
 from peer_agent.aggregation import AggregatingAverager
 from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, expiration_parse, rsa_public_key_parse
+from peer_agent.protocol import FINGERPRINT_WIDTH
 
 logger = logging.getLogger(__name__)
 
 MIN_SHARE = 0.01
+FINGERPRINT_BYTES = 4 * FINGERPRINT_WIDTH  # a sketch's float32 values, as commitments carry them in base64
 _MEMBERSHIP_LABEL = b"dedloc-portal/averaging-member/v1:"
 _VERIFIED_MAX = 4096  # remembered proofs: far more than the peers of a run
 _NO_PROOF = "sent no membership proof (not an agent, or one older than membership proofs)"
@@ -233,17 +245,117 @@ class StateSourceChoice:
             del self.dht.get
 
 
+# The states an agent keeps for the validator: a few epochs' worth (one state per epoch most often, two when
+# background parameter averaging lands mid-epoch). The validator asks for them within seconds of a commitment.
+EPOCH_STATES_KEPT = 6
+
+
+class EpochStates:
+    """The parameters this peer's last steps were computed at, by epoch and parameters' sketch (the one
+    each step commits to, peer_agent/spotcheck.py), in shared memory that the state averager's process
+    serves from (:meth:`EpochStateServing.rpc_download_epoch_state`).
+
+    The validator holds the swarm's state of each epoch by downloading what peers serve at the moment
+    (runs/swarm/spotcheck.py). On a loaded machine it sometimes looked while every peer still served the
+    previous epoch's parameters and again after they had stepped on: it never saw the state the epoch's
+    steps were computed at, and those steps earned nothing. Kept here, that state can be asked for after
+    the fact, by the sketch the commitments claim. Kept in fp16, as states travel (about 3e-4 relative)."""
+
+    def __init__(self, shapes: Sequence[torch.Size], slots: int = EPOCH_STATES_KEPT):
+        self.shapes = [torch.Size(shape) for shape in shapes]
+        size = sum(shape.numel() for shape in self.shapes)
+        self._values = torch.zeros(slots, size, dtype=torch.float16).share_memory_()
+        self._epochs = torch.full((slots,), -1, dtype=torch.int64).share_memory_()
+        self._sketches = torch.zeros(slots, FINGERPRINT_BYTES, dtype=torch.uint8).share_memory_()
+        self._next = multiprocessing.Value("i", 0, lock=False)
+        self._lock = multiprocessing.Lock()
+        self._last: tuple[int, str] | None = None  # in the keeping process only
+
+    def keep(self, epoch: int, sketch: str, parameters: Sequence[torch.Tensor]) -> None:
+        """Keep ``parameters`` as the state ``epoch``'s steps with parameters' ``sketch`` were computed at
+        (a copy only when the sketch is new: most steps of an epoch share their state)."""
+        if self._last == (epoch, sketch):
+            return
+        with torch.no_grad(), self._lock:
+            slot = self._next.value
+            self._next.value = (slot + 1) % len(self._epochs)
+            self._epochs[slot] = -1
+            torch.cat([parameter.detach().reshape(-1).to("cpu", torch.float16) for parameter in parameters],
+                      out=self._values[slot])
+            self._sketches[slot] = torch.frombuffer(bytearray(base64.b64decode(sketch)), dtype=torch.uint8)
+            self._epochs[slot] = epoch
+        self._last = (epoch, sketch)
+
+    def find(self, epoch: int, sketch: str) -> list[torch.Tensor] | None:
+        """The kept state of ``epoch`` with ``sketch`` (one tensor per parameter), or None."""
+        try:
+            wanted = torch.frombuffer(bytearray(base64.b64decode(sketch, validate=True)), dtype=torch.uint8)
+        except ValueError:
+            return None
+        if wanted.numel() != FINGERPRINT_BYTES:
+            return None
+        with self._lock:
+            for slot in range(len(self._epochs)):
+                if int(self._epochs[slot]) == epoch and torch.equal(self._sketches[slot], wanted):
+                    flat = self._values[slot].clone()
+                    break
+            else:
+                return None
+        return [part.view(shape) for part, shape in zip(flat.split([shape.numel() for shape in self.shapes]),
+                                                        self.shapes, strict=True)]
+
+
+class EpochStateServing:
+    """A mixin for a state averager: serves the states its :class:`EpochStates` keeps, to whoever asks
+    by epoch and sketch (the same parameters the peer serves anyway, at an earlier moment). A peer
+    without kept states (the portal's own averager) serves none."""
+
+    epoch_states: EpochStates | None = None
+
+    async def rpc_download_epoch_state(self, request: averaging_pb2.DownloadData, _context: P2PContext
+                                       ) -> AsyncIterator[averaging_pb2.DownloadData]:
+        if self.epoch_states is None:
+            return
+        try:
+            asked = self.serializer.loads(request.metadata)
+            epoch, sketch = int(asked["epoch"]), str(asked["sketch"])
+        except Exception:  # a malformed request gets an empty answer, like a state this peer does not keep
+            return
+        tensors = self.epoch_states.find(epoch, sketch)
+        if tensors is None:
+            return
+        metadata = self.serializer.dumps(dict(epoch=epoch))
+        for tensor in tensors:
+            for part in split_for_streaming(serialize_torch_tensor(tensor)):
+                yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
+                metadata = b""
+
+
 def declared_epochs(declared: dict) -> dict:
     """The declarations hivemind would consider (a number each), by peer."""
     return {peer: entry.value for peer, entry in declared.items()
             if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, int | float)}
 
 
-class MembersOnlyStateAverager(StateSourceChoice, TrainingStateAverager, MembersOnlyAverager, AggregatingAverager):
+class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingStateAverager, MembersOnlyAverager,
+                               AggregatingAverager):
     """hivemind's ``TrainingStateAverager`` (parameter averaging every epoch, and state downloads)
     averaging, given the agent's ``authorizer``, only among peers that prove they hold a token, and
     combining each part by the run's ``aggregation``: a member that sends false parameters is
-    bounded by CenteredClip there as it is in the gradients' all-reduce."""
+    bounded by CenteredClip there as it is in the gradients' all-reduce. It keeps the states of its
+    peer's last steps for the validator (:class:`EpochStates`)."""
+
+    _rpc_handlers = None  # hivemind collects a class's handlers once; this class adds one to its bases'
+
+    def __init__(self, *args, **kwargs):
+        # Shared memory, made before hivemind forks the averager's process, which serves from it.
+        # In hivemind's order of the main parameters (the groups'), in which states are served.
+        groups = kwargs["params"] = [dict(group, params=list(group["params"])) if isinstance(group, dict) else group
+                                     for group in kwargs["params"]]
+        # An aggregator (auxiliary) computes no steps: it keeps nothing.
+        self.epoch_states = None if kwargs.get("auxiliary") else EpochStates(
+            [parameter.shape for group in groups for parameter in (group["params"] if isinstance(group, dict) else [group])])
+        super().__init__(*args, **kwargs)
 
     @classmethod
     def _get_handle_name(cls, namespace, method_name):

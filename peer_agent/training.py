@@ -243,6 +243,8 @@ class Trainer(SwarmPeer):
         # What the step's gradients are computed at: a validator holding other parameters (this peer's
         # averaging round failed, and it stepped alone) cannot check them (runs/swarm/spotcheck.py).
         parameters = self._sketcher.parameters(self.model, epoch)
+        # Kept for the validator to ask for by this sketch, should it miss the moment the state was served.
+        self.optimizer.state_averager.epoch_states.keep(epoch, parameters, _flat_params(self.optimizer.param_groups))
         loss_sum = torch.zeros((), device=self.setup.device)
         # The sketch is linear: each micro-batch's gradient is sketched as the difference the micro-batch
         # made to the accumulated gradients' sketch (peer_agent/spotcheck.py).

@@ -218,15 +218,17 @@ class Checkpointer:
         """Whether the model and state averager are built (on the first tick once the run's tokenizer is ready)."""
         return self._averager is not None and not self._closed
 
-    def state_download_from(self, peer: str, *, timeout: float) -> tuple[int, list] | None:
-        """The collaboration's state as ``peer`` serves it now: its epoch and its parameters (in the model's
-        order), for the validator (runs/swarm/spotcheck.py), which compares several peers' states. None once
-        shut down, or when the peer sent none or one of another shape. It takes no lock: the averager
-        answers requests from several threads, and a checkpoint's download does not hold it up."""
+    def state_download_from(self, peer: str, *, timeout: float, kept: tuple[int, str] | None = None
+                            ) -> tuple[int, list] | None:
+        """The collaboration's state as ``peer`` serves it now (or, with ``kept``, the parameters it kept for
+        that epoch and parameters' sketch): its epoch and its parameters (in the model's order), for the
+        validator (runs/swarm/spotcheck.py), which compares several peers' states. None once shut down,
+        or when the peer sent none or one of another shape. It takes no lock: the averager answers
+        requests from several threads, and a checkpoint's download does not hold it up."""
         averager = self._averager
         if averager is None or self._closed:
             return None
-        served = averager.state_download_from(peer, timeout=timeout)
+        served = averager.state_download_from(peer, timeout=timeout, kept=kept)
         if served is None:
             return None
         metadata, tensors = served

@@ -115,6 +115,7 @@ class Validator:
         # epoch -> the distinct states any one peer served under it: held once two volunteers' steps claim one
         self.served: dict[int, list[list]] = {}
         self._sketches: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its sketch
+        self._asked: dict[tuple[int, str], None] = {}  # (epoch, sketch) of kept states asked for, oldest first
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
         self._hold_spent = 0.0  # seconds the last try at holding a state took
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
@@ -163,6 +164,7 @@ class Validator:
             try:
                 close_old_connections()
                 self.hold_once()
+                self.claimed_fetch()
             except Run.DoesNotExist:
                 logger.info("run %s: the run is gone; spot checks stop holding its state", self.slug)
                 return
@@ -249,18 +251,19 @@ class Validator:
         step) that the steps of two distinct volunteers' commitments for the epoch claim to be computed
         at. Those volunteers ran their steps there, so it is the swarm's state, not one peer's: a peer
         that serves parameters of its own, or whose averaging round failed, is the only one to claim
-        them. Returns the states and whether a step of ``commitment`` claims a served state that no
-        second volunteer has claimed yet (its commitment may still come)."""
+        them. Returns the states and whether a step of ``commitment`` claims a state that is neither
+        (a second volunteer's commitment may still come, or the holder may still fetch it from a peer
+        that kept it: :meth:`claimed_fetch`)."""
         from peer_agent.spotcheck import fingerprint_distance
 
         epoch = commitment.epoch
         def alike(sketch: str, others: list[str]) -> bool:
             return any(fingerprint_distance(sketch, other) <= STATE_AGREEMENT for other in others)
 
-        held_sketches = [self._sketch(config, epoch, state) for state in held]
+        held_sketches = [self._sketch(epoch, state) for state in held]
         candidates: list[tuple[list, str]] = []  # served states other than the held ones and each other
         for state in served:
-            sketch = self._sketch(config, epoch, state)
+            sketch = self._sketch(epoch, state)
             if not any(fingerprint_distance(sketch, other) <= STATE_SAME
                        for other in held_sketches + [other for _, other in candidates]):
                 candidates.append((state, sketch))
@@ -273,20 +276,20 @@ class Validator:
                         if sum(alike(sketch, list(user_claims)) for user_claims in claims.values()) >= 2]
         sketches = held_sketches + [sketch for _, sketch in corroborated]
         own = {step[3] for step in commitment.steps if len(step) > 3}
-        waiting = any(not alike(claim, sketches) and alike(claim, [sketch for _, sketch in candidates]) for claim in own)
+        waiting = any(not alike(claim, sketches) for claim in own)
         return held + [state for state, _ in corroborated], waiting
 
-    def _sketch(self, config: RunConfig, epoch: int, state: list) -> str:
-        """The parameters' sketch of ``state`` for ``epoch``'s cells, computed once per state."""
-        from peer_agent.spotcheck import parameters_fingerprint
+    def _sketch(self, epoch: int, state: list) -> str:
+        """The parameters' sketch of ``state`` for ``epoch``'s cells, computed once per state. It reads the
+        state alone, not the validator's model: the holder's thread asks too (:meth:`claimed_fetch`)."""
+        from peer_agent.spotcheck import Sketch, fingerprint_encode
 
         key = (epoch, id(state))
         cached = self._sketches.get(key)
         if cached is None or cached[0] is not state:  # an id is reused once its state is dropped
-            self._state_load(config, state)
-            cached = self._sketches[key] = (state, parameters_fingerprint(self._model, self.run_id, epoch))
+            cached = self._sketches[key] = (state, fingerprint_encode(Sketch(self.run_id, epoch, state).apply(state)))
             while len(self._sketches) > 2 * HELD_EPOCHS * STATES_PER_EPOCH:
-                del self._sketches[next(iter(self._sketches))]
+                self._sketches.pop(next(iter(self._sketches)), None)
         return cached[1]
 
     def _state_load(self, config: RunConfig, state: list) -> None:
@@ -340,6 +343,67 @@ class Validator:
             if tried == 0 and state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
                 return  # a state already held: nothing new
 
+    def claimed_fetch(self) -> int:
+        """Ask peers for the states that two distinct volunteers' pending commitments claim their steps were
+        computed at and that the validator has no copy of: each peer keeps the states of its last few
+        epochs (peer_agent.averaging.EpochStates). The holder looks at the moments peers serve their
+        current state, and on a loaded machine it missed an epoch's state now and then: every step of the
+        epoch then earned nothing, for every volunteer. A fetched state counts as one peer's (:meth:`_references`
+        holds it because two volunteers claim it); one whose sketch is not the one asked for is a
+        disagreement of the peer that served it. Each state is asked for once, from at most
+        ``HOLD_SOURCES_PER_TRY`` peers picked at random. Returns how many states were fetched."""
+        from peer_agent.spotcheck import fingerprint_distance
+
+        seen = set(self.held) | set(self.served)
+        if not seen or self._spot_checks_on() is None:
+            return 0
+        claims: dict[int, dict[str, set[int]]] = {}  # epoch -> a claimed sketch -> the volunteers claiming it
+        for epoch, user, steps in StepCommitment.objects.filter(
+                session__run_id=self.run_pk, outcome=StepCommitment.Outcome.PENDING,
+                epoch__gt=max(seen) - HELD_EPOCHS).values_list("epoch", "session__user_id", "steps"):
+            for step in steps:
+                if len(step) > 3 and isinstance(step[3], str):
+                    claims.setdefault(epoch, {}).setdefault(step[3], set()).add(user)
+        fetched = 0
+        for epoch, sketches in sorted(claims.items()):
+            known = [self._sketch(epoch, state) for near in (epoch - 1, epoch, epoch + 1)
+                     for state in self.held.get(near, []) + self.served.get(near, [])]
+            for sketch in sketches:
+                alike = [other for other in sketches if fingerprint_distance(sketch, other) <= STATE_AGREEMENT]
+                if (any(fingerprint_distance(sketch, other) <= STATE_AGREEMENT for other in known)
+                        or len(set().union(*(sketches[other] for other in alike))) < 2
+                        or any((epoch, other) in self._asked for other in alike)):
+                    continue
+                self._asked[(epoch, sketch)] = None
+                while len(self._asked) > 4 * HELD_EPOCHS * STATES_PER_EPOCH:
+                    del self._asked[next(iter(self._asked))]
+                state = self._kept_fetch(epoch, sketch)
+                if state is not None:
+                    known.append(self._sketch(epoch, state))
+                    fetched += 1
+        return fetched
+
+    def _kept_fetch(self, epoch: int, sketch: str) -> list | None:
+        """The state a peer kept for ``epoch`` and ``sketch``, from the first of a few peers picked at random
+        that serves it (kept as that peer's, :meth:`_served_keep`), or None."""
+        from peer_agent.spotcheck import fingerprint_distance
+
+        for peer in random.sample(self._sources, len(self._sources))[:HOLD_SOURCES_PER_TRY]:
+            served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S, kept=(epoch, sketch))
+            if served is None or self._closed:
+                continue
+            apart = fingerprint_distance(sketch, self._sketch(epoch, served[1]))
+            if apart > STATE_EXACT:
+                self.disagreements[peer] = self.disagreements.get(peer, 0) + 1
+                logger.info("run %s: peer %s served a kept state of epoch %d %.4f away from the sketch asked for",
+                            self.slug, peer, epoch, apart)
+                continue
+            logger.info("run %s: fetched the state of epoch %d two volunteers' steps claim, kept by peer %s",
+                        self.slug, epoch, peer)
+            self._served_keep(epoch, served[1])
+            return served[1]
+        return None
+
     def _served_keep(self, epoch: int, parameters: list) -> None:
         """Keep a state a peer served under ``epoch``, unless one like it is kept already: the checker holds
         it once two volunteers' steps claim it (:meth:`_references`)."""
@@ -390,7 +454,7 @@ class Validator:
                 micro_batch_size=commitment.micro_batch_size, data_files=files)
             while len(self._replays) > REPLAYS_KEPT:
                 del self._replays[next(iter(self._replays))]
-        sketches = [self._sketch(config, commitment.epoch, state) for state in states]
+        sketches = [self._sketch(commitment.epoch, state) for state in states]
         steps = commitment.steps
         # cursor -> distance to the nearest held state; step index -> the held states it may have been
         # computed at, nearest first (a sketch tells apart states 1e-3 apart, not closer ones)

@@ -15,12 +15,12 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import aiter_with_timeout
 
-from peer_agent.averaging import StateSourceChoice, declared_epochs
+from peer_agent.averaging import EpochStateServing, StateSourceChoice, declared_epochs
 
 logger = logging.getLogger(__name__)
 
 
-class BoundedSourceStateAverager(StateSourceChoice, TrainingStateAverager):
+class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingStateAverager):
     """A client-mode ``TrainingStateAverager`` that downloads only from peers whose declared epoch is
     within a bound.
 
@@ -30,6 +30,8 @@ class BoundedSourceStateAverager(StateSourceChoice, TrainingStateAverager):
     (``checkpoints.state_epoch_trusted``): while it stayed online no checkpoint could be saved. Peers
     declaring more than the bound are left out of the choice instead.
     """
+
+    _rpc_handlers = None  # hivemind collects a class's handlers once; this class adds one to its bases'
 
     def __init__(self, *args, **kwargs):
         # Shared memory, made before hivemind forks the averager's process, which reads it.
@@ -51,22 +53,30 @@ class BoundedSourceStateAverager(StateSourceChoice, TrainingStateAverager):
         bound, epochs = self._epoch_bound.value, declared_epochs(declared)
         return {peer: entry for peer, entry in declared.items() if epochs.get(peer, -math.inf) <= bound}
 
-    def state_download_from(self, peer: str, *, timeout: float) -> tuple[dict, list] | None:
+    def state_download_from(self, peer: str, *, timeout: float, kept: tuple[int, str] | None = None
+                            ) -> tuple[dict, list] | None:
         """The state ``peer`` serves now, as hivemind sends it (its metadata and tensors: parameters first,
         in ``main_parameters`` order), without loading it: the validator (runs/swarm/spotcheck.py) compares
-        the states of several peers it chose itself. None if the peer sent no state within ``timeout``."""
+        the states of several peers it chose itself. With ``kept`` (an epoch and a parameters' sketch), the
+        parameters the peer kept for that epoch and sketch instead (peer_agent.averaging.EpochStates). None
+        if the peer sent no state within ``timeout``."""
         future = MPFuture()
-        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, future=future)))
+        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, kept=kept, future=future)))
         return future.result(timeout=timeout + 5)  # the averager's process answers within its own timeout
 
-    async def _state_download_from(self, peer: str, timeout: float, future: MPFuture) -> None:
+    async def _state_download_from(self, peer: str, timeout: float, kept: tuple[int, str] | None,
+                                   future: MPFuture) -> None:
         # Runs in the averager's process, like hivemind's _load_state_from_peers; one peer, asked by name.
         metadata = []
 
         async def tensor_parts():
             stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
-            async for message in aiter_with_timeout(await stub.rpc_download_state(averaging_pb2.DownloadRequest()),
-                                                    timeout=timeout):
+            if kept is None:
+                stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+            else:
+                asked = self.serializer.dumps(dict(epoch=kept[0], sketch=kept[1]))
+                stream = await stub.rpc_download_epoch_state(averaging_pb2.DownloadData(metadata=asked))
+            async for message in aiter_with_timeout(stream, timeout=timeout):
                 if message.metadata:
                     metadata.append(self.serializer.loads(message.metadata))
                 yield [message.tensor_part]

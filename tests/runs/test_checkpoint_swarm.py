@@ -180,3 +180,33 @@ def test_a_member_declaring_a_far_epoch_is_not_asked_for_the_state(run, coordina
     train_until(honest, coordinator, lambda: run.checkpoints.exists(), "a checkpoint despite the far member")
     assert run.checkpoints.get().epoch >= 2
     assert far.optimizer.local_epoch == 0 and far.optimizer.state_averager.state_sharing_priority == 10**6
+
+
+def test_a_peer_serves_the_state_its_past_steps_were_computed_at_when_asked_by_their_sketch(
+        run, coordinator, make_trainer):
+    """The validator holds each epoch's state by downloading what peers serve at the moment, and on a loaded
+    machine it missed some (every step of such an epoch earned nothing). An agent keeps the states of its
+    last steps (peer_agent.averaging.EpochStates) and serves one asked for by epoch and parameters'
+    sketch: the sketch its commitment claims. Another sketch gets nothing."""
+    from peer_agent.spotcheck import Sketch, fingerprint_distance, fingerprint_encode
+    from runs.swarm.spotcheck import STATE_EXACT, parameters_apart
+
+    trainer = make_trainer()
+    committed: list = []
+    train_until(trainer, coordinator, lambda: committed.extend(trainer.commitments_take()) or (
+        len({commitment.epoch for commitment in committed}) >= 3), "three closed epochs")
+    checkpointer = next(iter(coordinator.peers.values())).checkpointer
+    train_until(None, coordinator, lambda: checkpointer.ready, "the checkpointer's averager")
+    peer = str(trainer.optimizer.state_averager.peer_id)
+    first = committed[0]
+    epoch, sketch = first.epoch, first.steps[0].parameters
+    served = checkpointer.state_download_from(peer, timeout=30, kept=(epoch, sketch))
+    assert served is not None, "the kept state of the first closed epoch"
+    assert served[0] == epoch
+    kept = served[1]
+    assert fingerprint_distance(sketch, fingerprint_encode(Sketch(run.hivemind_run_id, epoch, kept).apply(kept))) <= STATE_EXACT
+    now = [parameter.detach().float() for parameter in trainer.model.parameters()]
+    assert parameters_apart(kept, now) > 1e-3, "a past state, not the one the peer serves now"
+    other = committed[-1].steps[0].parameters
+    assert checkpointer.state_download_from(peer, timeout=30, kept=(epoch, other)) is None, "the sketch of another epoch"
+    assert checkpointer.state_download_from(peer, timeout=30, kept=(epoch + 1000, sketch)) is None
