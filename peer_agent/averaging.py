@@ -213,7 +213,16 @@ class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, Aggregating
             can_aggregate = [mode != AveragingMode.CLIENT and (bandwidth is None or bandwidth > 0)
                              for bandwidth, mode in zip(bandwidths, modes)]
             kwargs["peer_fractions"] = shares_with_floor(parts, can_aggregate)
-        return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
+        await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
+        # hivemind puts this peer's own values in place of the parts a member failed to send back, and
+        # calls the round done ("Averaging: received 48.5% results"): the members' gradients then differ,
+        # and so would their parameters after the step. A partial round is a failed one here
+        # (MembersOnlyOptimizer does not step alone on it).
+        runner = self._running_groups[group_info.group_id if group_id is None else group_id].result()
+        missed = runner.tensor_part_container.failed_size
+        if missed:
+            raise AllreduceException(f"received {1 - missed / runner.tensor_part_container.total_size:.1%} of the "
+                                     "averaged gradients")
 
 
 class StateSourceChoice:
@@ -244,6 +253,10 @@ class StateSourceChoice:
         finally:
             del self.dht.get
 
+
+# Epochs in a row a peer whose gradient rounds fail skips its optimizer step (MembersOnlyOptimizer); then it
+# steps alone, as hivemind does, so that a peer whose rounds keep failing still trains.
+LONE_STEPS_SKIPPED_MAX = 2
 
 # The states an agent keeps for the validator: a few epochs' worth (one state per epoch most often, two when
 # background parameter averaging lands mid-epoch). The validator asks for them within seconds of a commitment.
@@ -346,6 +359,13 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
     peer's last steps for the validator (:class:`EpochStates`)."""
 
     _rpc_handlers = None  # hivemind collects a class's handlers once; this class adds one to its bases'
+    optimizer_step_skip = False  # set by MembersOnlyOptimizer when this epoch's gradients are not the swarm's
+
+    def step(self, *args, optimizer_step: bool = False, delay_optimizer_step: bool = False, **kwargs):
+        if optimizer_step and self.optimizer_step_skip:
+            optimizer_step = delay_optimizer_step = False
+        self.optimizer_step_skip = False
+        return super().step(*args, optimizer_step=optimizer_step, delay_optimizer_step=delay_optimizer_step, **kwargs)
 
     def __init__(self, *args, **kwargs):
         # Shared memory, made before hivemind forks the averager's process, which serves from it.
@@ -391,7 +411,16 @@ class MembersOnlyOptimizer(Optimizer):
     """``hivemind.Optimizer`` whose state averager, given the agent's ``authorizer``, averages
     parameters only among token holders and by the run's ``aggregation`` (pass a
     ``FlooredGradientAverager`` factory with the same authorizer and aggregation for gradients). It
-    keeps the authorizer's token fresh while it runs."""
+    keeps the authorizer's token fresh while it runs.
+
+    A peer whose gradient round failed or came back partial does not step on its own gradients, up
+    to ``LONE_STEPS_SKIPPED_MAX`` epochs in a row: hivemind would step it on them, off the parameters of
+    the swarm, whose step it missed. Its next epoch's steps would then be computed at parameters no
+    other peer holds, which the validator cannot check (runs/swarm/spotcheck.py: the epoch earns
+    nothing), until a parameter averaging brings it back. Not stepping, it computes that epoch at the
+    state the swarm computed the last one at, which the validator holds; two peers whose round failed
+    together stay together. Only when gradient averaging is not delayed (``delay_updates``): delayed,
+    the step is scheduled before its round's outcome is known."""
 
     def __init__(self, *args, authorizer: PortalAuthorizer | None = None, aggregation: str = "mean", **kwargs):
         self._authorizer, self._aggregation = authorizer, aggregation
@@ -399,6 +428,30 @@ class MembersOnlyOptimizer(Optimizer):
         if authorizer is not None:
             # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
             authorizer.token_refresh_start()
+
+    def _begin_averaging_gradients(self, grad_scaler) -> bool:
+        began = super()._begin_averaging_gradients(grad_scaler)
+        if not began:
+            self._lone_step_skip("its gradient round could not begin")
+        return began
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control) -> None:
+        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        if maybe_step_control is None:  # alone in the swarm: stepping alone is all there is
+            self._lone_steps_skipped = 0
+        elif maybe_step_control.done() and not maybe_step_control.cancelled() and maybe_step_control.exception() is None:
+            self._lone_steps_skipped = 0
+        else:
+            self._lone_step_skip("its gradient round failed")
+
+    def _lone_step_skip(self, why: str) -> None:
+        skipped = getattr(self, "_lone_steps_skipped", 0)
+        if self.delay_grad_averaging or self.auxiliary or skipped >= LONE_STEPS_SKIPPED_MAX:
+            self._lone_steps_skipped = 0
+            return
+        self._lone_steps_skipped = skipped + 1
+        self.state_averager.optimizer_step_skip = True
+        logger.warning("Epoch %d: %s; not stepping alone on this peer's own gradients", self.local_epoch, why)
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
         if not self.auxiliary:

@@ -185,3 +185,23 @@ def first_moments(trainer):
 
 def relative_apart(first, second) -> float:
     return ((first - second).norm() / second.norm()).item()
+
+
+def test_a_peer_whose_gradient_round_fails_does_not_step_alone_two_epochs_in_a_row(make_trainer):
+    """hivemind steps a peer whose round found no group on its own gradients, off the swarm's parameters;
+    the validator cannot check what it computes there, and its next epoch earns nothing
+    (runs/swarm/spotcheck.py). The agent skips such a step instead, up to LONE_STEPS_SKIPPED_MAX epochs in a
+    row, then steps alone as hivemind does. Here the other peer is in the swarm but never averages, so
+    every round of the first fails."""
+    from peer_agent.averaging import LONE_STEPS_SKIPPED_MAX
+
+    first = make_trainer(seed=1)
+    make_trainer(seed=2, joins=first)  # in the swarm (its progress record), never looking for a group
+    at_epoch = {0: _flat(first.model)}  # local epoch -> the parameters its first step was computed at
+
+    def after_step(index, trainer, result):
+        at_epoch.setdefault(trainer.optimizer.local_epoch, _flat(trainer.model))
+
+    train_together([first], epochs=2 * (LONE_STEPS_SKIPPED_MAX + 1) - 1, after_step=after_step)
+    moved = [not torch.equal(at_epoch[epoch], at_epoch[epoch - 1]) for epoch in sorted(at_epoch)[1:]]
+    assert moved == [False] * LONE_STEPS_SKIPPED_MAX + [True] + [False] * LONE_STEPS_SKIPPED_MAX, moved
