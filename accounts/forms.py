@@ -2,6 +2,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.core.exceptions import ValidationError
 from django.utils.translation import gettext_lazy as _
 
 from accounts.auth import request_ip
@@ -51,6 +52,10 @@ class AdminLoginForm(LoginLimit, AdminAuthenticationForm):
 
 
 class SignUpForm(UserCreationForm):
+    """Usernames are public on the boards, so a taken one is said here. Whether an address has an
+    account is said only while addresses are not confirmed; otherwise the mail tells the owner of
+    the address (accounts/signup.py)."""
+
     class Meta(UserCreationForm.Meta):
         model = User
         fields = ("username", "email")
@@ -60,9 +65,16 @@ class SignUpForm(UserCreationForm):
 
     def clean_email(self) -> str:
         email = self.cleaned_data["email"]
-        if User.objects.filter(email__iexact=email).exists():
+        if not settings.ACCOUNT_EMAIL_VERIFICATION_REQUIRED and User.objects.filter(email__iexact=email).exists():
             raise forms.ValidationError(_("An account with this e-mail address already exists."))
         return email
+
+    def validate_unique(self) -> None:
+        # The model's own check of the unique address would say what clean_email keeps quiet.
+        try:
+            self.instance.validate_unique(exclude=self._get_validation_exclusions() | {"email"})
+        except ValidationError as exc:
+            self._update_errors(exc)
 
 
 class ProfileForm(forms.ModelForm):

@@ -1,3 +1,4 @@
+import datetime
 import secrets
 
 from django.conf import settings
@@ -200,3 +201,23 @@ class Notification(models.Model):
         constraints = [models.UniqueConstraint(fields=["user", "kind", "key"], name="notification_once_per_event")]
         indexes = [models.Index(fields=["user", "read_at"], name="notification_unread"),
                    models.Index(fields=["user", "emailed_at"], name="notification_emailed")]
+
+
+class PendingSignUp(models.Model):
+    """A sign-up waiting for its address to be confirmed (accounts/signup.py). No account exists
+    until the mailed link is opened, so the sign-up page never tells whether an address has one."""
+
+    username = models.CharField(max_length=150)
+    email = models.EmailField()
+    password = models.CharField(max_length=128)  # hashed by make_password, as User.password is
+    language = models.CharField(max_length=8, choices=settings.LANGUAGES, default=settings.LANGUAGE_CODE)
+    # SHA-256 of the link's secret, written by the task that mails the link; the secret is never stored.
+    token_digest = models.CharField(max_length=64, blank=True, db_index=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return self.username
+
+    @property
+    def expires_at(self) -> datetime.datetime:
+        return self.created_at + datetime.timedelta(days=settings.EMAIL_VERIFICATION_DAYS)

@@ -4,6 +4,8 @@ from accounts import views
 
 urlpatterns = [
     path("accounts/signup/", views.signup, name="signup"),
+    path("accounts/signup/sent/", views.signup_sent, name="signup-sent"),
+    path("accounts/signup/confirm/<str:secret>/", views.signup_link, name="signup-confirm"),
     path("accounts/profile/", views.profile, name="profile"),
     path("accounts/login/", views.LoginView.as_view(), name="login"),
     path("accounts/password_reset/", views.PasswordResetView.as_view(), name="password_reset"),

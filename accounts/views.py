@@ -25,6 +25,7 @@ from accounts.notifications import (
     unsubscribe_claim,
 )
 from accounts.password_reset import password_reset_request
+from accounts.signup import SignUpFailed, signup_confirm, signup_pending, signup_request
 from accounts.verification import (
     VerificationFailed,
     email_change,
@@ -59,6 +60,8 @@ class PasswordResetView(auth_views.PasswordResetView):
 
 
 def signup(request: HttpRequest) -> HttpResponse:
+    """The sign-up form. While addresses are confirmed it creates no account, only a pending
+    sign-up and its mail (accounts/signup.py), and answers the same page for every address."""
     if request.user.is_authenticated:
         return redirect("home")
     form = SignUpForm(request.POST or None)
@@ -69,20 +72,39 @@ def signup(request: HttpRequest) -> HttpResponse:
             form.add_error(None, _("Too many sign-ups from your address; try again in %(seconds)s s.")
                            % {"seconds": exc.retry_after})
             return rate_limited_page(render(request, "accounts/signup.html", {"form": form}), exc)
+    if request.method == "POST" and form.is_valid() and settings.ACCOUNT_EMAIL_VERIFICATION_REQUIRED:
+        # The language the volunteer signed up in is that of their e-mails.
+        signup_request(username=form.cleaned_data["username"], email=form.cleaned_data["email"],
+                       password=form.cleaned_data["password1"], language=request.LANGUAGE_CODE)
+        return redirect("signup-sent")
     if request.method == "POST" and form.is_valid():
         user = form.save(commit=False)
-        user.language = request.LANGUAGE_CODE  # the language the volunteer signed up in is that of their e-mails
+        user.language = request.LANGUAGE_CODE
         user.save()
-        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        if verification_required(user):
-            verification_send(user=user)
-            messages.success(request, _("Welcome, %(name)s! We sent a link to %(email)s: open it to confirm your address, "
-                                        "then create an agent token.") % {"name": user.username, "email": user.email})
-        else:
-            messages.success(request, _("Welcome, %(name)s! Create an agent token to start contributing.")
-                             % {"name": user.username})
-        return redirect("tokens")
+        return _welcome(request, user)
     return render(request, "accounts/signup.html", {"form": form})
+
+
+def signup_sent(request: HttpRequest) -> HttpResponse:
+    return render(request, "accounts/signup_sent.html", {"days": settings.EMAIL_VERIFICATION_DAYS})
+
+
+def signup_link(request: HttpRequest, secret: str) -> HttpResponse:
+    """The link mailed at sign-up. A GET only asks, because mail scanners open links; the button
+    creates the account and logs its owner in."""
+    try:
+        if request.method != "POST":
+            return render(request, "accounts/signup_confirm.html", {"pending": signup_pending(secret=secret)})
+        user = signup_confirm(secret=secret)
+    except SignUpFailed as exc:
+        return render(request, "accounts/signup_failed.html", {"reason": str(exc)}, status=400)
+    return _welcome(request, user)
+
+
+def _welcome(request: HttpRequest, user: User) -> HttpResponse:
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    messages.success(request, _("Welcome, %(name)s! Create an agent token to start contributing.") % {"name": user.username})
+    return redirect("tokens")
 
 
 @login_required
@@ -256,7 +278,7 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def email_verify(request: HttpRequest, token: str) -> HttpResponse:
-    """The link mailed at sign-up: it works logged out too (the signature names the account)."""
+    """The link mailed at a change of address: it works logged out too (the signature names the account)."""
     try:
         user = verification_check(token=token)
     except VerificationFailed as exc:

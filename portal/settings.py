@@ -178,8 +178,9 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "home"
 AGENT_TOKEN_DEFAULT_DAYS = env_int("AGENT_TOKEN_DEFAULT_DAYS", 90, minimum=1)
-# Agent tokens only after the volunteer opened the link mailed at sign-up (accounts/verification.py).
-# A closed deployment whose accounts staff create can turn this off.
+# Accounts are created from the link mailed at sign-up (accounts/signup.py), and agent tokens need a
+# confirmed address (accounts/verification.py). A closed deployment whose accounts staff create can
+# turn this off: sign-up then creates the account at once.
 ACCOUNT_EMAIL_VERIFICATION_REQUIRED = env_bool("ACCOUNT_EMAIL_VERIFICATION_REQUIRED", True)
 EMAIL_VERIFICATION_DAYS = env_int("EMAIL_VERIFICATION_DAYS", 3, minimum=1)
 # Notification e-mails per volunteer per hour (accounts/notifications.py); past it the bell still rings.

@@ -1,10 +1,12 @@
 """Factories for the test suite: build what a test needs, named for what it is."""
 
 import datetime
+import re
 
 import factory
 from django.conf import settings
 from django.contrib.auth.models import Permission
+from django.core import mail
 from django.utils import timezone
 
 from accounts.models import Team, User
@@ -34,6 +36,19 @@ class UserFactory(factory.django.DjangoModelFactory):
             self.user_permissions.add(Permission.objects.get(codename="organize_runs"))
         if create:
             self.save()
+
+
+def signup_link_in(message) -> str:
+    """The path of the link that creates the account, in a sign-up mail (its text and HTML parts alike)."""
+    [path] = set(re.findall(r"https?://[^/\s]+(/accounts/signup/confirm/[^\s\"<]+/)", message.body))
+    assert path in message.alternatives[0][0], "the plain text and the HTML part carry the same link"
+    return path
+
+
+def sign_up(client, username: str, email: str, password: str = PASSWORD):
+    """Sign up through the form and confirm with the mailed link, as a newcomer does; the link's answer."""
+    client.post("/accounts/signup/", {"username": username, "email": email, "password1": password, "password2": password})
+    return client.post(signup_link_in(mail.outbox[-1]))
 
 
 class TeamFactory(factory.django.DjangoModelFactory):

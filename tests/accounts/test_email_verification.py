@@ -1,5 +1,6 @@
-"""E-mail verification: sign-up mails a signed, expiring link; agent tokens wait for it; a link that
-is expired, forged, or sent to an address no longer on the account is refused with the reason."""
+"""E-mail verification: the account made from the sign-up link has its address confirmed; a changed
+address (or an account from before) gets a signed, expiring link and agent tokens wait for it; a link
+that is expired, forged, or sent to an address no longer on the account is refused with the reason."""
 
 import re
 import time
@@ -12,8 +13,8 @@ from django.urls import reverse
 
 from accounts.models import AgentToken, User
 from accounts.notifications import unsubscribe_link
-from accounts.verification import verification_link
-from tests.factories import PASSWORD, RunFactory, UserFactory
+from accounts.verification import verification_link, verification_send
+from tests.factories import PASSWORD, RunFactory, UserFactory, signup_link_in
 
 pytestmark = pytest.mark.django_db
 
@@ -29,14 +30,23 @@ def link_in(message) -> str:
     return links[0]
 
 
-def test_sign_up_mails_a_link_and_tokens_wait_until_it_is_opened():
+def test_the_account_made_from_the_sign_up_link_creates_tokens_at_once():
     client = Client()
     client.post(reverse("signup"), SIGN_UP)
-    amina = User.objects.get(username="amina")
-    assert amina.email_verified_at is None
     assert [m.to for m in mail.outbox] == [["amina@example.org"]]
     assert mail.outbox[0].alternatives[0][1] == "text/html"
+    client.post(signup_link_in(mail.outbox[0]))
+    amina = User.objects.get(username="amina")
+    assert amina.email_verified
+    created = client.post(reverse("tokens"), NEW_TOKEN)
+    assert created.status_code == 200 and 'id="new-token-secret"' in created.content.decode()
+    assert AgentToken.objects.filter(user=amina).count() == 1
 
+
+def test_tokens_wait_until_the_address_is_confirmed(client_for):
+    amina = UserFactory(username="amina", email_verified_at=None)
+    verification_send(user=amina)
+    client = client_for(amina)
     page = client.get(reverse("tokens")).content.decode()
     assert 'id="token-blocked"' in page and "amina@example.org" in page and 'name="lifetime_days"' not in page
     refused = client.post(reverse("tokens"), NEW_TOKEN)
@@ -46,13 +56,12 @@ def test_sign_up_mails_a_link_and_tokens_wait_until_it_is_opened():
     assert opened.status_code == 302 and opened["Location"] == reverse("tokens")
     amina.refresh_from_db()
     assert amina.email_verified
-    created = client.post(reverse("tokens"), NEW_TOKEN)
-    assert created.status_code == 200 and 'id="new-token-secret"' in created.content.decode()
+    assert client.post(reverse("tokens"), NEW_TOKEN).status_code == 200
     assert AgentToken.objects.filter(user=amina).count() == 1
 
 
 def test_the_link_works_logged_out_and_sends_to_the_log_in_page():
-    Client().post(reverse("signup"), SIGN_UP)
+    verification_send(user=UserFactory(username="amina", email_verified_at=None))
     opened = Client().get(link_in(mail.outbox[0]))
     assert opened.status_code == 302 and opened["Location"] == reverse("login")
     assert User.objects.get(username="amina").email_verified
@@ -60,7 +69,7 @@ def test_the_link_works_logged_out_and_sends_to_the_log_in_page():
 
 def test_an_expired_link_is_refused_with_what_to_do(monkeypatch, settings):
     settings.EMAIL_VERIFICATION_DAYS = 3
-    Client().post(reverse("signup"), SIGN_UP)
+    verification_send(user=UserFactory(username="amina", email_verified_at=None))
     link = link_in(mail.outbox[0])
     later = time.time() + 3 * 86400 + 60
     monkeypatch.setattr(signing.time, "time", lambda: later)
@@ -152,10 +161,11 @@ def test_the_mail_speaks_the_language_the_volunteer_signed_up_in():
     client = Client()
     client.cookies["django_language"] = "bn"
     client.post(reverse("signup"), SIGN_UP)
-    assert User.objects.get(username="amina").language == "bn"
     message = mail.outbox[0]
-    assert "ই-মেইল" in message.subject and "Confirm" not in message.body
+    assert "ই-মেইল" in message.subject and "Confirm" not in message.body and "Open this link" not in message.body
     assert 'lang="bn"' in message.alternatives[0][0]
+    client.post(signup_link_in(message))
+    assert User.objects.get(username="amina").language == "bn"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,34 +3,50 @@
 import re
 
 from django.core import mail
+from django.test import Client
 from django.urls import reverse
 
 from accounts.models import User
-from tests.factories import PASSWORD
+from tests.factories import PASSWORD, sign_up
 
 STRONG = "plum-orbit-kettle-93"
 
 
-def test_sign_up_creates_a_volunteer_and_logs_them_in(client, db):
-    response = client.post(
-        reverse("signup"), {"username": "amina", "email": "amina@example.org", "password1": STRONG, "password2": STRONG}
-    )
+def test_sign_up_creates_a_volunteer_from_the_mailed_link_and_logs_them_in(client, db):
+    response = sign_up(client, "amina", "amina@example.org", STRONG)
     assert response.status_code == 302
     user = User.objects.get(username="amina")
-    assert not user.is_organizer
+    assert not user.is_organizer and user.email_verified
     assert user.pseudonym.startswith("volunteer-")
     assert client.get(reverse("tokens")).status_code == 200
 
 
 def test_sign_up_shows_each_error_beside_its_field(client, volunteer):
     response = client.post(reverse("signup"),
-                           {"username": "vik", "email": "vik@example.org", "password1": "123", "password2": "124"})
+                           {"username": "vik", "email": "not an address", "password1": "123", "password2": "124"})
     page = response.content.decode()
     assert response.status_code == 200
-    assert 'id="username-errors"' in page and "already exists" in page
+    assert 'id="username-errors"' in page and "looks too much like a name someone already uses" in page
     assert 'id="email-errors"' in page
     assert 'id="password2-errors"' in page
     assert User.objects.count() == 1
+
+
+def test_sign_up_says_a_username_is_taken_but_never_an_address(client, volunteer):
+    """Usernames are public on the boards; addresses are not (tests/security/test_account_enumeration.py)."""
+    response = client.post(reverse("signup"),
+                           {"username": "VIK", "email": "vik@example.org", "password1": STRONG, "password2": STRONG})
+    page = response.content.decode()
+    assert 'id="username-errors"' in page and 'id="email-errors"' not in page and "already exists" not in page
+
+
+def test_a_deployment_without_confirmation_signs_up_at_once_and_says_a_taken_address(client, volunteer, settings):
+    settings.ACCOUNT_EMAIL_VERIFICATION_REQUIRED = False
+    fields = {"username": "amina", "email": "amina@example.org", "password1": STRONG, "password2": STRONG}
+    assert client.post(reverse("signup"), fields)["Location"] == reverse("tokens")
+    assert User.objects.filter(username="amina").exists() and mail.outbox == []
+    page = Client().post(reverse("signup"), {**fields, "username": "rahim", "email": "VIK@example.org"}).content.decode()
+    assert 'id="email-errors"' in page and "An account with this e-mail address already exists" in page
 
 
 def test_log_in_and_log_out(client, volunteer):

@@ -48,7 +48,7 @@ def send_report(server: str, secret: str, session_id: int, seq: int, samples: in
         return json.loads(socket.recv(timeout=10))
 
 
-def open_mailed_link(page, kind: str = "accounts/verify") -> None:
+def open_mailed_link(page, kind: str = "accounts/signup/confirm") -> None:
     """Open the link of kind ``kind`` in the last e-mail the portal sent, as its reader would."""
     page.goto(re.search(rf"https?://[^/\s]+(/{kind}/[^\s\"<>]+/)", mail.outbox[-1].body).group(1))
 

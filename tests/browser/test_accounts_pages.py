@@ -1,4 +1,5 @@
-"""A newcomer in a real browser: signs up, creates an agent token, sees it once, revokes it."""
+"""A newcomer in a real browser: signs up, creates the account from the mailed link, creates an agent
+token, sees it once, revokes it."""
 
 import re
 
@@ -26,9 +27,14 @@ def test_a_newcomer_signs_up_and_manages_an_agent_token(page, screenshot):
     page.fill("#id_password1", "plum-orbit-kettle-93")
     page.fill("#id_password2", "plum-orbit-kettle-93")
     page.get_by_role("button", name="Create account").click()
-    expect(page.get_by_role("heading", name="Agent tokens")).to_be_visible()
-    expect(page.locator("#token-blocked")).to_contain_text("amina@example.org")
+    expect(page.get_by_role("heading", name="Check your e-mail")).to_be_visible()
+    screenshot(page, "signup-sent")
     open_mailed_link(page)
+    expect(page.get_by_text("amina@example.org")).to_be_visible()
+    page.get_by_role("button", name="Create my account").click()
+    expect(page.get_by_role("heading", name="Agent tokens")).to_be_visible()
+    expect(page.get_by_role("status")).to_contain_text("Welcome, amina!")
+    expect(page.locator("#token-blocked")).to_have_count(0)
 
     page.fill("#id_name", "home desktop")
     page.get_by_role("button", name="Create token").click()

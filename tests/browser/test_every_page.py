@@ -4,19 +4,22 @@ screenshot of each lands in artifacts/screenshots/phone-<role>-<page>.png. One b
 role visits every page, and the test reports every problem it met at once."""
 
 import pytest
+from django.contrib.auth.hashers import make_password
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from accounts.models import PendingSignUp
 from accounts.notifications import notify
-from accounts.services import team_create
+from accounts.services import team_create, token_digest
 from runs.credit.rollup import credit_rollup
 from runs.models import Certificate, RunSample
 from tests.browser.steps import PHONE, log_in, page_problems
-from tests.factories import NOW, RunFactory, report, session_for
+from tests.factories import NOW, PASSWORD, RunFactory, report, session_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CERTIFICATE = "bangla-amina-certificate"  # the code of amina's certificate for the run
+SIGNUP_SECRET = "nadia-signup-link"  # the secret of the link mailed to a newcomer who signed up
 PUBLIC_PAGES = {
     "home": "/", "runs": "/runs/", "run": "/runs/bangla/", "run-health": "/runs/bangla/health/",
     "leaderboard": "/leaderboard/", "leaderboard-teams": "/leaderboard/?by=team&window=all",
@@ -25,7 +28,8 @@ PUBLIC_PAGES = {
 }
 ROLE_PAGES = {
     "visitor": {**PUBLIC_PAGES, "login": "/accounts/login/", "signup": "/accounts/signup/",
-                "password-reset": "/accounts/password_reset/"},
+                "signup-sent": "/accounts/signup/sent/", "signup-confirm": f"/accounts/signup/confirm/{SIGNUP_SECRET}/",
+                "signup-failed": "/accounts/signup/confirm/not-a-link/", "password-reset": "/accounts/password_reset/"},
     "volunteer": {**PUBLIC_PAGES, "join": "/runs/bangla/join/", "tokens": "/tokens/", "profile": "/accounts/profile/",
                   "notifications": "/notifications/", "team-new": "/teams/new/", "password-change": "/accounts/password_change/"},
     "organizer": {"run": "/runs/bangla/", "run-new": "/runs/new/", "run-edit": "/runs/bangla/edit/",
@@ -64,8 +68,15 @@ def visit_every_page(page, role: str, screenshot) -> list[str]:
     return problems
 
 
+@pytest.fixture
+def newcomer():
+    """Someone who signed up and was mailed the link with SIGNUP_SECRET."""
+    return PendingSignUp.objects.create(username="nadia", email="nadia@example.org", password=make_password(PASSWORD),
+                                        token_digest=token_digest(SIGNUP_SECRET))
+
+
 def test_every_page_fits_a_phone_and_passes_axe_for_every_role(browser, live_server, organizer, volunteer, bangla_run,
-                                                                 screenshot):
+                                                                 newcomer, screenshot):
     problems = []
     for role, user in (("visitor", None), ("volunteer", volunteer), ("organizer", organizer)):
         context = browser.new_context(base_url=live_server.url, viewport=PHONE, is_mobile=True, has_touch=True,

@@ -42,8 +42,11 @@ def test_sign_up_create_a_token_and_join_a_run_with_the_keyboard_alone(page, scr
         page.keyboard.type(value)
     tab_to(page, text="Create account", limit=3)
     page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Check your e-mail")).to_be_visible()
+    open_mailed_link(page)  # the link that creates the account, from the mail client
+    tab_to(page, text="Create my account")
+    page.keyboard.press("Enter")
     expect(page.get_by_role("heading", name="Agent tokens")).to_be_visible()
-    open_mailed_link(page)  # the confirmation link, from the mail client
 
     tab_to(page, id="id_name")
     page.keyboard.type("home desktop")

@@ -1,4 +1,4 @@
-"""The bell, the notifications page, the verification and the unsubscribe links in a real Chromium:
+"""The bell, the notifications page, the sign-up and the unsubscribe links in a real Chromium:
 the unread count follows what the volunteer reads and rings live when a notice is made, the e-mails' links work from a logged-out
 browser, and axe-core finds no serious or critical violation on the pages they lead to."""
 
@@ -62,22 +62,29 @@ def test_the_unsubscribe_link_of_an_email_works_in_a_logged_out_browser(page, li
     assert amina.email_opt_outs == ["run_finished"]
 
 
-def test_sign_up_verify_by_the_mailed_link_then_create_a_token(page, live_server, screenshot):
+def test_sign_up_by_the_mailed_link_then_create_a_token(page, live_server, screenshot):
     page.goto("/accounts/signup/")
     page.fill("#id_username", "rumana")
     page.fill("#id_email", "rumana@example.org")
     page.fill("#id_password1", PASSWORD)
     page.fill("#id_password2", PASSWORD)
     page.get_by_role("button", name="Create account").click()
-    blocked = page.locator("#token-blocked")
-    expect(blocked).to_contain_text("rumana@example.org")
-    expect(page.get_by_role("button", name="Create token")).to_have_count(0)
-    assert axe_findings(page) == []
-    screenshot(page, "tokens-before-verification")
+    expect(page.get_by_role("heading", name="Check your e-mail")).to_be_visible()
+    assert axe_findings(page) == [] and not User.objects.filter(username="rumana").exists()
+    screenshot(page, "signup-check-your-email")
 
     open_mailed_link(page)
-    expect(page.get_by_text("Your e-mail address rumana@example.org is confirmed.")).to_be_visible()
+    link = page.url
+    expect(page.get_by_text("rumana@example.org")).to_be_visible()
+    assert axe_findings(page) == []
+    screenshot(page, "signup-confirm")
+    page.get_by_role("button", name="Create my account").click()
+    expect(page.get_by_text("Welcome, rumana!")).to_be_visible()
     page.fill("#id_name", "home desktop")
     page.get_by_role("button", name="Create token").click()
     expect(page.locator("#new-token-secret")).to_contain_text("dlp_")
     assert User.objects.get(username="rumana").agent_tokens.count() == 1
+
+    page.goto(link)  # opened again, the used link says why nothing happens and what to do
+    expect(page.locator("#signup-failed")).to_contain_text("This link was used already")
+    assert axe_findings(page) == []

@@ -6,10 +6,11 @@ import re
 
 import pytest
 from django.conf import settings
+from django.core import mail
 
 from runs.credit.rollup import credit_rollup
 from runs.models import Run
-from tests.factories import NOW, RunFactory, UserFactory, report, session_for
+from tests.factories import NOW, PASSWORD, RunFactory, UserFactory, report, session_for, signup_link_in
 
 pytestmark = pytest.mark.django_db
 
@@ -21,10 +22,23 @@ def text_of(response) -> str:
 def test_a_browser_asking_for_bengali_gets_bengali_pages(client):
     for path, words in [("/", "একসাথে ভাষা মডেল প্রশিক্ষণ দিন।"), ("/accounts/signup/", "স্বেচ্ছাসেবক হোন"),
                         ("/accounts/login/", "পাসওয়ার্ড ভুলে গেছেন?"), ("/teams/", "এখনো কোনো দল নেই।"),
-                        ("/runs/", "রান খুঁজুন"), ("/leaderboard/", "লিডারবোর্ড, সব রান")]:
+                        ("/runs/", "রান খুঁজুন"), ("/leaderboard/", "লিডারবোর্ড, সব রান"),
+                        ("/accounts/signup/sent/", "আপনার দেওয়া ঠিকানায় আমরা একটি বার্তা পাঠিয়েছি।"),
+                        ("/accounts/signup/confirm/not-a-link/", "আপনার অ্যাকাউন্ট তৈরি হয়নি")]:
         page = text_of(client.get(path, HTTP_ACCEPT_LANGUAGE="bn-BD,bn;q=0.9,en;q=0.5"))
         assert '<html lang="bn">' in page, path
         assert words in page, path
+
+
+def test_a_bengali_sign_up_gets_its_link_and_its_welcome_in_bengali(client):
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = "bn"
+    client.post("/accounts/signup/", {"username": "amina", "email": "amina@example.org", "password1": PASSWORD,
+                                      "password2": PASSWORD})
+    link = signup_link_in(mail.outbox[0])
+    assert "অ্যাকাউন্ট তৈরি করতে এই লিংকটি খুলুন" in mail.outbox[0].body
+    assert "“amina” অ্যাকাউন্টটি তৈরি করে লগ ইন করবেন?" in text_of(client.get(link))
+    client.post(link)
+    assert "স্বাগতম, amina!" in text_of(client.get("/tokens/"))
 
 
 def test_the_switcher_remembers_bengali_for_a_year_over_the_browsers_english(client):

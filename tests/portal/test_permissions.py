@@ -18,7 +18,7 @@ def world(organizer, volunteer, outsider, staff):
     return {"team": team, "token": token, "draft": draft, "active": active}
 
 
-PUBLIC_PAGES = ["home", "teams", "login", "signup", "password_reset"]
+PUBLIC_PAGES = ["home", "teams", "login", "signup", "signup-sent", "password_reset"]
 
 
 @pytest.mark.parametrize("name", PUBLIC_PAGES)

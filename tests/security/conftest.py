@@ -7,15 +7,18 @@ stella: staff.
 """
 
 import pytest
+from django.contrib.auth.hashers import make_password
 from django.core.files.base import ContentFile
 
+from accounts.models import PendingSignUp
 from accounts.notifications import unsubscribe_link
 from accounts.services import team_create, token_create, token_revoke
+from accounts.signup import signup_link_issue
 from accounts.verification import verification_link
 from runs.access.sessions import session_link_token
 from runs.models import Certificate, Checkpoint, Probe, Run, RunCredit, RunMembership, SessionEpoch
 from runs.setup.services import data_file_add, run_ban
-from tests.factories import UserFactory
+from tests.factories import PASSWORD, UserFactory
 from tests.security.world import World, world_run, world_session
 
 
@@ -49,6 +52,7 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
     RunCredit.objects.create(run=public, user=volunteer, samples=64, samples_verified=64, credit_verified=112.0, credit=112.0)
     certificate = Certificate.objects.create(run=public, user=volunteer)
     members_session = world_session(members, volunteer, None)
+    newcomer = PendingSignUp.objects.create(username="nadia", email="nadia@example.org", password=make_password(PASSWORD))
     values = {
         "public": public.slug, "invite": invite.slug, "members": members.slug, "team": team.slug, "vik_token": vik_token[0].pk,
         "data_file": data_file.pk, "wheel": "peer_agent-0.1.0-py3-none-any.whl",
@@ -65,6 +69,7 @@ def world(organizer, volunteer, outsider, staff, settings, tmp_path) -> World:
         "vik_certificate": certificate.code,
         "probe": _probe(public).pk,
         "vik_verify": verification_link(user=volunteer).rsplit("/verify/", 1)[1].strip("/"),
+        "signup": signup_link_issue(pending=newcomer).rsplit("/confirm/", 1)[1].strip("/"),
         "vik_unsubscribe": unsubscribe_link(user=volunteer, kind="run_paused").rsplit("/unsubscribe/", 1)[1].strip("/"),
         "invite_data_link": f"{session_link_token(session=invite_session, kind='data', target=data_file)}/{data_file.pk}.txt",
         "invite_checkpoint_link": (f"{session_link_token(session=invite_session, kind='checkpoint', target=checkpoints[invite])}"

@@ -27,6 +27,10 @@ PAGES = [
     ("/accounts/logout/",                         "POST", 302,  302,   302,  302,   302,  302,  302),
     ("/accounts/signup/",                         "GET",  200,  302,   302,  302,   302,  302,  302),
     ("/accounts/signup/",                         "POST", 200,  302,   302,  302,   302,  302,  302),
+    ("/accounts/signup/sent/",                    "GET",  200,  200,   200,  200,   200,  200,  200),
+    # The mailed link is the credential, whoever's session opens it: it creates the account and logs it in.
+    ("/accounts/signup/confirm/{signup}/",        "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/accounts/signup/confirm/{signup}/",        "POST", 302,  302,   302,  302,   302,  302,  302),
     ("/accounts/profile/",                        "GET",  L,    200,   200,  200,   200,  200,  200),
     ("/accounts/profile/",                        "POST", L,    200,   200,  200,   200,  200,  200),
     ("/accounts/password_change/",                "GET",  L,    200,   200,  200,   200,  200,  200),
