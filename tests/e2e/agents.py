@@ -35,14 +35,14 @@ def small_run(organizer):
 
 
 def agent(server: str, secret: str, home: Path, runtime: str, run: str = "e2e-run",
-          module: str = "peer_agent", command_name: str = "join") -> subprocess.Popen:
+          module: str = "peer_agent", command_name: str = "join", options: tuple[str, ...] = ()) -> subprocess.Popen:
     """A `peer-agent join` process for ``run`` (or a test's variant of the agent: ``module``; or another
-    subcommand: ``command_name``, e.g. "aggregate")."""
+    subcommand: ``command_name``, e.g. "aggregate"), with the command's further ``options``."""
     env = {
         **os.environ, "PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1",
         "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0", "PEER_AGENT_CLIENT_MODE": "off", "PEER_AGENT_REPORT_INTERVAL": "2",
     }
-    command = [sys.executable, "-m", module, command_name, "--portal", server, run, "--max-runtime", runtime]
+    command = [sys.executable, "-m", module, command_name, "--portal", server, run, "--max-runtime", runtime, *options]
     log = open(home.parent / f"{home.name}.log", "ab")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
