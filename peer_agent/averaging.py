@@ -213,16 +213,7 @@ class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, Aggregating
             can_aggregate = [mode != AveragingMode.CLIENT and (bandwidth is None or bandwidth > 0)
                              for bandwidth, mode in zip(bandwidths, modes)]
             kwargs["peer_fractions"] = shares_with_floor(parts, can_aggregate)
-        await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
-        # hivemind puts this peer's own values in place of the parts a member failed to send back, and
-        # calls the round done ("Averaging: received 48.5% results"): the members' gradients then differ,
-        # and so would their parameters after the step. A partial round is a failed one here
-        # (MembersOnlyOptimizer does not step alone on it).
-        runner = self._running_groups[group_info.group_id if group_id is None else group_id].result()
-        missed = runner.tensor_part_container.failed_size
-        if missed:
-            raise AllreduceException(f"received {1 - missed / runner.tensor_part_container.total_size:.1%} of the "
-                                     "averaged gradients")
+        return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
 
 class StateSourceChoice:
@@ -413,7 +404,7 @@ class MembersOnlyOptimizer(Optimizer):
     ``FlooredGradientAverager`` factory with the same authorizer and aggregation for gradients). It
     keeps the authorizer's token fresh while it runs.
 
-    A peer whose gradient round failed or came back partial does not step on its own gradients, up
+    A peer whose gradient round failed does not step on its own gradients, up
     to ``LONE_STEPS_SKIPPED_MAX`` epochs in a row: hivemind would step it on them, off the parameters of
     the swarm, whose step it missed. Its next epoch's steps would then be computed at parameters no
     other peer holds, which the validator cannot check (runs/swarm/spotcheck.py: the epoch earns
