@@ -24,6 +24,7 @@ from accounts.forms import PERSON_SKELETONS
 from accounts.models import PendingSignUp, User
 from accounts.names import name_clean
 from accounts.services import token_digest
+from portal.ratelimit import RateLimited, rate_limit_hit
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ def signup_request(*, username: str, email: str, password: str, language: str) -
     PendingSignUp.objects.filter(created_at__lt=expired).delete()
     pending = PendingSignUp.objects.create(username=username, email=email, password=make_password(password),
                                            language=language)
+    try:
+        # Per address mailed, silently past it (as password reset mails): every sign-up with an address that
+        # has an account mails its owner a notice, and the page must not tell whether one was sent.
+        rate_limit_hit(name="signup_email", key=email.lower())
+    except RateLimited:
+        logger.info("sign-up not mailed: the address was sent too many sign-up mails recently")
+        return
     try:
         signup_email_task.delay(pending_id=pending.pk)
     except Exception:  # a broker outage: the person sees the same page and may sign up again

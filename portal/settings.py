@@ -247,6 +247,7 @@ RATE_LIMITS = {
     # "login" because a lab or a campus may share one address.
     "login_address": env_rate("RATE_LIMIT_LOGIN_ADDRESS", "50/15m"),
     "signup": env_rate("RATE_LIMIT_SIGNUP", "10/1h"),  # per client IP
+    "signup_email": env_rate("RATE_LIMIT_SIGNUP_EMAIL", "3/1h"),  # sign-up mails per address mailed, silently past it
     "token_create": env_rate("RATE_LIMIT_TOKEN_CREATE", "30/1h"),  # per volunteer
     "verify_resend": env_rate("RATE_LIMIT_VERIFY_RESEND", "5/1h"),  # verification e-mails, per volunteer
     # Password reset mails: per client IP that asks, and per address mailed (silently past it, so

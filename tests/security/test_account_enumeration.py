@@ -193,3 +193,12 @@ def test_expired_sign_ups_are_forgotten_by_the_next_sign_up(client, settings, db
     PendingSignUp.objects.update(created_at=timezone.now() - datetime.timedelta(days=3, minutes=1))
     signup(client, "rahim@example.org", username="rahim")
     assert list(PendingSignUp.objects.values_list("username", flat=True)) == ["rahim"]
+
+
+def test_sign_up_mails_to_one_address_stop_silently_past_the_limit(limits, client, volunteer):
+    """Each sign-up with a registered address mails its owner a notice; past the limit per address no
+    more go, and the page says nothing different (it must not tell whether one was sent)."""
+    limits["signup_email"] = (2, DAY)
+    answers = {signup(client, "vik@example.org", username=f"mallory{n}")["Location"] for n in range(4)}
+    assert answers == {reverse("signup-sent")}
+    assert [notice.to for notice in mail.outbox] == [["vik@example.org"]] * 2
