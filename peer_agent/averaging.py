@@ -341,6 +341,39 @@ def declared_epochs(declared: dict) -> dict:
             if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, int | float)}
 
 
+def state_sources(own: bytes, declared: dict, *, swarm_epoch: int = -1) -> dict:
+    """The members an agent (``own``) may load the swarm's state from, among those ``declared``: each
+    declaring an epoch from the agent's own up to one past the swarm's.
+
+    The swarm's epoch is the median of the other members' declarations: a member declaring a far epoch
+    would be asked first every time, and hivemind loads any state at or past the agent's epoch, so the
+    agent would jump to it (and the portal refuse its reports as far ahead of the swarm). Among the
+    others hivemind's order stands: the agent still loads from a member declaring a little more than
+    the swarm (docs/trust.md, "Not defended yet"). The agent's own declaration is no source (hivemind
+    skips it) and no part of the median: a latecomer declares epoch 0, and with one member ahead of it
+    the median would be its own.
+
+    With an even number of others the lower median is taken, raised up to the upper one when the
+    agent's progress tracker reads the swarm that far (``swarm_epoch``, -1 when unread): two agents
+    that fell behind together are half of the declarations in a swarm of three, and with the lower
+    median alone each could load only the other's state, at its own epoch, and the two stayed there
+    (tests/security/test_liar_agents.py saw an honest agent count 26 target batches in one epoch).
+    A member declaring a far epoch is still no source unless the tracker, too, reads the swarm there.
+
+    Nor is a member declaring an epoch below the agent's own: hivemind loads from the first source
+    that answers and then refuses a state behind the agent's epoch ("Cowardly refusing to load state
+    from peer"), without asking the next, so an agent that fell behind the swarm and drew a member
+    behind it stayed there, training alone on parameters no validator held."""
+    declarations = declared_epochs(declared)
+    floor = declarations.get(own, float("-inf"))
+    epochs = sorted(epoch for peer, epoch in declarations.items() if peer != own)
+    if not epochs:
+        return {}
+    lower, upper = epochs[(len(epochs) - 1) // 2], epochs[len(epochs) // 2]
+    ceiling = max(lower, min(upper, swarm_epoch)) + 1
+    return {peer: declared[peer] for peer, epoch in declarations.items() if peer != own and floor <= epoch <= ceiling}
+
+
 class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingStateAverager, MembersOnlyAverager,
                                AggregatingAverager):
     """hivemind's ``TrainingStateAverager`` (parameter averaging every epoch, and state downloads)
@@ -363,6 +396,8 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
         # In hivemind's order of the main parameters (the groups'), in which states are served.
         groups = kwargs["params"] = [dict(group, params=list(group["params"])) if isinstance(group, dict) else group
                                      for group in kwargs["params"]]
+        # The swarm's epoch as the optimizer's tracker last read it, for the state download's choice of sources.
+        self.swarm_epoch = multiprocessing.Value("q", -1, lock=False)
         # An aggregator (auxiliary) computes no steps: it keeps nothing.
         self.epoch_states = None if kwargs.get("auxiliary") else EpochStates(
             [parameter.shape for group in groups for parameter in (group["params"] if isinstance(group, dict) else [group])])
@@ -376,26 +411,7 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
         return TrainingStateAverager._get_handle_name(namespace, method_name)
 
     def state_sources_choose(self, declared: dict) -> dict:
-        """The peers declaring at most one epoch past the median of the declarations: a member declaring
-        a far epoch would be asked first every time, and hivemind loads any state at or past the
-        agent's epoch, so the agent would jump to it (and the portal refuse its reports as far ahead
-        of the swarm). Among the others hivemind's order stands: the agent still loads from a member
-        declaring a little more than the swarm (docs/trust.md, "Not defended yet"). The agent's own
-        declaration is no source (hivemind skips it) and no part of the median: a latecomer declares
-        epoch 0, and with one member ahead of it the median would be its own.
-
-        Nor is a member declaring an epoch below the agent's own: hivemind loads from the first source
-        that answers and then refuses a state behind the agent's epoch ("Cowardly refusing to load
-        state from peer"), without asking the next, so an agent that fell behind the swarm and drew a
-        member behind it stayed there, training alone on parameters no validator held."""
-        own = self.peer_id.to_bytes()
-        declarations = declared_epochs(declared)
-        floor = declarations.get(own, float("-inf"))
-        epochs = {peer: epoch for peer, epoch in declarations.items() if peer != own}
-        if not epochs:
-            return {}
-        median = sorted(epochs.values())[(len(epochs) - 1) // 2]
-        return {peer: declared[peer] for peer, epoch in epochs.items() if floor <= epoch <= median + 1}
+        return state_sources(self.peer_id.to_bytes(), declared, swarm_epoch=self.swarm_epoch.value)
 
 
 class MembersOnlyOptimizer(Optimizer):
@@ -415,10 +431,19 @@ class MembersOnlyOptimizer(Optimizer):
 
     def __init__(self, *args, authorizer: PortalAuthorizer | None = None, aggregation: str = "mean", **kwargs):
         self._authorizer, self._aggregation = authorizer, aggregation
+        self.state_loads = 0  # downloads of the swarm's state so far: a step that caused one was dropped
         super().__init__(*args, **kwargs)
         if authorizer is not None:
             # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
             authorizer.token_refresh_start()
+
+    def load_state_from_peers(self, **kwargs) -> None:
+        """hivemind's download of the swarm's state, from sources chosen knowing the swarm's epoch as the
+        tracker reads it (:func:`state_sources`). hivemind calls it from ``step`` too, when it finds this
+        peer out of sync, instead of accumulating that step's gradients (``state_loads`` counts both)."""
+        self.state_loads += 1
+        self.state_averager.swarm_epoch.value = self.tracker.global_epoch
+        super().load_state_from_peers(**kwargs)
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         began = super()._begin_averaging_gradients(grad_scaler)

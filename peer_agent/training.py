@@ -259,6 +259,7 @@ class Trainer(SwarmPeer):
             sketches.append(self._sketcher.sketch(self.model, epoch))
         loss_value = loss_sum.item()
 
+        loads = self.optimizer.state_loads
         contributed = math.isfinite(loss_value)
         if contributed:
             # Each micro-batch's own loss, unscaled: what a validator recomputes (spotcheck.step_fingerprint).
@@ -277,14 +278,19 @@ class Trainer(SwarmPeer):
             else:
                 contributed = False
         self.optimizer.zero_grad()
+        # hivemind drops the gradients of a step it finds this peer out of sync at, and downloads the
+        # swarm's state instead (hivemind.Optimizer.step): those samples go into no batch, and a peer
+        # stuck behind the swarm would otherwise count them all toward its one epoch.
+        accepted = contributed and self.optimizer.state_loads == loads
+        samples = training.per_device_batch_size * training.gradient_accumulation_steps if accepted else 0
         if not contributed:
             self._recover_from_bad_step(loss_value)
         else:
             self._bad_in_a_row = 0
-            self._step_commit(epoch, cursor, fingerprints, parameters)
-            self._after_good_step(loss_value)
+            if accepted:
+                self._step_commit(epoch, cursor, fingerprints, parameters)
+            self._after_good_step(loss_value, samples)
 
-        samples = training.per_device_batch_size * training.gradient_accumulation_steps if contributed else 0
         elapsed = time.perf_counter() - started
         return StepResult(samples=samples, loss=loss_value, local_epoch=self.optimizer.local_epoch,
                           global_epoch=self.optimizer.tracker.global_epoch,
@@ -341,9 +347,8 @@ class Trainer(SwarmPeer):
         dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
         return torch.autocast(device_type=self.setup.device.type, dtype=dtype)
 
-    def _after_good_step(self, loss: float) -> None:
-        training = self.setup.config.training
-        self._unpublished["samples"] += training.per_device_batch_size * training.gradient_accumulation_steps
+    def _after_good_step(self, loss: float, samples: int) -> None:
+        self._unpublished["samples"] += samples
         self._unpublished["loss_sum"] += loss
         self._unpublished["steps"] += 1
         epoch = self.optimizer.local_epoch

@@ -54,8 +54,8 @@ class LazyTrainer(Trainer):
         self.optimizer.zero_grad()
         fingerprint, loss = self._last_real
         super()._step_commit(epoch, cursor, [fingerprint] * training.gradient_accumulation_steps, parameters)
-        self._after_good_step(loss)
         samples = training.per_device_batch_size * training.gradient_accumulation_steps
+        self._after_good_step(loss, samples)
         return StepResult(samples=samples, loss=loss, local_epoch=self.optimizer.local_epoch,
                           global_epoch=self.optimizer.tracker.global_epoch, samples_per_second=samples / 0.05)
 

@@ -7,7 +7,6 @@ import time
 from datetime import timedelta
 from functools import partial
 from itertools import combinations
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from peer_agent.averaging import (
     MembersOnlyStateAverager,
     membership_payload,
     membership_proof,
+    state_sources,
 )
 from peer_agent.training import Trainer, TrainerSetup
 from tests.factories import RunAuthority
@@ -333,19 +333,18 @@ def test_an_agent_asks_no_peer_declaring_an_epoch_far_past_the_swarms():
     declared = {b"far": ValueWithExpiration(10**6, 99.0), b"amina": ValueWithExpiration(12, 99.0),
                 b"rahim": ValueWithExpiration(12, 99.0), b"ahead": ValueWithExpiration(13, 99.0),
                 b"stale": ValueWithExpiration(7, 99.0), b"silent": ValueWithExpiration(None, 99.0)}
-    joining = SimpleNamespace(peer_id=PeerID(b"joining"))
-    chosen = MembersOnlyStateAverager.state_sources_choose(joining, declared)
+    chosen = state_sources(b"joining", declared)
     assert set(chosen) == {b"amina", b"rahim", b"ahead", b"stale"}, "at most one epoch past the median (12)"
     assert chosen[b"ahead"].value == 13, "hivemind's order stands among them"
-    assert MembersOnlyStateAverager.state_sources_choose(joining, {}) == {}
+    assert set(state_sources(b"joining", declared, swarm_epoch=10**6)) == set(chosen), "the median bounds the tracker"
+    assert state_sources(b"joining", {}) == {}
 
 
 def test_a_latecomers_own_declaration_does_not_pull_the_median_down():
     """A latecomer declares epoch 0 as it joins: with one member ahead of it, the median of all the
     declarations would be its own, and the member it must load from would be left out."""
     declared = {b"joining": ValueWithExpiration(0, 99.0), b"amina": ValueWithExpiration(2, 99.0)}
-    chosen = MembersOnlyStateAverager.state_sources_choose(SimpleNamespace(peer_id=PeerID(b"joining")), declared)
-    assert set(chosen) == {b"amina"}
+    assert set(state_sources(b"joining", declared)) == {b"amina"}
 
 
 def test_an_agent_behind_the_swarm_is_never_sent_to_a_member_further_behind():
@@ -353,8 +352,21 @@ def test_an_agent_behind_the_swarm_is_never_sent_to_a_member_further_behind():
     without asking another: an agent at epoch 9 that drew a member at 8 would stay at 9 for good."""
     declared = {b"behind": ValueWithExpiration(9, 99.0), b"lagging": ValueWithExpiration(8, 99.0),
                 b"amina": ValueWithExpiration(12, 99.0), b"rahim": ValueWithExpiration(12, 99.0)}
-    chosen = MembersOnlyStateAverager.state_sources_choose(SimpleNamespace(peer_id=PeerID(b"behind")), declared)
-    assert set(chosen) == {b"amina", b"rahim"}
+    assert set(state_sources(b"behind", declared)) == {b"amina", b"rahim"}
+
+
+def test_two_agents_behind_together_load_from_the_member_the_tracker_reads_the_swarm_at():
+    """In a swarm of three, two agents that fell behind together are half of each one's declarations: with
+    the lower median alone each could load only the other's state, at its own epoch, and both stayed
+    there. The upper median bounds how far the tracker's reading may raise it: one member declaring a
+    far epoch is still no source when the tracker does not read the swarm there too."""
+    declared = {b"rahim": ValueWithExpiration(1, 99.0), b"mallory": ValueWithExpiration(1.5, 99.0),
+                b"amina": ValueWithExpiration(5, 99.0)}
+    assert set(state_sources(b"rahim", declared)) == {b"mallory"}, "unread, the lower median"
+    assert set(state_sources(b"rahim", declared, swarm_epoch=5)) == {b"mallory", b"amina"}
+    far = {b"rahim": ValueWithExpiration(5, 99.0), b"amina": ValueWithExpiration(5, 99.0),
+           b"far": ValueWithExpiration(10**6, 99.0)}
+    assert set(state_sources(b"rahim", far, swarm_epoch=5)) == {b"amina"}
 
 
 def averaged_with(averager, honest: dict) -> set | None:

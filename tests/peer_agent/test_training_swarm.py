@@ -205,3 +205,22 @@ def test_a_peer_whose_gradient_round_fails_does_not_step_alone_two_epochs_in_a_r
     train_together([first], epochs=2 * (LONE_STEPS_SKIPPED_MAX + 1) - 1, after_step=after_step)
     moved = [not torch.equal(at_epoch[epoch], at_epoch[epoch - 1]) for epoch in sorted(at_epoch)[1:]]
     assert moved == [False] * LONE_STEPS_SKIPPED_MAX + [True] + [False] * LONE_STEPS_SKIPPED_MAX, moved
+
+
+def test_a_step_hivemind_drops_out_of_sync_counts_no_samples_and_commits_nothing(make_trainer):
+    """hivemind does not accumulate the gradients of a step it finds the peer out of sync at: it downloads
+    the swarm's state instead. The agent reported that step's samples all the same, so a peer stuck
+    behind the swarm counted every step toward its one epoch (tests/security/test_liar_agents.py saw an
+    honest agent announce 840 samples in an epoch of 32, and flagged)."""
+    first = make_trainer(seed=1)
+    second = make_trainer(seed=2, joins=first)
+    train_together([first], epochs=3)  # the second is in the swarm, idle, at epoch 0
+    epochs_committed = set(second._steps)
+
+    dropped = second.step()
+
+    assert dropped.samples == 0 and not dropped.skipped and math.isfinite(dropped.loss)
+    assert set(second._steps) == epochs_committed, "no micro-batch of the dropped step is committed"
+    assert second.optimizer.local_epoch >= 3, "it loaded the swarm's state instead"
+    assert second.optimizer.state_averager.swarm_epoch.value >= 3, "knowing the swarm's epoch from its tracker"
+    assert second.step().samples == 4, "back in sync, its steps count again"
