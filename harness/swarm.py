@@ -101,3 +101,12 @@ def averaging_rounds_recorder(record: Path) -> type:
                              modes=modes, **kwargs)
 
     return RecordingRunner
+
+
+def assert_steps_counted(results: list[list], samples: int = 4) -> None:
+    """Every step of ``train_together``'s results counted its ``samples``, but the few hivemind dropped
+    (it found the peer out of sync and downloaded the swarm's state instead: 0 samples, not skipped)."""
+    steps = [result for peer in results for result in peer]
+    assert all(result.samples in (0, samples) and not result.skipped for result in steps)
+    dropped = sum(result.samples == 0 for result in steps)
+    assert dropped <= len(steps) // 10, f"{dropped} of {len(steps)} steps dropped"

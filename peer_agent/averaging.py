@@ -447,7 +447,8 @@ class MembersOnlyOptimizer(Optimizer):
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         began = super()._begin_averaging_gradients(grad_scaler)
-        if not began:
+        # hivemind begins no round when its tracker reads no other peer: stepping alone is all there is.
+        if not began and self.tracker.global_progress.num_peers > 1:
             self._lone_step_skip("its gradient round could not begin")
         return began
 

@@ -9,7 +9,7 @@ import pytest
 from hivemind.averaging.allreduce import AveragingMode
 from hivemind.utils.crypto import RSAPrivateKey
 
-from harness.swarm import averaging_rounds_recorder, train_together
+from harness.swarm import assert_steps_counted, averaging_rounds_recorder, train_together
 from peer_agent import aggregation
 from peer_agent.aggregator import Aggregator
 from peer_agent.authorizer import PortalAuthorizer
@@ -96,7 +96,7 @@ def test_an_aggregator_takes_a_share_of_every_round_and_contributes_no_samples(t
         assert 3 in aggregator.state_groups, f"it averaged parameters with both trainers: {aggregator.state_groups}"
         assert aggregator.optimizer.tracker.local_progress.samples_accumulated == 0, "it accumulated no samples"
         assert min(first.optimizer.local_epoch, second.optimizer.local_epoch) >= 4
-        assert all(result.samples == 4 for peer in results for result in peer), "the trainers' steps all counted"
+        assert_steps_counted(results)
     finally:
         stop.set()
         for peer in peers:

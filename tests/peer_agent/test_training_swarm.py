@@ -2,12 +2,13 @@
 
 import math
 import threading
+import time
 
 import pytest
 import torch
 from hivemind.utils.timed_storage import get_dht_time
 
-from harness.swarm import optimizer_watch, train_together
+from harness.swarm import assert_steps_counted, optimizer_watch, train_together
 from peer_agent.metrics import LocalMetrics, metrics_key, metrics_read
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
@@ -38,7 +39,7 @@ def test_two_peers_average_to_the_same_parameters_and_their_loss_falls(make_trai
     early = sum(sum(peer[:5]) for peer in losses) / 10
     late = sum(sum(peer[-5:]) for peer in losses) / 10
     assert late < early - 0.1, f"loss went from {early:.3f} to {late:.3f}"
-    assert all(result.samples == 4 and not result.skipped for peer in results for result in peer)
+    assert_steps_counted(results)
 
     progress = first.progress()
     assert progress.num_peers == 2 and progress.target_batch_size == 32 and progress.local_samples_per_second > 0
@@ -141,7 +142,7 @@ def test_two_peers_train_with_delayed_parameter_updates(make_trainer):
     early = sum(sum(peer[:5]) for peer in losses) / 10
     late = sum(sum(peer[-5:]) for peer in losses) / 10
     assert late < early - 0.1, f"loss went from {early:.3f} to {late:.3f}"
-    assert all(result.samples == 4 and not result.skipped for peer in results for result in peer)
+    assert_steps_counted(results)
 
 
 def test_a_parameter_averaging_round_averages_the_optimizer_moments_too(make_trainer):
@@ -196,7 +197,15 @@ def test_a_peer_whose_gradient_round_fails_does_not_step_alone_two_epochs_in_a_r
     from peer_agent.averaging import LONE_STEPS_SKIPPED_MAX
 
     first = make_trainer(seed=1)
-    make_trainer(seed=2, joins=first)  # in the swarm (its progress record), never looking for a group
+    # In the swarm (its progress record, published once it has samples), never looking for a group.
+    make_trainer(seed=2, joins=first).step()
+    first.step()
+    deadline = time.monotonic() + 60
+    # Reading both records before its first epoch ends, it begins a round (which fails): reading only its
+    # own, it would begin none and step alone, as a peer alone in the swarm does.
+    while first.optimizer.tracker.global_progress.num_peers < 2:
+        assert time.monotonic() < deadline, "the first peer never read both progress records"
+        time.sleep(0.5)
     at_epoch = {0: _flat(first.model)}  # local epoch -> the parameters its first step was computed at
 
     def after_step(index, trainer, result):
@@ -222,5 +231,20 @@ def test_a_step_hivemind_drops_out_of_sync_counts_no_samples_and_commits_nothing
     assert dropped.samples == 0 and not dropped.skipped and math.isfinite(dropped.loss)
     assert set(second._steps) == epochs_committed, "no micro-batch of the dropped step is committed"
     assert second.optimizer.local_epoch >= 3, "it loaded the swarm's state instead"
-    assert second.optimizer.state_averager.swarm_epoch.value >= 3, "knowing the swarm's epoch from its tracker"
+    # hivemind finds a peer at epoch 0 out of sync when its tracker reads the swarm at 2 or later.
+    assert second.optimizer.state_averager.swarm_epoch.value >= 2, "the download knew the tracker's reading"
     assert second.step().samples == 4, "back in sync, its steps count again"
+
+
+def test_a_peer_alone_in_the_swarm_steps_every_epoch(make_trainer):
+    """A peer whose tracker reads no other peer begins no gradient round: that is no failed round, and
+    skipping its step (as after one) would have the first volunteer of a run step one epoch in three."""
+    first = make_trainer(seed=1)
+    at_epoch = {0: _flat(first.model)}
+
+    def after_step(index, trainer, result):
+        at_epoch.setdefault(trainer.optimizer.local_epoch, _flat(trainer.model))
+
+    train_together([first], epochs=4, after_step=after_step)
+    moved = [not torch.equal(at_epoch[epoch], at_epoch[epoch - 1]) for epoch in sorted(at_epoch)[1:]]
+    assert moved and all(moved), moved
