@@ -235,7 +235,7 @@ class Validator:
             # parameters under the next one. A step that recomputes at any state the swarm served was
             # computed, and at the swarm's parameters.
             epoch, near = commitment.epoch, (commitment.epoch - 1, commitment.epoch, commitment.epoch + 1)
-            states, waiting = self._references(run, config, commitment,
+            states, waiting = self._references(run, commitment,
                                                held=[state for each in near for state in held.get(each, [])],
                                                served=[state for each in near for state in served.get(each, [])])
             if not states or (waiting and epoch >= newest - CORROBORATION_WAIT_EPOCHS):
@@ -244,7 +244,7 @@ class Validator:
             checked += 1
         return checked
 
-    def _references(self, run: Run, config: RunConfig, commitment: StepCommitment, *, held: list[list],
+    def _references(self, run: Run, commitment: StepCommitment, *, held: list[list],
                     served: list[list]) -> tuple[list[list], bool]:
         """The states ``commitment``'s steps are checked against: those two distinct peers served alike
         (``held``), and those one peer served (under the epoch, or a neighbour: under the next before its optimizer
