@@ -467,6 +467,16 @@ def schedule_factory(training: TrainingConfig) -> partial:
     return partial(schedule_build, warmup_steps=training.warmup_steps, total_steps=training.total_steps)
 
 
+def next_chunk_timeout(matchmaking_time: float, averaging_timeout: float) -> float:
+    """How long a round waits for a member's next chunk before it averages without that member's part.
+    hivemind waits ``matchmaking_time`` (the demo's 2 s): beside a CI run (load 10 on 2 cores) members'
+    chunks came later than that, the rounds came back partial ("Averaging: received 48.5% results";
+    each peer puts its own values in place of the missing part) and the two agents stepped apart for
+    dozens of epochs, which earned nothing (docs/benchmarks.md, section 19). A quarter of the round's
+    time lets a slow member's part in; a member that is gone costs the round that long."""
+    return max(matchmaking_time, averaging_timeout / 4)
+
+
 def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module, *, auxiliary: bool = False) -> Optimizer:
     """``hivemind.Optimizer`` with LAMB and the run's averaging settings.
 
@@ -505,6 +515,7 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module, *, au
         grad_compression=compression_build(averaging.grad_compression),
         state_averaging_compression=compression_build(averaging.state_compression),
         matchmaking_time=averaging.matchmaking_time, averaging_timeout=averaging.averaging_timeout,
+        next_chunk_timeout=next_chunk_timeout(averaging.matchmaking_time, averaging.averaging_timeout),
         client_mode=setup.client_mode,
         grad_averager_factory=partial(FlooredGradientAverager, authorizer=setup.authorizer,
                                       aggregation=averaging.aggregation, **averager_opts),
