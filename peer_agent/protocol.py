@@ -201,12 +201,12 @@ class DataConfig(_Schema):
     source: Literal["hub", "files"] = Field(
         "hub", description='"hub" streams Hugging Face datasets; "files" uses text files uploaded to the run.')
     hub: list[HubSource] = Field(default_factory=_default_hub_sources, max_length=8, description=(
-        "The hub sources, mixed by their probabilities (hub source)."))
+        'One dataset a line: id | configuration | split | text column | probability, e.g. "wikimedia/wikipedia | '
+        '20231101.bn | train | text | 1". Datasets stored as Parquet or Arrow files; the probabilities add up to 1.'))
     heldout: Literal["hash", "validation_split"] = Field("hash", description=(
-        'Hub source: "hash" keeps heldout_share of the documents (chosen by a hash of their text) from every agent '
-        'for the evaluation; "validation_split" evaluates on the sources\' validation split.'))
-    heldout_share: float = Field(0.01, gt=0, le=0.5, description=(
-        'Share of the documents held out when heldout is "hash".'))
+        '"hash": a share of the documents, chosen by a hash of their text, that no agent is sent; '
+        '"validation_split": the sources\' validation split.'))
+    heldout_share: float = Field(0.01, gt=0, le=0.5, description="Share of the documents held out by hash.")
     shuffle_buffer: int = Field(10000, ge=1, le=1_000_000, description="Examples held in memory to shuffle.")
     max_seq_length: int = Field(512, ge=16, le=4096, description="Tokens per training example.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens masked for masked-LM.")
