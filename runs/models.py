@@ -89,10 +89,21 @@ class Run(models.Model):
     heldout_size = models.PositiveIntegerField(
         default=200, validators=[MinValueValidator(10), MaxValueValidator(100_000)],
         help_text="Documents kept apart from the uploaded files to evaluate checkpoints on (files source), or "
-                  "documents read from the validation split (hub source).")
+                  "documents read from the hub sources: those held out by hash, or of the validation split.")
     validation_split = models.CharField(
         max_length=100, default="validation",
-        help_text="The hub dataset's split that checkpoints are evaluated on; never the split agents train on.")
+        help_text="The hub sources' split that checkpoints are evaluated on when held out by validation split; "
+                  "never the split agents train on.")
+    class SourcesCheck(models.TextChoices):
+        UNCHECKED = "unchecked", _("Not checked")
+        CHECKING = "checking", _("Checking")
+        PASSED = "passed", _("Loads")
+        FAILED = "failed", _("Does not load")
+
+    sources_check = models.CharField(
+        max_length=16, choices=SourcesCheck.choices, default=SourcesCheck.UNCHECKED,
+        help_text="Whether the worker could resolve the hub sources (configuration, splits, text column) as saved.")
+    sources_error = models.TextField(blank=True, help_text="What keeps the hub sources from loading, for the organizers.")
     heldout_file = models.FileField(upload_to="heldout/", blank=True, help_text=(
         "The documents kept apart from the uploaded files: no agent is ever sent them."))
     heldout_documents = models.PositiveIntegerField(default=0, help_text="Documents in heldout_file.")

@@ -77,8 +77,9 @@ def process_settle(*, threads: int, niceness: int) -> None:
 
 
 def heldout_texts(run: Run, config: RunConfig) -> list[str]:
-    """The held-out documents: the portal's split of the uploaded files, or the first
-    ``run.heldout_size`` documents of the hub dataset's validation split."""
+    """The held-out documents: the portal's split of the uploaded files; for hub sources, the first
+    ``run.heldout_size`` documents that ``DataConfig.holds_out`` keeps from the agents, or of the
+    sources' validation split (``run.validation_split``), mixed as the agents' training data is."""
     if config.data.source == "files":
         if not run.heldout_file:
             raise EvaluationError("the run keeps no held-out documents: its files were too small to spare any "
@@ -88,10 +89,19 @@ def heldout_texts(run: Run, config: RunConfig) -> list[str]:
 
         with run.heldout_file.open("rb") as handle:
             return heldout_documents_read(handle.read().decode("utf-8"))
-    import datasets
+    from peer_agent.sources import hub_documents
 
-    stream = datasets.load_dataset(config.data.path, config.data.name, split=run.validation_split, streaming=True)
-    return [row[config.data.text_column] or "" for row in stream.take(run.heldout_size)]
+    data = config.data
+    if data.heldout == "hash":
+        stream = hub_documents(data, seed=SEED).filter(lambda row: data.holds_out(row["text"] or ""))
+    else:
+        stream = hub_documents(data, seed=SEED, split=run.validation_split)
+    documents: dict[str, None] = {}  # a mixture comes back round to its smaller sources: each document once
+    for row in stream:
+        documents[row["text"] or ""] = None
+        if len(documents) >= run.heldout_size:
+            break
+    return list(documents)
 
 
 def heldout_batches(tokenizer: PreTrainedTokenizerFast, config: RunConfig,

@@ -32,7 +32,10 @@ def card_contributors(run: Run) -> tuple[list[tuple[str, float]], int]:
 
 
 def _metadata(run: Run, config: RunConfig) -> dict:
-    datasets = [config.data.path] if config.data.source == "hub" else [file.name for file in run.data_files.all()]
+    if config.data.source == "hub":
+        datasets = [source.path for source in config.data.hub]
+    else:
+        datasets = [file.name for file in run.data_files.all()]
     metrics = ["f1" if probe.task == Probe.Task.TOKENS else "accuracy" for probe in run.probes.all()]
     metadata = {
         "language": list(run.languages) or None,
