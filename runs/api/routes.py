@@ -216,7 +216,9 @@ def run_checkpoints(request: HttpRequest, slug: Slug):
 class ProbeEpochOut(Schema):
     epoch: int
     samples: int
-    score: float
+    score: float = Field(description="The mean over the fine-tunes' seeds, 0 to 1.")
+    std: float | None = Field(description="The scores' standard deviation over the seeds; null from one seed.")
+    seeds: int = Field(description="Fine-tunes from different seeds the score averages.")
     cpu_seconds: float
     wall_seconds: float
 
@@ -228,9 +230,11 @@ class ProbeScoresOut(Schema):
     labels: list[str]
     train_examples: int
     test_examples: int
-    baseline: float | None = Field(description="The same fine-tune from a randomly initialized model, once per run.")
+    baseline: float | None = Field(description="The same fine-tune from a randomly initialized model, once per run "
+                                               "(the mean over its seeds).")
+    baseline_std: float | None = Field(description="The baseline's standard deviation over its seeds.")
     latest: ProbeEpochOut | None
-    gain: float | None = Field(description="The newest score minus the baseline.")
+    gain: float | None = Field(description="The newest score minus the baseline (means).")
     scores: list[ProbeEpochOut]
 
 

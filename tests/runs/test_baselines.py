@@ -1,5 +1,6 @@
 """The baselines a checkpoint is measured against (issue 30): word-frequency models scored by hand on
-masked positions, which baselines the evaluation task still owes a run, and the run page's "beats" columns."""
+masked positions, which baselines the evaluation task still owes a run, the run page's "beats" columns,
+and probe scores shown as a mean ± standard deviation over seeds."""
 
 import math
 
@@ -10,7 +11,7 @@ from django.urls import reverse
 from runs.evaluation import services
 from runs.evaluation.frequencies import FrequencyCounts, frequency_metrics
 from runs.evaluation.selectors import evaluation_beats, evaluation_table
-from runs.models import Checkpoint, Evaluation
+from runs.models import Checkpoint, Evaluation, Probe, ProbeScore
 from tests.factories import RunFactory
 
 A, B, C, MASK = 10, 11, 12, 4
@@ -104,3 +105,15 @@ def test_the_run_page_says_apart_whether_each_checkpoint_beats_random_init_and_w
     row = page[page.index('data-epoch="53"'):]
     row = row[:row.index("</tr>")]
     assert [cell.split(">")[1] for cell in row.split('<td class="beats"')[1:]] == ["yes</td", "no</td", "no</td"]
+
+
+def test_probe_scores_show_their_mean_and_spread_over_seeds(client_for, run, organizer):
+    probe = Probe.objects.create(run=run, name="names", task="tokens", labels=["O", "B-PER"],
+                                 train_file="x/train.txt", test_file="x/test.txt", train_examples=10, test_examples=5)
+    ProbeScore.objects.create(probe=probe, baseline=True, score=0.381, score_std=0.021, seeds=3)
+    ProbeScore.objects.create(probe=probe, epoch=53, samples=100, score=0.592, score_std=0.034, seeds=3)
+    rows = client_for(organizer).get(f"/api/v1/runs/{run.slug}/probes").json()
+    assert (rows[0]["baseline"], rows[0]["baseline_std"]) == (0.381, 0.021)
+    assert (rows[0]["latest"]["std"], rows[0]["latest"]["seeds"]) == (0.034, 3)
+    page = client_for(organizer).get(reverse("run-detail", args=[run.slug])).content.decode()
+    assert "0.592 ± 0.034" in page and "0.381 ± 0.021" in page
