@@ -1,8 +1,9 @@
 """Downstream probes: fine-tune a checkpoint on a probe's train part with a fixed small budget and
 score it on the test part (seqeval's entity-level F1 for token classification, accuracy for text
-classification), the mean over a few seeds with their spread; the same fine-tune from a randomly initialized model of the same shape, once per
-probe, is the baseline that shows what pretraining added. One of the evaluators of
-runs/evaluation/runner.py: it runs in the evaluation's low-priority child process, never in the web.
+classification), the mean over a few seeds with their spread; the same fine-tune from a randomly
+initialized model of the same shape, once per probe, is the baseline that shows what pretraining
+added. One of the evaluators of runs/evaluation/runner.py: it runs in the evaluation's
+low-priority child process, never in the web.
 """
 
 from __future__ import annotations
