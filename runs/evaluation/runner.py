@@ -16,6 +16,7 @@ baselines with the random-init one; a downstream probe is one more entry in the 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -39,7 +40,10 @@ from runs.evaluation.frequencies import frequencies_count, frequency_metrics
 from runs.models import Checkpoint, Evaluation, Run
 from runs.setup.services import data_sample
 
+logger = logging.getLogger(__name__)
+
 BATCH_SIZE = 16
+FREQUENCY_KINDS = {"unigram": Evaluation.Kind.UNIGRAM, "bigram": Evaluation.Kind.BIGRAM}
 # The same pairs and masks for every checkpoint of a run, so that their scores compare.
 SEED = 0
 
@@ -167,20 +171,29 @@ def heldout_evaluate(subject: Subject) -> list[Score]:
 
 def frequencies_evaluate(subject: Subject) -> list[Score]:
     """The word-frequency baselines (runs/evaluation/frequencies.py), measured with the random-init
-    one: they depend on the run's data, never on a checkpoint."""
+    one: they depend on the run's data, never on a checkpoint. When they cannot be measured (no words
+    in the training text, a hub dataset's training split out of reach) the reason is stored on their
+    rows and the other evaluators go on: the probes' baseline must not wait on them."""
     if subject.checkpoint is not None:
         return []
     cpu, wall = time.process_time(), time.perf_counter()
-    batches = subject_batches(subject)
-    training = data_sample(run=subject.run, limit=subject.config.tokenizer.sample_size)
     try:
+        training = data_sample(run=subject.run, limit=subject.config.tokenizer.sample_size)
         measured = frequency_metrics(counts=frequencies_count(tokenizer=subject.tokenizer, documents=training),
-                                     batches=batches)
-    except ValueError as exc:
-        raise EvaluationError(str(exc)) from None
+                                     batches=subject_batches(subject))
+    except EvaluationError:
+        raise  # the held-out split itself is unusable: the held-out evaluator has said so already
+    except Exception as exc:
+        reason = f"the word-frequency baselines could not be measured: {exc}"
+        if not subject.save:
+            raise EvaluationError(reason) from exc
+        logger.warning("word-frequency baselines of %s failed", subject.run.slug, exc_info=True)
+        for kind in FREQUENCY_KINDS.values():
+            services.baseline_fail(run=subject.run, kind=kind, error=reason)
+        return []
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     scores = []
-    for model, kind in (("unigram", Evaluation.Kind.UNIGRAM), ("bigram", Evaluation.Kind.BIGRAM)):
+    for model, kind in FREQUENCY_KINDS.items():
         metrics = measured[model]
         if subject.save:
             services.evaluation_record(run=subject.run, checkpoint=None, kind=kind, sop_accuracy=None, cpu_seconds=cpu,

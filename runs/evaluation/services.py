@@ -46,6 +46,13 @@ def evaluation_record(*, run: Run, checkpoint: Checkpoint | None, kind: str, mlm
     return evaluation
 
 
+def baseline_fail(*, run: Run, kind: str, error: str) -> Evaluation:
+    """Store why the baseline of ``kind`` could not be measured: it shows as failed, and is not retried."""
+    evaluation, _ = Evaluation.objects.update_or_create(
+        run=run, epoch=None, kind=kind, defaults=dict(mlm_accuracy=None, perplexity=None, error=error[:2000]))
+    return evaluation
+
+
 def _baselines_missing(run: Run) -> list[str]:
     kept = set(run.evaluations.filter(epoch=None).values_list("kind", flat=True))
     return [kind for kind in BASELINE_KINDS if kind not in kept]

@@ -117,3 +117,28 @@ def test_probe_scores_show_their_mean_and_spread_over_seeds(client_for, run, org
     assert (rows[0]["latest"]["std"], rows[0]["latest"]["seeds"]) == (0.034, 3)
     page = client_for(organizer).get(reverse("run-detail", args=[run.slug])).content.decode()
     assert "0.592 ± 0.034" in page and "0.381 ± 0.021" in page
+
+
+def test_frequency_baselines_that_cannot_be_measured_fail_on_their_rows_and_let_the_other_evaluators_go_on(run):
+    from peer_agent.protocol import RunConfig
+    from runs.evaluation.runner import EvaluationError, Subject, frequencies_evaluate
+
+    config = RunConfig.model_validate(run.config)
+    config.data.source = "files"  # and the run has no files: nothing to count
+
+    class Vocabulary:
+        cls_token_id, sep_token_id, pad_token_id, mask_token_id = 2, 3, 0, MASK
+
+        def __len__(self):
+            return 20
+
+    subject = Subject(run=run, checkpoint=None, config=config, model=None, tokenizer=Vocabulary(), save=True,
+                      batches=[batch([2, A, MASK, 3], [-100, -100, B, -100])])
+    assert frequencies_evaluate(subject) == []
+    failed = {e.kind: e.error for e in run.evaluations.all()}
+    assert set(failed) == {"unigram", "bigram"} and "no words" in failed["unigram"]
+    assert services.evaluation_claim(run=run, checkpoint=None).kind == "random_init", "still owed"
+    assert services.evaluation_claim(run=run, checkpoint=None) is None, "the failed ones are not retried"
+    subject.save = False
+    with pytest.raises(EvaluationError, match="could not be measured"):
+        frequencies_evaluate(subject)
