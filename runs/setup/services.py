@@ -283,7 +283,7 @@ def data_file_remove(*, data_file: DataFile, actor: User) -> None:
     run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"removed {data_file.name}")
 
 
-def _data_sample(*, run: Run, limit: int) -> Iterator[str]:
+def data_sample(*, run: Run, limit: int) -> Iterator[str]:
     """Up to `limit` lines of the run's data, from its uploaded files or streamed from the hub.
 
     The database is read here, not in the generator: the tokenizers library may consume the
@@ -353,7 +353,7 @@ def tokenizer_train(*, run_id: int) -> None:
     config = RunConfig.model_validate(run.config).tokenizer
     try:
         tokenizer = train(
-            lines=_data_sample(run=run, limit=config.sample_size),
+            lines=data_sample(run=run, limit=config.sample_size),
             vocab_size=config.vocab_size,
             lowercase=config.lowercase,
             strip_accents=config.strip_accents,

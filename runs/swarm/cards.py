@@ -79,7 +79,7 @@ def _evaluation(run: Run, checkpoint: Checkpoint) -> list[str]:
 
 def _held_out(run: Run, checkpoint: Checkpoint) -> list[str]:
     """The held-out evaluation of the checkpoint beside the random-init baseline's (runs/evaluation/)."""
-    wanted = Q(epoch=checkpoint.epoch) | Q(epoch=None)
+    wanted = Q(epoch=checkpoint.epoch) | Q(kind=Evaluation.Kind.RANDOM_INIT)
     rows = {evaluation.epoch: evaluation for evaluation in Evaluation.objects.filter(wanted, run=run)}
     own, baseline = rows.get(checkpoint.epoch), rows.get(None)
 
