@@ -39,6 +39,7 @@ def threads():
 MARGIN = 0.15
 
 
+@pytest.mark.timeout(600)  # pretrains 1,000 steps: over 300 s at load 15 on 2 cores (CI20)
 def test_a_pretrained_checkpoint_beats_the_random_init_baseline_on_both_probes(organizer, tmp_path, threads):
     # A fixed run id: the run's initial weights (crc32 of it, as the peers draw them) and so the baseline
     # are the same on every test run, and the checkpoint is trained from them.
