@@ -18,7 +18,7 @@ def test_a_step_in_each_cpu_precision_recomputes_in_fp32_within_the_runs_toleran
     result = precision_measure(tmp_path, device=torch.device("cpu"), precision=precision, preset="tiny", seq_length=32,
                                batch_size=4, steps=4, warmup=1, checks=2)
 
-    assert result.skipped == 0 and result.samples_per_second > 0
+    assert result.skipped == 0, "no step was dropped"
     assert len(result.distances) == 2, "each rechecked step committed a fingerprint"
     assert max(result.distances) <= result.tolerance, result.distances
     if precision == "fp32":
