@@ -110,3 +110,31 @@ def assert_steps_counted(results: list[list], samples: int = 4) -> None:
     assert all(result.samples in (0, samples) and not result.skipped for result in steps)
     dropped = sum(result.samples == 0 for result in steps)
     assert dropped <= len(steps) // 10, f"{dropped} of {len(steps)} steps dropped"
+
+
+def fixed_batches(trainer, count: int = 8, seed: int = 12345) -> list:
+    """``count`` batches of the trainer's run data, drawn and masked the same way every time: what
+    :func:`fixed_loss` measures the model on. The loss of a run's own training steps is measured on
+    each step's fresh batch, with gradients a step stale when updates are delayed: between the first
+    and last few steps it moves by as much as the training does over a test's few epochs."""
+    from peer_agent.data import batches, dataset_stream
+
+    config = trainer.setup.config
+    stream = dataset_stream(config, data_files=trainer.setup.data_files, seed=seed)
+    drawn = batches(trainer.tokenizer, config, stream, config.training.per_device_batch_size * 4, seed=seed)
+    return [next(drawn) for _ in range(count)]
+
+
+def fixed_loss(trainer, fixed: list) -> float:
+    """The model's mean loss over ``fixed`` (from :func:`fixed_batches`), in eval mode, without gradients."""
+    import torch
+
+    model = trainer.model
+    model.eval()
+    try:
+        with torch.no_grad():
+            losses = [model(**{key: value.to(trainer.setup.device) for key, value in batch.items()}).loss.item()
+                      for batch in fixed]
+    finally:
+        model.train()
+    return sum(losses) / len(losses)

@@ -168,14 +168,18 @@ class _Tally:
 
     def send(self, reporter: Reporter, until: float | None = None, commitments: list[EpochCommitment] | None = None) -> _Tally:
         """Spool a report of the work up to ``until`` (now by default), with the oldest of ``commitments``
-        (taken from the list), and return a fresh tally whose time starts there."""
+        (taken from the list) unless that is for a later epoch than this tally's, and return a fresh
+        tally whose time starts there. The portal refuses a commitment that comes with a report of an
+        earlier epoch (runs/ingest/reports.py): a step that loaded the swarm's state jumps the epoch, so
+        the next step can close a later epoch while the tally still holds the step of the old one."""
         until = time.monotonic() if until is None else until
         if self.steps:
             elapsed = max(until - self.since, 1e-6)
+            fits = bool(commitments) and commitments[0].epoch <= self.local_epoch
             reporter.report(samples=self.samples, steps=self.steps, local_epoch=self.local_epoch,
                             loss=self.loss_sum / self.losses if self.losses else None,
                             samples_per_second=self.samples / elapsed,
-                            commitment=commitments.pop(0) if commitments else None)
+                            commitment=commitments.pop(0) if fits else None)
         return _Tally(since=until)
 
 

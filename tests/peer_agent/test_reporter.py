@@ -220,3 +220,23 @@ def test_the_spool_never_loses_or_revives_a_report_across_crashes_and_compaction
         spool.close()
     finally:
         Spool.compact_after_lines = 2000
+
+
+def test_a_commitment_waits_for_a_report_of_its_epoch(tmp_path):
+    """A step that loads the swarm's state jumps the epoch from 0 to 1; the next step closes epoch 1
+    while the agent's tally still holds the first step of epoch 0 (CI, stop 40). The portal refuses a
+    commitment that comes with a report of an earlier epoch, so it waits for the report of its own."""
+    from peer_agent.join import _Tally
+    from peer_agent.protocol import EpochCommitment, StepCommitment
+
+    sketch = "A" * 86 + "=="
+    closed = EpochCommitment(epoch=1, micro_batch_size=4, shuffle_buffer=10, signature="AA==",
+                             steps=[StepCommitment(cursor=0, samples=4, fingerprint=sketch, parameters=sketch)])
+    reporter, commitments = reporter_for(tmp_path, "ws://127.0.0.1:9/"), [closed]
+    tally = _Tally(steps=1, local_epoch=0)
+    tally = tally.send(reporter, commitments=commitments)
+    tally.steps, tally.samples, tally.local_epoch = 1, 4, 1
+    tally.send(reporter, commitments=commitments)
+    sent = reporter.spool.pending()
+    assert [(report.local_epoch, report.commitment and report.commitment.epoch) for report in sent] == [(0, None), (1, 1)]
+    assert commitments == []

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hivemind.utils.timed_storage import get_dht_time
 
-from harness.swarm import assert_steps_counted, optimizer_watch, train_together
+from harness.swarm import assert_steps_counted, fixed_batches, fixed_loss, optimizer_watch, train_together
 from peer_agent.metrics import LocalMetrics, metrics_key, metrics_read
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
@@ -31,14 +31,14 @@ def test_two_peers_average_to_the_same_parameters_and_their_loss_falls(make_trai
     first = make_trainer(seed=1)
     second = make_trainer(seed=2, joins=first)
     assert torch.equal(_flat(first.model), _flat(second.model)), "a newcomer starts from the swarm's parameters"
+    fixed = fixed_batches(first)
+    before = fixed_loss(first, fixed)
 
     results = train_together([first, second], epochs=8)
 
     assert min(first.optimizer.tracker.global_epoch, second.optimizer.tracker.global_epoch) >= 8
-    losses = [[result.loss for result in peer] for peer in results]
-    early = sum(sum(peer[:5]) for peer in losses) / 10
-    late = sum(sum(peer[-5:]) for peer in losses) / 10
-    assert late < early - 0.1, f"loss went from {early:.3f} to {late:.3f}"
+    after = [fixed_loss(trainer, fixed) for trainer in (first, second)]
+    assert max(after) < before - 0.1, f"loss on fixed batches went from {before:.3f} to {after}"
     assert_steps_counted(results)
 
     progress = first.progress()
@@ -125,6 +125,8 @@ def test_two_peers_train_with_delayed_parameter_updates(make_trainer):
         optimizer = trainer.optimizer
         assert optimizer.delay_optimizer_step and optimizer.delay_grad_averaging and optimizer.delay_state_averaging
     rounds, stale_steps = {}, []
+    fixed = fixed_batches(first)
+    before = fixed_loss(first, fixed)
     optimizer_watch(first, on_anomaly=lambda what, epoch: None,
                     on_group=lambda peer_ids, epoch: rounds.setdefault(epoch, len(peer_ids)))
 
@@ -138,10 +140,8 @@ def test_two_peers_train_with_delayed_parameter_updates(make_trainer):
     assert min(first.optimizer.local_epoch, second.optimizer.local_epoch) >= 8
     assert 2 in rounds.values(), f"the peers averaged their gradients together: {rounds}"
     assert any(stale_steps), "some local steps ran while the previous update was still in the background"
-    losses = [[result.loss for result in peer] for peer in results]
-    early = sum(sum(peer[:5]) for peer in losses) / 10
-    late = sum(sum(peer[-5:]) for peer in losses) / 10
-    assert late < early - 0.1, f"loss went from {early:.3f} to {late:.3f}"
+    after = [fixed_loss(trainer, fixed) for trainer in (first, second)]
+    assert max(after) < before - 0.1, f"loss on fixed batches went from {before:.3f} to {after}"
     assert_steps_counted(results)
 
 
