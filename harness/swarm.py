@@ -126,15 +126,8 @@ def fixed_batches(trainer, count: int = 8, seed: int = 12345) -> list:
 
 
 def fixed_loss(trainer, fixed: list) -> float:
-    """The model's mean loss over ``fixed`` (from :func:`fixed_batches`), in eval mode, without gradients."""
-    import torch
+    """The model's mean loss over ``fixed`` (from :func:`fixed_batches`), each measured on a copy in eval
+    mode (``bench.workload.loss_evaluate``), so the trainer's own model is left as it is."""
+    from bench.workload import loss_evaluate
 
-    model = trainer.model
-    model.eval()
-    try:
-        with torch.no_grad():
-            losses = [model(**{key: value.to(trainer.setup.device) for key, value in batch.items()}).loss.item()
-                      for batch in fixed]
-    finally:
-        model.train()
-    return sum(losses) / len(losses)
+    return sum(loss_evaluate(trainer.model, batch) for batch in fixed) / len(fixed)
