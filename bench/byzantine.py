@@ -16,7 +16,7 @@ It otherwise runs the agent's code unchanged, including its share of the all-red
 parameter averaging.
 
 Peer 0 is honest; its parameters on entering each epoch are kept, and after the run the pretraining
-loss (masked LM + sentence order, float64, eval mode: ``bench.workload.loss_evaluate``) of each is
+loss (masked LM + sentence order, float64, eval mode: ``harness.pretraining.loss_evaluate``) of each is
 computed on ``--held-out-batches`` batches of the held-out corpus, which no peer trains on. The
 figures: each run's curve, then attacked/clean final loss for each aggregation and
 centered_clip-clean/mean-clean.
@@ -51,7 +51,8 @@ from pathlib import Path
 import psutil
 import torch
 
-from bench.workload import SMALL_MODEL, Workload, loss_evaluate, workload_build
+from bench.workload import SMALL_MODEL, Workload, workload_build
+from harness.pretraining import loss_evaluate
 from harness.processes import children_reap
 from harness.swarm import optimizer_watch
 from peer_agent.training import Trainer

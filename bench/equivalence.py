@@ -64,7 +64,8 @@ from pathlib import Path
 
 import torch
 
-from bench.workload import Workload, dropout_off, loss_evaluate, workload_build
+from bench.workload import Workload, dropout_off, workload_build
+from harness.pretraining import loss_evaluate
 from harness.processes import children_reap
 from harness.swarm import optimizer_watch, train_together
 from peer_agent.optim import Lamb, parameter_groups, schedule_build

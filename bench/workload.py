@@ -6,7 +6,6 @@ Everything is generated locally (no hub downloads) from seeds, so two runs see t
 
 from __future__ import annotations
 
-import copy
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,16 +91,5 @@ def dropout_off(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model
-
-
-@torch.no_grad()
-def loss_evaluate(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
-    """The pretraining loss (masked-LM + sentence order) of ``model`` on ``batch``, in eval mode.
-
-    Computed in float64 on a copy, so that parameter differences smaller than float32's resolution
-    of the loss (~5e-7 near 6.6) still show; ``model`` itself is left as it is.
-    """
-    evaluated = copy.deepcopy(model).double().eval()
-    return evaluated(**batch).loss.item()
 
 

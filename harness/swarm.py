@@ -127,7 +127,7 @@ def fixed_batches(trainer, count: int = 8, seed: int = 12345) -> list:
 
 def fixed_loss(trainer, fixed: list) -> float:
     """The model's mean loss over ``fixed`` (from :func:`fixed_batches`), each measured on a copy in eval
-    mode (``bench.workload.loss_evaluate``), so the trainer's own model is left as it is."""
-    from bench.workload import loss_evaluate
+    mode (``harness.pretraining.loss_evaluate``), so the trainer's own model is left as it is."""
+    from harness.pretraining import loss_evaluate
 
     return sum(loss_evaluate(trainer.model, batch) for batch in fixed) / len(fixed)

@@ -40,7 +40,7 @@ def exchange(secret: str | None, frames: list, *, headers=None) -> list[dict]:
     async def run() -> list[dict]:
         auth = [(b"authorization", f"Bearer {secret}".encode())] if secret else []
         communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers if headers is not None else auth)
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=10)
         assert connected
         answers = []
         try:

@@ -87,7 +87,7 @@ def test_a_paused_run_counts_work_done_before_the_pause_and_tells_the_agent_to_w
     async def run() -> list[dict]:
         headers = [(b"authorization", f"Bearer {session.secret}".encode())]
         communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
-        await communicator.connect()
+        await communicator.connect(timeout=10)
         await communicator.send_to(text_data=json.dumps(report(session.pk, 1)))
         answers = [json.loads(await communicator.receive_from(timeout=10)) for _ in range(2)]
         await communicator.disconnect()
@@ -178,7 +178,7 @@ def test_the_sockets_of_one_run_share_one_admission_check(monkeypatch):
 
     async def agent(session, secret) -> list[dict]:
         communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {secret}".encode())])
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=10))[0]
         answers = []
         for seq in (1, 2, 3):
             await communicator.send_to(text_data=json.dumps(report(session.pk, seq)))

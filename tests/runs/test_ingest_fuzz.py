@@ -93,7 +93,7 @@ def test_no_frame_crashes_the_socket_closes_another_agent_or_earns_unearned_cred
             return WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {secret}".encode())])
 
         fuzzed, other = agent(session.secret), agent(bystander.secret)
-        assert (await fuzzed.connect())[0] and (await other.connect())[0]
+        assert (await fuzzed.connect(timeout=10))[0] and (await other.connect(timeout=10))[0]
         answers = []
         for frame in sent:
             # send_input, not send_to, which refuses empty frames

@@ -202,7 +202,7 @@ def test_a_flood_is_refused_beyond_the_rate_limit_and_recorded_once(session, mon
     async def flood() -> list[dict]:
         headers = [(b"authorization", f"Bearer {session.secret}".encode())]
         communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
-        await communicator.connect()
+        await communicator.connect(timeout=10)
         for seq in range(1, BURST + 21):
             await communicator.send_to(text_data=json.dumps(report(session.pk, seq, samples=1)))
         answers = [json.loads(await communicator.receive_from(timeout=10)) for _ in range(BURST + 20)]

@@ -73,7 +73,7 @@ def test_the_live_feed_pushes_a_snapshot_with_the_board():
 
     async def first_snapshot():
         communicator = WebsocketCommunicator(application, "/ws/runs/live-run/live/", headers=[(b"origin", b"http://127.0.0.1")])
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=10)
         assert connected
         snapshot = json.loads(await communicator.receive_from(timeout=10))
         await communicator.disconnect()
@@ -101,7 +101,7 @@ def test_the_live_feed_refuses_foreign_origins_and_hidden_drafts():
 
     async def connects(path: str, origin: bytes) -> bool:
         communicator = WebsocketCommunicator(application, path, headers=[(b"origin", origin)])
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=10)
         await communicator.disconnect()
         return connected
 
@@ -117,7 +117,7 @@ async def _board_frames(path: str, between=None, until=None) -> tuple[dict, dict
     from channels.db import database_sync_to_async
 
     communicator = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://127.0.0.1")])
-    connected, _ = await communicator.connect()
+    connected, _ = await communicator.connect(timeout=10)
     assert connected
     try:
         first = json.loads(await communicator.receive_from(timeout=10))
@@ -165,7 +165,7 @@ def test_the_live_board_refuses_a_choice_it_does_not_have(query):
     async def close_code() -> int:
         communicator = WebsocketCommunicator(application, f"/ws/leaderboard/live/?{query}",
                                              headers=[(b"origin", b"http://127.0.0.1")])
-        connected, code = await communicator.connect()
+        connected, code = await communicator.connect(timeout=10)
         await communicator.disconnect()
         assert not connected
         return code

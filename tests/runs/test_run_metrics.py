@@ -48,7 +48,7 @@ def test_open_agent_sockets_are_counted_while_open(session, settings):
     async def while_connected():
         communicator = WebsocketCommunicator(application, "/ws/agent/",
                                              headers=[(b"authorization", f"Bearer {session.secret}".encode())])
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=10))[0]
         await communicator.send_to(text_data=json.dumps(report(session.pk, 1)))  # answered once the socket is counted
         assert json.loads(await communicator.receive_from(timeout=10))["type"] == "ack"
         during = await sync_to_async(scrape)(settings)
@@ -65,7 +65,7 @@ def test_open_viewer_sockets_are_counted_while_open(session, settings):
     async def while_watching():
         communicator = WebsocketCommunicator(application, f"/ws/runs/{session.run.slug}/live/",
                                              headers=[(b"origin", b"http://127.0.0.1")])
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=10))[0]
         await communicator.receive_from(timeout=10)  # the first snapshot: the viewer is counted by now
         during = await sync_to_async(scrape)(settings)
         await communicator.disconnect()
