@@ -17,14 +17,26 @@ SERVER_MODULES = ("tests/portal/test_api.py", "tests/portal/test_broker.py", "te
                   "tests/security/test_client_address.py", "tests/security/test_rate_limits.py",
                   "tests/test_backup_restore.py", "tests/test_docs_commands.py", "tests/test_process_stops.py",
                   "tests/harness/test_netlab.py")
+# Modules whose code under test takes a path of its own on SQLite: the series' epoch seconds
+# (runs/swarm/series.py) and the ingest's database thread (runs/ingest/reports.py).
+SQLITE_PATH_MODULES = ("tests/runs/test_series_api.py", "tests/runs/test_agent_socket.py",
+                       "tests/runs/test_ingest_rules.py")
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Mark ``backend_free`` the tests whose outcome cannot depend on the database and Redis the suite
-    runs on: .ci/run runs them once, on the embedded defaults, rather than again on PostgreSQL."""
+    """Mark each test for the passes of .ci/run that run it, so that a test runs twice only where its
+    outcome can differ between the embedded defaults and PostgreSQL with Redis.
+
+    ``backend_free``: reaches neither the database nor Redis; run once, on the embedded defaults.
+    ``both_backends``: starts the portal's processes, uses its cache or broker, or tests a SQLite path;
+    run on both. The other tests reach the database through pytest-django: run once, on PostgreSQL,
+    the database of a real deployment; the embedded defaults' own run is the demo's
+    (tests/test_demo.py), which trains on SQLite end to end.
+    """
     for item in items:
-        if not (item.get_closest_marker("django_db") or DATABASE_FIXTURES & set(item.fixturenames)
-                or item.nodeid.startswith(SERVER_MODULES)):
+        if item.nodeid.startswith(SERVER_MODULES + SQLITE_PATH_MODULES):
+            item.add_marker(pytest.mark.both_backends)
+        elif not (item.get_closest_marker("django_db") or DATABASE_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.backend_free)
 
 
