@@ -15,6 +15,14 @@ held-out split as runs/setup/heldout.py keeps it apart):
    evaluation runs beside it at the portal's priority (nice ``--nice``) and thread bound. The ratio
    is the share of its speed it keeps.
 
+3. **Which baselines a run's checkpoints beat** (``--run SLUG``, issue 30): the run's stored
+   evaluations (read from the database that ``DATABASE_URL`` names, its files from ``MEDIA_ROOT``)
+   beside its baselines: random init as stored, and the word-frequency baselines
+   (runs/evaluation/frequencies.py) as stored or, for a run evaluated before they existed, measured
+   here on its training text and held-out split without storing them. It prints, per baseline, the
+   epoch from which every evaluated checkpoint beats it. Point it at a copy of a running demo's
+   database, migrated (docs/benchmarks.md section 14), never at the live one.
+
 Run ``python -m bench.evaluation --help`` from the repository root; it prints a SUMMARY line.
 """
 
@@ -23,8 +31,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import tempfile
 import time
 import zlib
+from pathlib import Path
 
 import django
 
@@ -35,7 +45,9 @@ import torch  # noqa: E402
 
 from peer_agent.model import model_build  # noqa: E402
 from peer_agent.tokenizer import tokenizer_as_transformers  # noqa: E402
-from runs.evaluation.runner import heldout_batches, heldout_metrics  # noqa: E402
+from runs.evaluation.runner import frequencies_evaluate, heldout_batches, heldout_metrics, subject_load  # noqa: E402
+from runs.evaluation.selectors import BASELINE_KINDS, evaluation_beats, evaluation_status, evaluations_of  # noqa: E402
+from runs.models import Evaluation, Run  # noqa: E402
 from runs.setup.corpus import corpus_lines  # noqa: E402
 from runs.setup.forms import preset_config  # noqa: E402
 from runs.setup.heldout import heldout_split  # noqa: E402
@@ -110,6 +122,55 @@ def peer_share(seconds: float, nice: int, threads: int, tokenizer_json: str, doc
     return rates[0], rates[1]
 
 
+def run_baselines(run: Run) -> dict[str, Evaluation]:
+    """The run's baselines: as stored, or (word frequencies, for a run evaluated before them) measured now."""
+    stored = {e.kind: e for e in evaluations_of(run=run) if e.baseline and evaluation_status(e) == "done"}
+    if all(kind in stored for kind in BASELINE_KINDS):
+        return stored
+    with tempfile.TemporaryDirectory() as workdir:
+        scores = frequencies_evaluate(subject_load(run, None, Path(workdir), save=False))
+    print(f"word-frequency baselines measured now (not stored): {scores[0].cpu_seconds:.2f} CPU s, "
+          f"{scores[0].wall_seconds:.2f} wall s, {scores[0].examples} held-out pairs")
+    for kind in (Evaluation.Kind.UNIGRAM, Evaluation.Kind.BIGRAM):
+        own = {score.metric: score.value for score in scores if score.evaluator == kind}
+        stored.setdefault(kind, Evaluation(run=run, kind=kind, mlm_accuracy=own["mlm_accuracy"],
+                                           perplexity=own["perplexity"]))
+    return stored
+
+
+def run_beaten(slug: str) -> dict:
+    """Per checkpoint of the run, whether it beats each baseline; per baseline, the epoch from which all do."""
+    run = Run.objects.get(slug=slug)
+    baselines = run_baselines(run)
+    checkpoints = [e for e in evaluations_of(run=run) if not e.baseline and evaluation_status(e) == "done"]
+    kinds = [kind for kind in BASELINE_KINDS if kind in baselines]
+    print(f"{'baseline':<12} {'MLM accuracy':>12} {'perplexity':>10}")
+    for kind in kinds:
+        print(f"{kind:<12} {baselines[kind].mlm_accuracy:>12.2%} {baselines[kind].perplexity:>10.1f}")
+    print(f"{'epoch':>6} {'MLM accuracy':>12} {'perplexity':>10} " + " ".join(f"{'beats ' + kind:>18}" for kind in kinds))
+    beaten = {kind: [] for kind in kinds}
+    for evaluation in checkpoints:
+        row = [evaluation_beats(evaluation=evaluation, baseline=baselines[kind]) for kind in kinds]
+        for kind, beats in zip(kinds, row, strict=True):
+            beaten[kind].append((evaluation.epoch, beats))
+        print(f"{evaluation.epoch:>6} {evaluation.mlm_accuracy:>12.2%} {evaluation.perplexity:>10.1f} "
+              + " ".join(f"{'yes' if beats else 'no':>18}" for beats in row))
+    summary = {}
+    for kind, rows in beaten.items():
+        since = None
+        for epoch, beats in reversed(rows):
+            if not beats:
+                break
+            since = epoch
+        first = next((epoch for epoch, beats in rows if beats), None)
+        print(f"{kind}: first beaten at epoch {first}; beaten by every checkpoint from epoch {since}")
+        summary[f"{kind}_first"], summary[f"{kind}_since"] = first, since
+        summary[f"{kind}_perplexity"], summary[f"{kind}_accuracy"] = baselines[kind].perplexity, baselines[kind].mlm_accuracy
+    print("SUMMARY " + " ".join(f"{key}={value if isinstance(value, int | None) else f'{value:.4f}'}"
+                                for key, value in summary.items()))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=20000, help="corpus lines, as the demo's")
@@ -119,7 +180,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--nice", type=int, default=10, help="the evaluation's priority increment (EVALUATION_NICE)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each training-loop measurement")
     parser.add_argument("--presets", default="tiny,large")
+    parser.add_argument("--run", help="instead: which baselines this run's stored evaluations beat (see above)")
     args = parser.parse_args(argv)
+    if args.run:
+        return run_beaten(args.run)
 
     training_text, documents = corpus(args.lines, args.heldout)
     tokenizer_model = tokenizer_train(lines=training_text.splitlines(), vocab_size=4000)

@@ -5,10 +5,10 @@ generated corpus of 4,000 lines with 60 documents held out, a 400-piece tokenize
 samples), with the run id, whose CRC-32 seeds the initial weights, drawn from ``--seeds`` ids
 (``evaluation-seed-<n>``; the test's run is ``evaluation-seed-0``). For each: masked-LM accuracy and
 perplexity of the random initialization and of the trained model on the held-out batches of
-runs/evaluation/runner.py, and two baselines measured in the same run on the same masks: always guessing
-the commonest piece of the training text, and the unigram model (perplexity of the pieces' training
-frequencies). Everything else (data order, masks, held-out split) is seeded already. A CPU minute or
-so per seed.
+runs/evaluation/runner.py, and the baselines measured in the same run on the same masks: always guessing
+the commonest piece of the training text, the unigram model (perplexity of the pieces' training
+frequencies) and the bigram model, as the portal stores them (runs/evaluation/frequencies.py).
+Everything else (data order, masks, held-out split) is seeded already. A CPU minute or so per seed.
 
 Run ``python -m bench.heldout_spread --help`` from the repository root; it prints a SUMMARY line.
 """
@@ -16,8 +16,6 @@ Run ``python -m bench.heldout_spread --help`` from the repository root; it print
 from __future__ import annotations
 
 import argparse
-import collections
-import math
 import os
 import statistics
 import tempfile
@@ -35,6 +33,7 @@ import torch  # noqa: E402
 from harness.pretraining import model_pretrain, small_config  # noqa: E402
 from peer_agent.protocol import RunConfig  # noqa: E402
 from peer_agent.tokenizer import tokenizer_as_transformers  # noqa: E402
+from runs.evaluation.frequencies import frequencies_count, frequency_metrics  # noqa: E402
 from runs.evaluation.runner import heldout_batches, heldout_metrics  # noqa: E402
 from runs.setup.corpus import corpus_lines  # noqa: E402
 from runs.setup.heldout import heldout_split  # noqa: E402
@@ -42,16 +41,12 @@ from runs.setup.tokenization import tokenizer_train  # noqa: E402
 
 
 def frequency_baselines(tokenizer, training_text: str, batches: list[dict]) -> dict:
-    """Accuracy of always answering the commonest training piece, and the perplexity of the unigram model
-    (add-one smoothed training frequencies), on the masked positions of ``batches``."""
-    counts = collections.Counter(piece for line in training_text.splitlines() if line.strip()
-                                 for piece in tokenizer(line, add_special_tokens=False)["input_ids"])
-    total = sum(counts.values()) + len(tokenizer)
-    commonest = counts.most_common(1)[0][0]
-    labels = torch.cat([batch["labels"][batch["labels"] != -100] for batch in batches]).tolist()
-    nll = -sum(math.log((counts[label] + 1) / total) for label in labels)
-    return dict(commonest_accuracy=sum(label == commonest for label in labels) / len(labels),
-                unigram_perplexity=math.exp(nll / len(labels)))
+    """The word-frequency baselines the portal stores (runs/evaluation/frequencies.py) on ``batches``:
+    always answering the commonest training piece, the unigram's perplexity, and the bigram's."""
+    counts = frequencies_count(tokenizer=tokenizer, documents=training_text.splitlines())
+    measured = frequency_metrics(counts=counts, batches=batches)
+    return dict(commonest_accuracy=measured["unigram"]["mlm_accuracy"], unigram_perplexity=measured["unigram"]["perplexity"],
+                bigram_accuracy=measured["bigram"]["mlm_accuracy"], bigram_perplexity=measured["bigram"]["perplexity"])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -70,7 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     batches = heldout_batches(tokenizer, config, split.documents)
     frequency = frequency_baselines(tokenizer, split.training_text, batches)
     print(f"always the commonest piece: accuracy {frequency['commonest_accuracy']:.4f}; "
-          f"unigram perplexity {frequency['unigram_perplexity']:.1f}")
+          f"unigram perplexity {frequency['unigram_perplexity']:.1f}; bigram: accuracy {frequency['bigram_accuracy']:.4f}, "
+          f"perplexity {frequency['bigram_perplexity']:.1f}")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         training_file = Path(scratch) / "train.txt"

@@ -8,7 +8,9 @@ seconds with the portal's bounded thread count (``--threads``, EVALUATION_THREAD
 the ratio is the held-out evaluation of the same model (runs/evaluation/runner.py) on the demo's
 held-out documents: the probes' cost in units of what every checkpoint costs already. ``large``
 fine-tunes on ``--large-train`` examples only (it is slow on small hosts); its cost scales linearly
-with the examples, so the full budget's figure is printed scaled beside it.
+with the examples, so the full budget's figure is printed scaled beside it. Each probe is measured
+with every seed count of ``--seeds`` (a score is the mean of that many fine-tunes, issue 30): the
+last column is the cost against the first count's.
 
 Run ``python -m bench.probes --help`` from the repository root; it prints a SUMMARY line.
 """
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="the bounded thread count (EVALUATION_THREADS)")
     parser.add_argument("--large-train", type=int, default=64, help="train examples the large preset fine-tunes on")
     parser.add_argument("--presets", default="tiny,large")
+    parser.add_argument("--seeds", default=f"1,{BUDGET.seeds}", help="fine-tunes per score to measure, comma-separated")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -63,7 +66,9 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = tokenizer_as_transformers(tokenizer_train(lines=split.training_text.splitlines(), vocab_size=4000))
     sets = probe_sets()
     print(f"budget: {BUDGET}; threads: {args.threads}")
-    print(f"{'preset':<7} {'what':<18} {'train':>6} {'CPU s':>8} {'wall s':>8} {'wall, full budget':>17} {'× held-out':>10}")
+    seed_counts = [int(count) for count in args.seeds.split(",")]
+    print(f"{'preset':<7} {'what':<18} {'seeds':>5} {'train':>6} {'CPU s':>8} {'wall s':>8} {'wall, full budget':>17} "
+          f"{'× held-out':>10} {'× first':>7} {'score':>13}")
     summary = {}
     for preset in args.presets.split(","):
         config = preset_config(preset)
@@ -73,17 +78,22 @@ def main(argv: list[str] | None = None) -> dict:
         cpu, wall = time.process_time(), time.perf_counter()
         examples = heldout_metrics(model, heldout_batches(tokenizer, config, documents))["examples"]
         heldout_cpu, heldout_wall = time.process_time() - cpu, time.perf_counter() - wall
-        print(f"{preset:<7} {'held-out':<18} {examples:>6} {heldout_cpu:>8.2f} {heldout_wall:>8.2f} {'':>17} {1:>10.2f}")
+        print(f"{preset:<7} {'held-out':<18} {'':>5} {examples:>6} {heldout_cpu:>8.2f} {heldout_wall:>8.2f} {'':>17} "
+              f"{1:>10.2f}")
         budget = BUDGET if preset == "tiny" else dataclasses.replace(BUDGET, max_train_examples=args.large_train)
         for name, (task, train, test) in sets.items():
             used = min(len(train.examples), budget.max_train_examples)
-            result = probe_finetune(task=task, train=train, test=test, labels=sorted(train.labels), tokenizer=tokenizer,
-                                    encoder=model, budget=budget)
-            full = result.wall_seconds * min(len(train.examples), BUDGET.max_train_examples) / used
-            ratio = full / heldout_wall
-            summary[f"{preset}_{task}_wall_vs_heldout"] = ratio
-            print(f"{preset:<7} {name:<18} {used:>6} {result.cpu_seconds:>8.2f} {result.wall_seconds:>8.2f} "
-                  f"{full:>17.2f} {ratio:>10.2f}")
+            first = None
+            for seeds in seed_counts:
+                result = probe_finetune(task=task, train=train, test=test, labels=sorted(train.labels),
+                                        tokenizer=tokenizer, encoder=model, budget=dataclasses.replace(budget, seeds=seeds))
+                full = result.wall_seconds * min(len(train.examples), BUDGET.max_train_examples) / used
+                ratio, first = full / heldout_wall, first or result.cpu_seconds
+                summary[f"{preset}_{task}_{seeds}seeds_wall_vs_heldout"] = ratio
+                summary[f"{preset}_{task}_{seeds}seeds_cpu_vs_first"] = result.cpu_seconds / first
+                spread = "" if result.std is None else f" ± {result.std:.3f}"
+                print(f"{preset:<7} {name:<18} {seeds:>5} {used:>6} {result.cpu_seconds:>8.2f} {result.wall_seconds:>8.2f} "
+                      f"{full:>17.2f} {ratio:>10.2f} {result.cpu_seconds / first:>7.2f} {result.score:>6.3f}{spread:<7}")
     print("SUMMARY " + " ".join(f"{key}={value:.3f}" for key, value in summary.items()))
     return summary
 

@@ -75,7 +75,7 @@ def workload_build(folder: Path, *, model: dict | None = None, seq_length: int =
     model = model or SMALL_MODEL
     config = config_from_preset(
         model["preset"], model=model,
-        data=dict(source="files", path=None, name=None, max_seq_length=seq_length, shuffle_buffer=1000),
+        data=dict(source="files", hub=[], max_seq_length=seq_length, shuffle_buffer=1000),
         training=dict(target_batch_size=target_batch_size, per_device_batch_size=per_device_batch_size,
                       learning_rate=learning_rate, warmup_steps=warmup_steps, total_steps=total_steps, precision="fp32"),
         averaging=dict(matchmaking_time=matchmaking_time, averaging_timeout=averaging_timeout,

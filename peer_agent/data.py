@@ -20,6 +20,7 @@ import torch
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
 from peer_agent.protocol import RunConfig
+from peer_agent.sources import hub_documents
 
 logger = logging.getLogger(__name__)
 
@@ -32,17 +33,19 @@ def dataset_stream(config: RunConfig, *, data_files: list[str] | None, seed: int
                    http_headers: dict[str, str] | None = None) -> datasets.IterableDataset:
     """The run's documents as a shuffled stream of ``{"text": document}``.
 
-    ``config.data.source`` "hub" streams a Hugging Face dataset; "files" reads text files (local
-    paths or http(s) URLs the portal serves) that hold one sentence per line with documents
-    separated by blank lines; ``http_headers`` (e.g. an Authorization header) go with each
-    http(s) request. Each peer passes its own ``seed`` so peers see different orders.
+    ``config.data.source`` "hub" streams the run's Hugging Face datasets, mixed by their
+    probabilities (peer_agent/sources.py), less the documents held out for the evaluation
+    (``DataConfig.holds_out``); "files" reads text files (local paths or http(s) URLs the portal
+    serves) that hold one sentence per line with documents separated by blank lines; ``http_headers``
+    (e.g. an Authorization header) go with each http(s) request. Each peer passes its own ``seed``
+    so peers see different orders; the same ``seed`` gives the same stream, which the spot-check
+    replay relies on.
     """
     data = config.data
     if data.source == "hub":
-        stream = datasets.load_dataset(data.path, data.name, split=data.split, streaming=True)
-        if data.text_column != "text":
-            stream = stream.rename_column(data.text_column, "text")
-        stream = stream.select_columns(["text"])
+        stream = hub_documents(data, seed=seed)
+        if data.heldout == "hash":
+            stream = stream.filter(lambda row: not data.holds_out(row["text"] or ""))
     else:
         if not data_files:
             raise ValueError('the run reads uploaded text files (data source "files") but none were given')

@@ -6,6 +6,7 @@ This module imports only pydantic and the standard library so that both sides ca
 """
 
 import base64
+import hashlib
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -75,7 +76,9 @@ MAX_COMMITTED_STEPS = 1024
 # computed at to its commitments (StepCommitment.parameters). From 0.10.0 on they average LAMB's first
 # moments with the parameters (peer_agent/training.py, AVERAGED_OPTIMIZER_STATISTICS): a parameter averaging
 # round carries more tensors, and an older agent could average parameters with none of them.
-SWARM_COMPATIBLE_SINCE = "0.10.0"
+# From 0.12.0 on they read a list of hub sources (DataConfig.hub) and leave out the held-out documents
+# (DataConfig.holds_out); an older agent cannot parse such a config, and would train on held-out text.
+SWARM_COMPATIBLE_SINCE = "0.12.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).
@@ -175,15 +178,35 @@ class TokenizerConfig(_Schema):
     strip_accents: bool = Field(False, description="Remove accents (keep off for Bengali vowel signs).")
 
 
+class HubSource(_Schema):
+    """One Hugging Face dataset that agents stream documents from, as ``datasets`` 5 reads it: a
+    repository of Parquet or Arrow files (no loading script), or a local folder laid out alike."""
+
+    path: str = Field(min_length=1, max_length=500,
+                      description="Hugging Face dataset id, or a folder laid out as the Hub lays one.")
+    name: str | None = Field(None, max_length=200, description="Dataset configuration, if any.")
+    split: str = Field("train", min_length=1, max_length=100, description="Dataset split to stream.")
+    text_column: str = Field("text", min_length=1, max_length=100, description="Column holding the text.")
+    probability: float = Field(1.0, gt=0, le=1, description="Share of the documents drawn from this source.")
+
+
+def _default_hub_sources() -> list[HubSource]:
+    # Parquet files on the Hub: datasets 4 and later no longer run OSCAR's loading script.
+    return [HubSource(path="wikimedia/wikipedia", name="20231101.bn")]
+
+
 class DataConfig(_Schema):
     """Where agents stream text from and how they build masked-LM + sentence-order examples."""
 
     source: Literal["hub", "files"] = Field(
-        "hub", description='"hub" streams a Hugging Face dataset; "files" uses text files uploaded to the run.')
-    path: str | None = Field("oscar", max_length=500, description="Hugging Face dataset id (hub source).")
-    name: str | None = Field("unshuffled_deduplicated_bn", max_length=200, description="Dataset configuration, if any.")
-    split: str = Field("train", min_length=1, max_length=100, description="Dataset split to stream.")
-    text_column: str = Field("text", min_length=1, max_length=100, description="Column holding the text.")
+        "hub", description='"hub" streams Hugging Face datasets; "files" uses text files uploaded to the run.')
+    hub: list[HubSource] = Field(default_factory=_default_hub_sources, max_length=8, description=(
+        'One dataset a line: id | configuration | split | text column | probability, e.g. "wikimedia/wikipedia | '
+        '20231101.bn | train | text | 1". Datasets stored as Parquet or Arrow files; the probabilities add up to 1.'))
+    heldout: Literal["hash", "validation_split"] = Field("hash", description=(
+        '"hash": a share of the documents, chosen by a hash of their text, that no agent is sent; '
+        '"validation_split": the sources\' validation split.'))
+    heldout_share: float = Field(0.01, gt=0, le=0.5, description="Share of the documents held out by hash.")
     shuffle_buffer: int = Field(10000, ge=1, le=1_000_000, description="Examples held in memory to shuffle.")
     max_seq_length: int = Field(512, ge=16, le=4096, description="Tokens per training example.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens masked for masked-LM.")
@@ -191,9 +214,23 @@ class DataConfig(_Schema):
 
     @model_validator(mode="after")
     def _check_source(self) -> "DataConfig":
-        if self.source == "hub" and not self.path:
-            _raise_field_errors(self, {"path": _problem("hub_path_required", 'required when the source is "hub"')})
+        if self.source == "hub" and not self.hub:
+            _raise_field_errors(self, {"hub": _problem("hub_sources_required", 'required when the source is "hub"')})
+        total = sum(source.probability for source in self.hub)
+        if self.hub and abs(total - 1) > 1e-6:
+            _raise_field_errors(self, {"hub": _problem(
+                "probabilities_sum", "the sources' probabilities add up to {total}; they must add up to 1",
+                total=round(total, 6))})
         return self
+
+    def holds_out(self, text: str) -> bool:
+        """Whether a hub document is held out for the evaluation: agents never train on it. By a
+        stable hash of its text (not Python's ``hash``, which changes between processes), so that
+        the agents, the spot-check replay and the evaluation agree without sharing anything."""
+        if self.source != "hub" or self.heldout != "hash":
+            return False
+        digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+        return int.from_bytes(digest, "big") < self.heldout_share * 2**64
 
 
 class TrainingConfig(_Schema):

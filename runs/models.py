@@ -89,10 +89,21 @@ class Run(models.Model):
     heldout_size = models.PositiveIntegerField(
         default=200, validators=[MinValueValidator(10), MaxValueValidator(100_000)],
         help_text="Documents kept apart from the uploaded files to evaluate checkpoints on (files source), or "
-                  "documents read from the validation split (hub source).")
+                  "documents read from the hub sources: those held out by hash, or of the validation split.")
     validation_split = models.CharField(
         max_length=100, default="validation",
-        help_text="The hub dataset's split that checkpoints are evaluated on; never the split agents train on.")
+        help_text="The hub sources' split that checkpoints are evaluated on when held out by validation split; "
+                  "never the split agents train on.")
+    class SourcesCheck(models.TextChoices):
+        UNCHECKED = "unchecked", _("Not checked")
+        CHECKING = "checking", _("Checking")
+        PASSED = "passed", _("Loads")
+        FAILED = "failed", _("Does not load")
+
+    sources_check = models.CharField(
+        max_length=16, choices=SourcesCheck.choices, default=SourcesCheck.UNCHECKED,
+        help_text="Whether the worker could resolve the hub sources (configuration, splits, text column) as saved.")
+    sources_error = models.TextField(blank=True, help_text="What keeps the hub sources from loading, for the organizers.")
     heldout_file = models.FileField(upload_to="heldout/", blank=True, help_text=(
         "The documents kept apart from the uploaded files: no agent is ever sent them."))
     heldout_documents = models.PositiveIntegerField(default=0, help_text="Documents in heldout_file.")
@@ -425,7 +436,9 @@ class ProbeScore(models.Model):
     checkpoint = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="probe_scores")
     epoch = models.PositiveIntegerField(null=True, blank=True)
     samples = models.PositiveBigIntegerField(default=0, help_text="Samples the collaboration had processed.")
-    score = models.FloatField(help_text="Entity-level F1 (seqeval) or accuracy, 0 to 1.")
+    score = models.FloatField(help_text="Entity-level F1 (seqeval) or accuracy, 0 to 1: the mean over the seeds.")
+    score_std = models.FloatField(null=True, blank=True, help_text="The scores' standard deviation over the seeds.")
+    seeds = models.PositiveSmallIntegerField(default=1, help_text="Fine-tunes from different seeds the score averages.")
     wall_seconds = models.FloatField(default=0)
     cpu_seconds = models.FloatField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
@@ -441,17 +454,28 @@ class ProbeScore(models.Model):
 
 class Evaluation(models.Model):
     """A checkpoint's masked-LM and sentence-order scores on the run's held-out split, or (epoch
-    null) those of a randomly initialized model of the run's shape, measured once per run: the
-    baseline that shows what training added. Kept when retention deletes the checkpoint."""
+    null) those of a baseline, measured once per run: a randomly initialized model of the run's
+    shape, and models that know only word frequencies (runs/evaluation/frequencies.py), which
+    show what training added and whether it learnt more than how common each word is. Kept when
+    retention deletes the checkpoint."""
+
+    class Kind(models.TextChoices):
+        CHECKPOINT = "checkpoint", "checkpoint"
+        RANDOM_INIT = "random_init", "random init"
+        UNIGRAM = "unigram", "word frequencies"
+        BIGRAM = "bigram", "word-pair frequencies"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="evaluations")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHECKPOINT)
     checkpoint = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="evaluations")
-    epoch = models.PositiveIntegerField(null=True, blank=True, help_text="The checkpoint's epoch; empty for the baseline.")
+    epoch = models.PositiveIntegerField(null=True, blank=True, help_text="The checkpoint's epoch; empty for a baseline.")
     samples = models.PositiveBigIntegerField(default=0, help_text="Samples the collaboration had processed.")
     tokens_seen = models.PositiveBigIntegerField(default=0, help_text="Samples × the run's tokens per example.")
     mlm_accuracy = models.FloatField(null=True, blank=True, help_text="Share of masked tokens predicted right.")
     perplexity = models.FloatField(null=True, blank=True, help_text="exp of the mean masked-LM loss per masked token.")
-    sop_accuracy = models.FloatField(null=True, blank=True, help_text="Share of sentence pairs whose order was told right.")
+    sop_accuracy = models.FloatField(null=True, blank=True,
+                                     help_text="Share of sentence pairs whose order was told right; empty for "
+                                               "frequency baselines, which do not tell order.")
     examples = models.PositiveIntegerField(default=0, help_text="Held-out examples (sentence pairs) evaluated.")
     masked_tokens = models.PositiveIntegerField(default=0)
     cpu_seconds = models.FloatField(default=0, help_text="CPU time of the evaluating process.")
@@ -460,16 +484,17 @@ class Evaluation(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        ordering = ["run", models.F("epoch").asc(nulls_first=True)]  # the baseline first, on every database
+        ordering = ["run", models.F("epoch").asc(nulls_first=True), "kind"]  # the baselines first, on every database
         constraints = [
             models.UniqueConstraint(fields=["run", "epoch"], name="one_evaluation_per_epoch"),
-            models.UniqueConstraint(fields=["run"], condition=models.Q(epoch=None), name="one_baseline_per_run"),
+            models.UniqueConstraint(fields=["run", "kind"], condition=models.Q(epoch=None), name="one_baseline_per_run_and_kind"),
+            models.CheckConstraint(condition=models.Q(epoch=None) ^ models.Q(kind="checkpoint"),
+                                   name="evaluation_epoch_iff_checkpoint"),
         ]
 
     @property
     def baseline(self) -> bool:
         return self.epoch is None
-
 
 
 class CreditSums(models.Model):

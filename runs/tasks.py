@@ -19,6 +19,13 @@ def tokenizer_train_task(run_id: int) -> None:
 
 
 @shared_task(acks_late=True, ignore_result=True)
+def sources_check_task(run_id: int) -> None:
+    """The organizer saved hub sources: check that they load, for the run's page and settings form."""
+    with log_context(run=Run.objects.filter(pk=run_id).values_list("slug", flat=True).first()):
+        services.sources_check(run_id=run_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
 def run_event_notify_task(event_id: int) -> int:
     """A run was paused, resumed or finished: notify the volunteers who trained for it."""
     return services.run_event_notify(event_id=event_id)

@@ -216,7 +216,9 @@ def run_checkpoints(request: HttpRequest, slug: Slug):
 class ProbeEpochOut(Schema):
     epoch: int
     samples: int
-    score: float
+    score: float = Field(description="The mean over the fine-tunes' seeds, 0 to 1.")
+    std: float | None = Field(description="The scores' standard deviation over the seeds; null from one seed.")
+    seeds: int = Field(description="Fine-tunes from different seeds the score averages.")
     cpu_seconds: float
     wall_seconds: float
 
@@ -228,9 +230,11 @@ class ProbeScoresOut(Schema):
     labels: list[str]
     train_examples: int
     test_examples: int
-    baseline: float | None = Field(description="The same fine-tune from a randomly initialized model, once per run.")
+    baseline: float | None = Field(description="The same fine-tune from a randomly initialized model, once per run "
+                                               "(the mean over its seeds).")
+    baseline_std: float | None = Field(description="The baseline's standard deviation over its seeds.")
     latest: ProbeEpochOut | None
-    gain: float | None = Field(description="The newest score minus the baseline.")
+    gain: float | None = Field(description="The newest score minus the baseline (means).")
     scores: list[ProbeEpochOut]
 
 
@@ -394,14 +398,19 @@ def run_series(request: HttpRequest, slug: Slug, query: Query[SeriesQuery]):
 
 
 class EvaluationOut(Schema):
-    epoch: int | None = Field(description="The checkpoint's epoch; null for the random-init baseline.")
-    baseline: bool = Field(description="The model the run's peers started from, before any training.")
+    epoch: int | None = Field(description="The checkpoint's epoch; null for a baseline.")
+    baseline: bool = Field(description="A baseline, not a checkpoint: see kind.")
+    kind: Literal["checkpoint", "random_init", "unigram", "bigram"] = Field(
+        description="checkpoint; or a baseline: random_init, the model the run's peers started from, before any "
+                    "training; unigram, each word's frequency in the run's training text (always guessing the "
+                    "commonest); bigram, each word's frequency after the word to its left.")
     status: Literal["pending", "done", "failed"]
     samples: int = Field(description="Samples the collaboration had processed at the checkpoint.")
     tokens_seen: int = Field(description="Samples × the run's tokens per example.")
     mlm_accuracy: float | None = Field(description="Share of held-out masked tokens predicted right.")
     perplexity: float | None = Field(description="exp of the mean masked-LM loss per held-out masked token.")
-    sop_accuracy: float | None = Field(description="Share of held-out sentence pairs whose order was told right.")
+    sop_accuracy: float | None = Field(description="Share of held-out sentence pairs whose order was told right; "
+                                                   "null for the frequency baselines.")
     examples: int = Field(description="Held-out sentence pairs evaluated.")
     masked_tokens: int
     cpu_seconds: float
@@ -411,7 +420,7 @@ class EvaluationOut(Schema):
 
 
 @router.get("/runs/{slug}/evaluations", response=answers(list[EvaluationOut], 400, 404),
-            summary="A run's held-out evaluations: the random-init baseline first, then each checkpoint by epoch")
+            summary="A run's held-out evaluations: the baselines first, then each checkpoint by epoch")
 def run_evaluations(request: HttpRequest, slug: Slug):
     """Scores on the run's held-out split, which no agent trains on (docs/organizers.md)."""
     run = Run.objects.filter(slug=slug).first()

@@ -76,11 +76,11 @@ def _run_credits() -> list[dict]:
 
 
 def _evaluations() -> list[dict]:
-    """Held-out scores of each checkpoint (and the random-init baseline) of the runs listed publicly."""
+    """Held-out scores of each checkpoint (and the baselines) of the runs listed publicly."""
     evaluations = (
         Evaluation.objects.filter(run__visibility=Run.Visibility.PUBLIC, run__audience=Run.Audience.EVERYONE,
                                   mlm_accuracy__isnull=False)
-        .exclude(run__status=Run.Status.DRAFT).select_related("run").order_by("run_id", F("epoch").asc(nulls_first=True))
+        .exclude(run__status=Run.Status.DRAFT).select_related("run").order_by("run_id", F("epoch").asc(nulls_first=True), "kind")
     )
     return [{"run": evaluation.run.slug, **evaluation_row(evaluation)} for evaluation in evaluations]
 

@@ -1,15 +1,18 @@
 """Downstream probes: fine-tune a checkpoint on a probe's train part with a fixed small budget and
 score it on the test part (seqeval's entity-level F1 for token classification, accuracy for text
-classification); the same fine-tune from a randomly initialized model of the same shape, once per
-probe, is the baseline that shows what pretraining added. One of the evaluators of
-runs/evaluation/runner.py: it runs in the evaluation's low-priority child process, never in the web.
+classification), the mean over a few seeds with their spread; the same fine-tune from a randomly
+initialized model of the same shape, once per probe, is the baseline that shows what pretraining
+added. One of the evaluators of runs/evaluation/runner.py: it runs in the evaluation's
+low-priority child process, never in the web.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -48,7 +51,11 @@ class ProbeBudget:
     max_test_examples: int = 500
     batch_size: int = 16
     max_length: int = 64  # tokens per example, longer ones truncated
-    seed: int = 0  # the head's initial weights and the order of examples
+    seed: int = 0  # the first seed: the head's initial weights and the order of examples
+    # Fine-tunes per score, from seeds seed, seed + 1, ...: the score is their mean, reported with
+    # their standard deviation, so that a gap between a checkpoint and the baseline can be told from
+    # the spread a seed alone makes (docs/benchmarks.md section 15; the cost grows with it).
+    seeds: int = 3
 
 
 BUDGET = ProbeBudget()
@@ -56,7 +63,9 @@ BUDGET = ProbeBudget()
 
 @dataclass(frozen=True)
 class ProbeResult:
-    score: float
+    score: float  # the mean over the budget's seeds
+    std: float | None  # their sample standard deviation; None from one seed
+    seeds: int
     wall_seconds: float
     cpu_seconds: float
 
@@ -190,8 +199,9 @@ def _score(model: _Classifier, encode, task: str, examples: list, labels: list[s
 def probe_finetune(*, task: str, train: LabelledSet, test: LabelledSet, labels: list[str],
                    tokenizer: PreTrainedTokenizerFast, encoder: AlbertForPreTraining,
                    budget: ProbeBudget = BUDGET) -> ProbeResult:
-    """Fine-tune a copy of ``encoder`` (a checkpoint's model, or the run's random initialization) with a
-    new head on the train part within ``budget``; its score on the test part, 0 to 1."""
+    """Fine-tune copies of ``encoder`` (a checkpoint's model, or the run's random initialization) with a
+    new head on the train part within ``budget``, once per seed; the mean and spread of their scores on
+    the test part, 0 to 1."""
     started, cpu_started = time.monotonic(), time.process_time()
     label_ids = {label: index for index, label in enumerate(labels)}
     batch = _token_batch if task == Probe.Task.TOKENS else _text_batch
@@ -199,10 +209,15 @@ def probe_finetune(*, task: str, train: LabelledSet, test: LabelledSet, labels: 
     def encode(examples):
         return batch(tokenizer, examples, label_ids, budget.max_length)
 
-    model = _Classifier(encoder, task, len(labels), budget.seed)
-    _train(model, encode, train.examples[:budget.max_train_examples], budget)
-    score = _score(model, encode, task, test.examples[:budget.max_test_examples], labels, budget)
-    return ProbeResult(score=score, wall_seconds=time.monotonic() - started, cpu_seconds=time.process_time() - cpu_started)
+    scores = []
+    for seed in range(budget.seed, budget.seed + max(budget.seeds, 1)):
+        seeded = dataclasses.replace(budget, seed=seed)
+        model = _Classifier(encoder, task, len(labels), seed)
+        _train(model, encode, train.examples[:budget.max_train_examples], seeded)
+        scores.append(_score(model, encode, task, test.examples[:budget.max_test_examples], labels, seeded))
+    return ProbeResult(score=statistics.mean(scores), std=statistics.stdev(scores) if len(scores) > 1 else None,
+                       seeds=len(scores), wall_seconds=time.monotonic() - started,
+                       cpu_seconds=time.process_time() - cpu_started)
 
 
 def probes_due(checkpoint: Checkpoint) -> bool:
@@ -234,7 +249,8 @@ def probes_evaluate(subject: Subject) -> list[Score]:
 
 @transaction.atomic
 def _score_store(*, probe: Probe, checkpoint: Checkpoint | None, result: ProbeResult) -> ProbeScore:
-    figures = {"score": result.score, "wall_seconds": result.wall_seconds, "cpu_seconds": result.cpu_seconds}
+    figures = {"score": result.score, "score_std": result.std, "seeds": result.seeds,
+               "wall_seconds": result.wall_seconds, "cpu_seconds": result.cpu_seconds}
     if checkpoint is None:
         score, _ = ProbeScore.objects.update_or_create(probe=probe, baseline=True, defaults=figures)
         return score

@@ -10,11 +10,13 @@ callable ``evaluator(subject: Subject) -> list[Score]``: it reads the loaded mod
 the run, its config and the checkpoint (``None``: the random-init baseline, the same shape with
 the weights the run started from), stores what it measured when ``subject.save`` is true (as an
 update-or-create, since an evaluation may be retried), and returns rows for the printed table.
-:func:`heldout_evaluate` is the first; a downstream probe is one more entry in the list.
+:func:`heldout_evaluate` is the first; :func:`frequencies_evaluate` scores the word-frequency
+baselines with the random-init one; a downstream probe is one more entry in the list.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -34,9 +36,14 @@ from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig
 from peer_agent.tokenizer import tokenizer_load
 from runs.evaluation import services
-from runs.models import Checkpoint, Run
+from runs.evaluation.frequencies import frequencies_count, frequency_metrics
+from runs.models import Checkpoint, Evaluation, Run
+from runs.setup.services import data_sample
+
+logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 16
+FREQUENCY_KINDS = {"unigram": Evaluation.Kind.UNIGRAM, "bigram": Evaluation.Kind.BIGRAM}
 # The same pairs and masks for every checkpoint of a run, so that their scores compare.
 SEED = 0
 
@@ -53,6 +60,7 @@ class Subject:
     model: AlbertForPreTraining
     tokenizer: PreTrainedTokenizerFast
     save: bool
+    batches: list[dict[str, torch.Tensor]] | None = None  # the held-out batches, built once per subject
 
 
 @dataclass(frozen=True)
@@ -77,8 +85,9 @@ def process_settle(*, threads: int, niceness: int) -> None:
 
 
 def heldout_texts(run: Run, config: RunConfig) -> list[str]:
-    """The held-out documents: the portal's split of the uploaded files, or the first
-    ``run.heldout_size`` documents of the hub dataset's validation split."""
+    """The held-out documents: the portal's split of the uploaded files; for hub sources, the first
+    ``run.heldout_size`` documents that ``DataConfig.holds_out`` keeps from the agents, or of the
+    sources' validation split (``run.validation_split``), mixed as the agents' training data is."""
     if config.data.source == "files":
         if not run.heldout_file:
             raise EvaluationError("the run keeps no held-out documents: its files were too small to spare any "
@@ -88,10 +97,19 @@ def heldout_texts(run: Run, config: RunConfig) -> list[str]:
 
         with run.heldout_file.open("rb") as handle:
             return heldout_documents_read(handle.read().decode("utf-8"))
-    import datasets
+    from peer_agent.sources import hub_documents
 
-    stream = datasets.load_dataset(config.data.path, config.data.name, split=run.validation_split, streaming=True)
-    return [row[config.data.text_column] or "" for row in stream.take(run.heldout_size)]
+    data = config.data
+    if data.heldout == "hash":
+        stream = hub_documents(data, seed=SEED).filter(lambda row: data.holds_out(row["text"] or ""))
+    else:
+        stream = hub_documents(data, seed=SEED, split=run.validation_split)
+    documents: dict[str, None] = {}  # a mixture comes back round to its smaller sources: each document once
+    for row in stream:
+        documents[row["text"] or ""] = None
+        if len(documents) >= run.heldout_size:
+            break
+    return list(documents)
 
 
 def heldout_batches(tokenizer: PreTrainedTokenizerFast, config: RunConfig,
@@ -141,22 +159,64 @@ def heldout_metrics(model: AlbertForPreTraining, batches: list[dict[str, torch.T
                 sop_accuracy=sop_correct / examples, examples=examples, masked_tokens=masked)
 
 
+def subject_batches(subject: Subject) -> list[dict[str, torch.Tensor]]:
+    """The held-out batches of the subject's run, read (or streamed from the hub) once for all evaluators."""
+    if subject.batches is None:
+        subject.batches = heldout_batches(subject.tokenizer, subject.config, heldout_texts(subject.run, subject.config))
+    return subject.batches
+
+
 def heldout_evaluate(subject: Subject) -> list[Score]:
     """The held-out evaluator: masked-LM accuracy, perplexity and sentence-order accuracy."""
     cpu, wall = time.process_time(), time.perf_counter()
-    batches = heldout_batches(subject.tokenizer, subject.config, heldout_texts(subject.run, subject.config))
-    metrics = heldout_metrics(subject.model, batches)
+    metrics = heldout_metrics(subject.model, subject_batches(subject))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if subject.save:
-        services.evaluation_record(run=subject.run, checkpoint=subject.checkpoint, cpu_seconds=cpu, wall_seconds=wall,
-                                   tokens_per_sample=subject.config.data.max_seq_length, **metrics)
+        kind = Evaluation.Kind.RANDOM_INIT if subject.checkpoint is None else Evaluation.Kind.CHECKPOINT
+        services.evaluation_record(run=subject.run, checkpoint=subject.checkpoint, kind=kind, cpu_seconds=cpu,
+                                   wall_seconds=wall, tokens_per_sample=subject.config.data.max_seq_length, **metrics)
     return [Score("held-out", name, metrics[name], metrics["examples"], cpu, wall)
             for name in ("mlm_accuracy", "perplexity", "sop_accuracy")]
 
 
+def frequencies_evaluate(subject: Subject) -> list[Score]:
+    """The word-frequency baselines (runs/evaluation/frequencies.py), measured with the random-init
+    one: they depend on the run's data, never on a checkpoint. When they cannot be measured (no words
+    in the training text, a hub dataset's training split out of reach) the reason is stored on their
+    rows and the other evaluators go on: the probes' baseline must not wait on them."""
+    if subject.checkpoint is not None:
+        return []
+    cpu, wall = time.process_time(), time.perf_counter()
+    try:
+        training = data_sample(run=subject.run, limit=subject.config.tokenizer.sample_size)
+        measured = frequency_metrics(counts=frequencies_count(tokenizer=subject.tokenizer, documents=training),
+                                     batches=subject_batches(subject))
+    except EvaluationError:
+        raise  # the held-out split itself is unusable: the held-out evaluator has said so already
+    except Exception as exc:
+        reason = f"the word-frequency baselines could not be measured: {exc}"
+        if not subject.save:
+            raise EvaluationError(reason) from exc
+        logger.warning("word-frequency baselines of %s failed", subject.run.slug, exc_info=True)
+        for kind in FREQUENCY_KINDS.values():
+            services.baseline_fail(run=subject.run, kind=kind, error=reason)
+        return []
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    scores = []
+    for model, kind in FREQUENCY_KINDS.items():
+        metrics = measured[model]
+        if subject.save:
+            services.evaluation_record(run=subject.run, checkpoint=None, kind=kind, sop_accuracy=None, cpu_seconds=cpu,
+                                       wall_seconds=wall, tokens_per_sample=subject.config.data.max_seq_length,
+                                       **metrics)
+        scores += [Score(model, name, metrics[name], metrics["examples"], cpu, wall)
+                   for name in ("mlm_accuracy", "perplexity")]
+    return scores
+
+
 from runs.evaluation.probing import probes_evaluate  # noqa: E402  (it builds this module's Score rows)
 
-EVALUATORS: list[Evaluator] = [heldout_evaluate, probes_evaluate]
+EVALUATORS: list[Evaluator] = [heldout_evaluate, frequencies_evaluate, probes_evaluate]
 
 
 def subject_load(run: Run, checkpoint: Checkpoint | None, workdir: Path, *, save: bool) -> Subject:

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from runs.evaluation.selectors import BASELINE_KINDS
 from runs.models import Checkpoint, Evaluation, Run
 
 logger = logging.getLogger(__name__)
@@ -29,15 +30,15 @@ logger = logging.getLogger(__name__)
 PER_TASK = 2
 
 
-def evaluation_record(*, run: Run, checkpoint: Checkpoint | None, mlm_accuracy: float, perplexity: float,
-                      sop_accuracy: float, examples: int, masked_tokens: int, cpu_seconds: float, wall_seconds: float,
-                      tokens_per_sample: int) -> Evaluation:
-    """Store the held-out scores of ``checkpoint`` (None: the baseline), over its claim if any."""
+def evaluation_record(*, run: Run, checkpoint: Checkpoint | None, kind: str, mlm_accuracy: float, perplexity: float,
+                      sop_accuracy: float | None, examples: int, masked_tokens: int, cpu_seconds: float,
+                      wall_seconds: float, tokens_per_sample: int) -> Evaluation:
+    """Store the held-out scores of ``checkpoint``, or (None) of the baseline of ``kind``, over its claim if any."""
     samples = checkpoint.samples if checkpoint else 0
     # Retention may have deleted the checkpoint while it was evaluated: its scores stay, unlinked.
     kept = checkpoint if checkpoint and Checkpoint.objects.filter(pk=checkpoint.pk).exists() else None
     evaluation, _ = Evaluation.objects.update_or_create(
-        run=run, epoch=checkpoint.epoch if checkpoint else None,
+        run=run, epoch=checkpoint.epoch if checkpoint else None, kind=kind,
         defaults=dict(checkpoint=kept, samples=samples, tokens_seen=samples * tokens_per_sample,
                       mlm_accuracy=mlm_accuracy, perplexity=perplexity, sop_accuracy=sop_accuracy, examples=examples,
                       masked_tokens=masked_tokens, cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, error=""),
@@ -45,24 +46,45 @@ def evaluation_record(*, run: Run, checkpoint: Checkpoint | None, mlm_accuracy: 
     return evaluation
 
 
+def baseline_fail(*, run: Run, kind: str, error: str) -> Evaluation:
+    """Store why the baseline of ``kind`` could not be measured: it shows as failed, and is not retried."""
+    evaluation, _ = Evaluation.objects.update_or_create(
+        run=run, epoch=None, kind=kind, defaults=dict(mlm_accuracy=None, perplexity=None, error=error[:2000]))
+    return evaluation
+
+
+def _baselines_missing(run: Run) -> list[str]:
+    kept = set(run.evaluations.filter(epoch=None).values_list("kind", flat=True))
+    return [kind for kind in BASELINE_KINDS if kind not in kept]
+
+
 def evaluations_due() -> list[tuple[Run, Checkpoint | None]]:
-    """What no evaluation covers yet, per run with checkpoints: its baseline, then its checkpoints
-    newest first (the run page shows where training is now; a backlog fills in behind)."""
+    """What no evaluation covers yet, per run with checkpoints: its baselines (None: a run made before
+    one of them existed gets them all measured again), then its checkpoints newest first (the run
+    page shows where training is now; a backlog fills in behind)."""
     due: list[tuple[Run, Checkpoint | None]] = []
     runs = Run.objects.filter(checkpoints__isnull=False, tokenizer_status=Run.TokenizerStatus.READY).distinct()
     for run in runs:
-        epochs = set(run.evaluations.values_list("epoch", flat=True))
-        if None not in epochs:
+        if _baselines_missing(run):
             due.append((run, None))
-        due += [(run, checkpoint) for checkpoint in run.checkpoints.exclude(epoch__in=[e for e in epochs if e is not None])]
+        epochs = run.evaluations.exclude(epoch=None).values_list("epoch", flat=True)
+        due += [(run, checkpoint) for checkpoint in run.checkpoints.exclude(epoch__in=list(epochs))]
     return due
 
 
 def evaluation_claim(*, run: Run, checkpoint: Checkpoint | None) -> Evaluation | None:
-    """An empty Evaluation row for ``checkpoint``, or None when another claim or result holds it."""
+    """An empty Evaluation row for ``checkpoint`` (None: the first baseline the run lacks), or None
+    when another claim or result holds it."""
+    kind = Evaluation.Kind.CHECKPOINT
+    if checkpoint is None:
+        missing = _baselines_missing(run)
+        if not missing:
+            return None
+        kind = missing[0]
     try:
         with transaction.atomic():
-            return Evaluation.objects.create(run=run, checkpoint=checkpoint, epoch=checkpoint.epoch if checkpoint else None,
+            return Evaluation.objects.create(run=run, checkpoint=checkpoint, kind=kind,
+                                             epoch=checkpoint.epoch if checkpoint else None,
                                              samples=checkpoint.samples if checkpoint else 0)
     except IntegrityError:
         return None

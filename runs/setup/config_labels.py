@@ -20,11 +20,13 @@ FIELDS = {
     "tokenizer.sample_size": (_("Sample size"), _("Lines of data the tokenizer trains on.")),
     "tokenizer.lowercase": (_("Lowercase"), _("Lowercase text before tokenizing.")),
     "tokenizer.strip_accents": (_("Strip accents"), _("Remove accents (keep off for Bengali vowel signs).")),
-    "data.source": (_("Source"), _('"hub" streams a Hugging Face dataset; "files" uses text files uploaded to the run.')),
-    "data.path": (_("Path"), _("Hugging Face dataset id (hub source).")),
-    "data.name": (_("Name"), _("Dataset configuration, if any.")),
-    "data.split": (_("Split"), _("Dataset split to stream.")),
-    "data.text_column": (_("Text column"), _("Column holding the text.")),
+    "data.source": (_("Source"), _('"hub" streams Hugging Face datasets; "files" uses text files uploaded to the run.')),
+    "data.hub": (_("Hub sources"), _('One dataset a line: id | configuration | split | text column | probability, e.g. '
+                                     '"wikimedia/wikipedia | 20231101.bn | train | text | 1". Datasets stored as Parquet '
+                                     'or Arrow files; the probabilities add up to 1.')),
+    "data.heldout": (_("Held out by"), _('"hash": a share of the documents, chosen by a hash of their text, that no '
+                                         'agent is sent; "validation_split": the sources\' validation split.')),
+    "data.heldout_share": (_("Held-out share"), _("Share of the documents held out by hash.")),
     "data.shuffle_buffer": (_("Shuffle buffer"), _("Examples held in memory to shuffle.")),
     "data.max_seq_length": (_("Max sequence length"), _("Tokens per training example.")),
     "data.mlm_probability": (_("Masked-LM probability"), _("Share of tokens masked for masked-LM.")),

@@ -44,7 +44,8 @@ ERRORS = {
     "custom_preset_required": _("Required when the preset is “custom”."),
     "preset_fixed": _("Preset “%(preset)s” has %(name)s %(value)s; choose the preset “custom” to change it."),
     "heads_divide": _("Hidden size %(hidden)s is not divisible by the number of attention heads, %(heads)s."),
-    "hub_path_required": _("Required when the source is “hub”."),
+    "hub_sources_required": _("Required when the source is “hub”: name at least one dataset."),
+    "probabilities_sum": _("The sources' probabilities add up to %(total)s; they must add up to 1."),
     "batch_below_peer": _("Must be at least one peer's batch (per device batch size × gradient accumulation steps "
                           "= %(peer_batch)s)."),
     "warmup_too_long": _("Must be less than the total steps (%(total)s)."),
@@ -64,12 +65,13 @@ def error_message(error: dict) -> str:
 # A tiny run should show progress within minutes on CPUs, on text the organizer uploads.
 _TINY_OVERRIDES = {
     "tokenizer": {"vocab_size": 4000, "sample_size": 20000},
-    "data": {"source": "files", "path": None, "name": None, "max_seq_length": 128, "shuffle_buffer": 1000},
+    "data": {"source": "files", "hub": [], "max_seq_length": 128, "shuffle_buffer": 1000},
     "training": {"target_batch_size": 64, "per_device_batch_size": 8, "warmup_steps": 20, "total_steps": 5000},
     "averaging": {"matchmaking_time": 2.0, "averaging_timeout": 30.0, "checkpoint_every_epochs": 5,
                   "checkpoint_every_minutes": 10.0},
 }
 
+_HELDOUT_FIELDS = ("data__heldout", "data__heldout_share", "heldout_size", "validation_split")
 _HELDOUT_SIZE = Run._meta.get_field("heldout_size").default
 _VALIDATION_SPLIT = Run._meta.get_field("validation_split").default
 
@@ -96,16 +98,61 @@ def _form_field(annotation: Any, info) -> forms.Field:
     return forms.CharField(**options)
 
 
+_HUB_SOURCE_PARTS = ("path", "name", "split", "text_column", "probability")
+
+
+class HubSourcesField(forms.CharField):
+    """``data.hub`` as lines of text, “id | configuration | split | text column | probability”: the
+    parts after the id may be left out (or, the configuration, left empty) for their defaults."""
+
+    widget = forms.Textarea(attrs={"rows": 3})
+
+    def prepare_value(self, value: Any) -> str:
+        if isinstance(value, list):
+            return "\n".join(" | ".join("" if source.get(part) is None else f"{source[part]:g}" if part == "probability"
+                                         else str(source[part]) for part in _HUB_SOURCE_PARTS) for source in value)
+        return value
+
+    def to_python(self, value: Any) -> list[dict]:
+        if isinstance(value, list):
+            return value
+        sources = []
+        for line in (super().to_python(value) or "").splitlines():
+            parts = [part.strip() for part in line.split("|")]
+            if not any(parts):
+                continue
+            if len(parts) > len(_HUB_SOURCE_PARTS):
+                raise forms.ValidationError(_("“%(line)s” has more than five parts: id | configuration | split | "
+                                              "text column | probability.") % {"line": line.strip()})
+            sources.append({part: text for part, text in zip(_HUB_SOURCE_PARTS, parts, strict=False)
+                            if text or part == "name"})
+            if sources[-1].get("name") == "":
+                sources[-1]["name"] = None
+        return sources
+
+
 def _config_fields() -> dict[str, tuple[str, forms.Field]]:
     """`{"training__target_batch_size": ("training.target_batch_size", IntegerField), ...}`"""
     fields = {}
     for section in SECTIONS:
         section_model = RunConfig.model_fields[section].annotation
         for name, info in section_model.model_fields.items():
-            field = _form_field(info.annotation, info)
+            field = HubSourcesField(required=False) if f"{section}.{name}" == "data.hub" else _form_field(info.annotation, info)
             field.label, field.help_text = FIELDS[f"{section}.{name}"]
             fields[f"{section}__{name}"] = (f"{section}.{name}", field)
     return fields
+
+
+def _field_of(path: str) -> tuple[str, str]:
+    """The form field a configuration error belongs to, and the words that place it there:
+    “data.hub.1.split” is the hub sources' field, “Source 2, split: …”."""
+    section, _dot, rest = path.partition(".")
+    name, _dot, within = rest.partition(".")
+    if within:
+        number, _dot, part = within.partition(".")
+        prefix = _("Source %(number)s") % {"number": int(number) + 1} if number.isdigit() else within
+        return f"{section}__{name}", f"{prefix}, {part}: " if part else f"{prefix}: "
+    return path.replace(".", "__", 1), ""
 
 
 class RunForm(forms.Form):
@@ -138,11 +185,12 @@ class RunForm(forms.Form):
 
     heldout_size = forms.IntegerField(
         min_value=10, max_value=100_000, required=False, label=_("Held-out size"),
-        help_text=_("Documents kept apart from the uploaded files to evaluate each checkpoint on (no agent trains on "
-                    "them), or documents read from the validation split of a hub dataset."))
+        help_text=_("Documents each checkpoint is evaluated on, which no agent trains on: kept apart from the uploaded "
+                    "files, or read from the hub sources (held out by hash, or their validation split)."))
     validation_split = forms.CharField(
         max_length=100, required=False, label=_("Validation split"),
-        help_text=_("Hub datasets only: the split checkpoints are evaluated on. It must differ from the training split."))
+        help_text=_("Hub sources held out by validation split: the split checkpoints are evaluated on. It must "
+                    "differ from the training split."))
 
     def clean_audience(self) -> str:
         return self.cleaned_data.get("audience") or (self.run.audience if self.run else Run.Audience.EVERYONE)
@@ -164,7 +212,8 @@ class RunForm(forms.Form):
             self.fields["slug"].disabled = True
             if run.status != Run.Status.DRAFT:
                 # Evaluations stay comparable only on one held-out set.
-                self.fields["heldout_size"].disabled = self.fields["validation_split"].disabled = True
+                for name in _HELDOUT_FIELDS:
+                    self.fields[name].disabled = True
                 for name, path in self.paths.items():
                     if path not in MID_RUN_EDITABLE:
                         self.fields[name].disabled = True
@@ -173,6 +222,7 @@ class RunForm(forms.Form):
     def initial_from(*, config: RunConfig, run: Run | None = None) -> dict:
         initial = {f"{section}__{name}": value for section, values in config.model_dump(mode="json").items()
                    if isinstance(values, dict) for name, value in values.items()}
+        initial["data__hub"] = HubSourcesField().prepare_value(initial["data__hub"])
         initial.update(heldout_size=_HELDOUT_SIZE, validation_split=_VALIDATION_SPLIT)
         if run is not None:
             initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility,
@@ -192,10 +242,11 @@ class RunForm(forms.Form):
                 if name in self.data and (name == "languages" or self.data[name] != "")}
 
     def heldout_fields(self) -> list:
-        return [self["heldout_size"], self["validation_split"]]
+        return [self[name] for name in _HELDOUT_FIELDS]
 
     def sections(self) -> list[tuple[str, list]]:
-        return [(title, [self[name] for name in self.paths if name.startswith(f"{key}__")]) for key, title in SECTIONS.items()]
+        return [(title, [self[name] for name in self.paths if name.startswith(f"{key}__") and name not in _HELDOUT_FIELDS])
+                for key, title in SECTIONS.items()]
 
     def clean_slug(self) -> str:
         slug = self.cleaned_data["slug"]
@@ -213,13 +264,13 @@ class RunForm(forms.Form):
             value = cleaned.get(name)
             data[section][key] = None if value == "" else value
         for path, errors in config_error_details(data).items():
-            field = path.replace(".", "__", 1)
+            field, prefix = _field_of(path)
             for error in errors:
-                self.add_error(field if field in self.fields else None, error_message(error))
+                self.add_error(field if field in self.fields else None, prefix + error_message(error))
         if not self.errors:
             self.config = RunConfig.model_validate(data)
-            split = cleaned.get("validation_split")
-            if self.config.data.source == "hub" and split == self.config.data.split:
+            split, data = cleaned.get("validation_split"), self.config.data
+            if data.source == "hub" and data.heldout == "validation_split" and split in {s.split for s in data.hub}:
                 self.add_error("validation_split", f"must differ from the split agents train on ({split}): "
                                                    "evaluating on training data says nothing")
         return cleaned

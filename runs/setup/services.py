@@ -68,6 +68,7 @@ def run_create(*, organizer: User, name: str, slug: str, description: str, visib
     )
     run.organizers.add(organizer)
     run_event_record(run=run, actor=organizer, kind=RunEvent.Kind.CREATED)
+    _sources_check_start(run=run)
     return run
 
 
@@ -93,7 +94,62 @@ def run_update(*, run: Run, actor: User, name: str, description: str, visibility
     run.save(update_fields=["name", "description", "visibility", "audience", "config", *heldout, *(card or {})])
     if changed:
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.CONFIG_CHANGED, detail=", ".join(sorted(changed)))
+    if changed & _SOURCES_FIELDS or run.sources_check != Run.SourcesCheck.PASSED:
+        _sources_check_start(run=run)
     return changed
+
+
+# What the check of the hub sources reads: a change to any of them checks them again.
+_SOURCES_FIELDS = {"data.source", "data.hub", "data.heldout", "validation_split"}
+
+
+def _sources_check_start(*, run: Run) -> None:
+    """Queue the check of the run's hub sources (they are read in the worker, which may reach the Hub)."""
+    from runs.tasks import sources_check_task
+
+    if RunConfig.model_validate(run.config).data.source != "hub":
+        Run.objects.filter(pk=run.pk).update(sources_check=Run.SourcesCheck.UNCHECKED, sources_error="")
+        return
+    Run.objects.filter(pk=run.pk).update(sources_check=Run.SourcesCheck.CHECKING, sources_error="")
+    run.sources_check, run.sources_error = Run.SourcesCheck.CHECKING, ""
+    transaction.on_commit(lambda: sources_check_task.delay(run.pk))
+
+
+def sources_check(*, run_id: int) -> None:
+    """Resolve the run's hub sources as agents will (runs in the Celery worker) and record whether
+    they load, or the sentences that say why not, for the run's page and settings form."""
+    from peer_agent.sources import hub_sources_problems  # imports datasets: only the worker pays for it
+
+    run = Run.objects.get(pk=run_id)
+    config = RunConfig.model_validate(run.config)
+    if config.data.source != "hub":
+        return
+    validation_split = run.validation_split if config.data.heldout == "validation_split" else None
+    try:
+        problems = hub_sources_problems(config.data, validation_split=validation_split)
+    except Exception as exc:  # the organizer sees what went wrong; the log keeps the trace
+        logger.exception("checking the hub sources of run %s failed", run.slug)
+        problems = [_("The hub sources could not be checked (%(error)s); save the settings again to retry.")
+                    % {"error": str(exc)[:500]}]
+    with transaction.atomic():
+        current = Run.objects.select_for_update().get(pk=run.pk)
+        if current.config != run.config or current.validation_split != run.validation_split:
+            return  # edited meanwhile: the check of the new settings will report
+        current.sources_check = Run.SourcesCheck.FAILED if problems else Run.SourcesCheck.PASSED
+        current.sources_error = " ".join(problems)[:4000]
+        current.save(update_fields=["sources_check", "sources_error"])
+
+
+def _sources_ready(run: Run) -> None:
+    """Refuse to start work on hub sources that were not found to load."""
+    if RunConfig.model_validate(run.config).data.source != "hub" or run.sources_check == Run.SourcesCheck.PASSED:
+        return
+    if run.sources_check == Run.SourcesCheck.FAILED:
+        raise RunError(_("the run's hub sources do not load: %(problems)s Fix them in the run's settings.")
+                       % {"problems": run.sources_error})
+    if run.sources_check == Run.SourcesCheck.CHECKING:
+        raise RunError(_("the run's hub sources are still being checked; try again in a minute"))
+    raise RunError(_("the run's hub sources have not been checked: save the run's settings to check them"))
 
 
 @transaction.atomic
@@ -107,6 +163,8 @@ def run_transition(*, run: Run, actor: User, action: str) -> None:
         raise RunError(_("the run needs a tokenizer before it starts: train one or upload tokenizer.json"))
     if action == "activate" and RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
         raise RunError(_("the run reads uploaded files: upload at least one text file before it starts"))
+    if action == "activate":
+        _sources_ready(run)
     run.status = target
     run.save(update_fields=["status"])
     event = run_event_record(run=run, actor=actor, kind=kind)
@@ -225,7 +283,7 @@ def data_file_remove(*, data_file: DataFile, actor: User) -> None:
     run_event_record(run=run, actor=actor, kind=RunEvent.Kind.DATA, detail=f"removed {data_file.name}")
 
 
-def _data_sample(*, run: Run, limit: int) -> Iterator[str]:
+def data_sample(*, run: Run, limit: int) -> Iterator[str]:
     """Up to `limit` lines of the run's data, from its uploaded files or streamed from the hub.
 
     The database is read here, not in the generator: the tokenizers library may consume the
@@ -235,10 +293,12 @@ def _data_sample(*, run: Run, limit: int) -> Iterator[str]:
     if config.data.source == "files":
         paths = [data_file.file.path for data_file in run.data_files.all()]
         return itertools.islice(_file_lines(paths), limit)
-    import datasets  # heavy; only the worker pays for it
+    from peer_agent.sources import hub_documents  # imports datasets: only the worker pays for it
 
-    stream = datasets.load_dataset(config.data.path, config.data.name, split=config.data.split, streaming=True)
-    return (example[config.data.text_column] for example in stream.take(limit))
+    data = config.data
+    # The held-out documents stay out of the vocabulary's sample too: the evaluation reads them as unseen text.
+    stream = hub_documents(data, seed=0).filter(lambda row: not data.holds_out(row["text"] or ""))
+    return (example["text"] for example in stream.take(limit))
 
 
 def _file_lines(paths: list[str]) -> Iterator[str]:
@@ -278,6 +338,7 @@ def tokenizer_train_start(*, run: Run, actor: User) -> None:
     _tokenizer_changeable(run)
     if RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
         raise RunError(_("upload the run's text files first: the tokenizer learns its vocabulary from them"))
+    _sources_ready(run)
     with transaction.atomic():
         Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.TRAINING, tokenizer_error="")
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.TOKENIZER, detail="training started")
@@ -292,7 +353,7 @@ def tokenizer_train(*, run_id: int) -> None:
     config = RunConfig.model_validate(run.config).tokenizer
     try:
         tokenizer = train(
-            lines=_data_sample(run=run, limit=config.sample_size),
+            lines=data_sample(run=run, limit=config.sample_size),
             vocab_size=config.vocab_size,
             lowercase=config.lowercase,
             strip_accents=config.strip_accents,

@@ -32,7 +32,10 @@ def card_contributors(run: Run) -> tuple[list[tuple[str, float]], int]:
 
 
 def _metadata(run: Run, config: RunConfig) -> dict:
-    datasets = [config.data.path] if config.data.source == "hub" else [file.name for file in run.data_files.all()]
+    if config.data.source == "hub":
+        datasets = [source.path for source in config.data.hub]
+    else:
+        datasets = [file.name for file in run.data_files.all()]
     metrics = ["f1" if probe.task == Probe.Task.TOKENS else "accuracy" for probe in run.probes.all()]
     metadata = {
         "language": list(run.languages) or None,
@@ -76,7 +79,7 @@ def _evaluation(run: Run, checkpoint: Checkpoint) -> list[str]:
 
 def _held_out(run: Run, checkpoint: Checkpoint) -> list[str]:
     """The held-out evaluation of the checkpoint beside the random-init baseline's (runs/evaluation/)."""
-    wanted = Q(epoch=checkpoint.epoch) | Q(epoch=None)
+    wanted = Q(epoch=checkpoint.epoch) | Q(kind=Evaluation.Kind.RANDOM_INIT)
     rows = {evaluation.epoch: evaluation for evaluation in Evaluation.objects.filter(wanted, run=run)}
     own, baseline = rows.get(checkpoint.epoch), rows.get(None)
 

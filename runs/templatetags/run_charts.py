@@ -30,11 +30,8 @@ def chart_figure(field: str, latest, markers: bool = False):
 @register.inclusion_tag("runs/includes/evaluations.html")
 def run_evaluations(run):
     """The held-out evaluations' chart (drawn by charts.js from the API) and the same figures as a table."""
-    from runs.evaluation.selectors import evaluation_status, evaluations_of
+    from runs.evaluation.selectors import evaluation_table
 
-    evaluations = evaluations_of(run=run)
-    rows = [{"evaluation": e, "status": evaluation_status(e),
-             "mlm_percent": None if e.mlm_accuracy is None else e.mlm_accuracy * 100,
-             "sop_percent": None if e.sop_accuracy is None else e.sop_accuracy * 100} for e in evaluations]
+    rows = evaluation_table(run=run)
     return {"run": run, "rows": rows,
-            "drawable": any(e.mlm_accuracy is not None and not e.baseline for e in evaluations)}
+            "drawable": any(row["status"] == "done" and not row["evaluation"].baseline for row in rows)}

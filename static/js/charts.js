@@ -204,13 +204,15 @@
 
   // Held-out scores per checkpoint from `section.dataset.evaluationsUrl` (GET /api/v1/runs/{slug}/evaluations):
   // masked-LM accuracy (left axis, %) and perplexity (right axis, log scale) against epochs or
-  // tokens seen, each beside the random-init baseline as a dashed line. The table next to the chart
+  // tokens seen, each beside the random-init baseline as a dashed line and the word-frequency
+  // (unigram) baseline as a dotted one. The table next to the chart
   // (templates/runs/includes/evaluations.html) holds the same figures.
   async function evaluationChart(section) {
     const response = await fetch(section.dataset.evaluationsUrl, { headers: { Accept: "application/json" }, credentials: "same-origin" });
     if (!response.ok) throw new Error(`the run's evaluations could not be loaded (HTTP ${response.status})`);
     const rows = (await response.json()).filter((row) => row.status === "done");
-    const baseline = rows.find((row) => row.baseline);
+    const baseline = rows.find((row) => row.kind === "random_init");
+    const unigram = rows.find((row) => row.kind === "unigram");
     const points = rows.filter((row) => !row.baseline);
     const figure = section.querySelector("#evaluation-chart");
     const element = figure.querySelector(".chart-plot");
@@ -220,14 +222,17 @@
       const xs = points.map((row) => row[field]);
       const flat = (value) => xs.map(() => value ?? null);
       return [xs, points.map((row) => percent(row.mlm_accuracy)), flat(percent(baseline?.mlm_accuracy)),
-        points.map((row) => row.perplexity), flat(baseline?.perplexity)];
+        points.map((row) => row.perplexity), flat(baseline?.perplexity),
+        flat(percent(unigram?.mlm_accuracy)), flat(unigram?.perplexity)];
     };
     const latest = points[points.length - 1];
     figure.querySelector(".chart-latest").textContent = interpolate(
-      gettext("Latest checkpoint (epoch %(epoch)s): masked-LM accuracy %(accuracy)s%, perplexity %(perplexity)s; random init: %(baseline)s%, %(baseline_perplexity)s."), {
+      gettext("Latest checkpoint (epoch %(epoch)s): masked-LM accuracy %(accuracy)s%, perplexity %(perplexity)s; random init: %(baseline)s%, %(baseline_perplexity)s; word frequencies: %(unigram)s%, %(unigram_perplexity)s."), {
         epoch: latest.epoch, accuracy: percent(latest.mlm_accuracy).toFixed(1), perplexity: latest.perplexity.toFixed(1),
         baseline: baseline ? percent(baseline.mlm_accuracy).toFixed(1) : "—",
         baseline_perplexity: baseline ? baseline.perplexity.toFixed(1) : "—",
+        unigram: unigram ? percent(unigram.mlm_accuracy).toFixed(1) : "—",
+        unigram_perplexity: unigram ? unigram.perplexity.toFixed(1) : "—",
       }, true);
     let plot = null;
     const draw = () => {
@@ -245,6 +250,8 @@
           { label: gettext("random init"), stroke: COLORS.samples_per_second, width: 1, dash: [6, 4], points: { show: false } },
           { label: gettext("perplexity"), scale: "ppl", stroke: COLORS.loss, width: 2, points: { show: true } },
           { label: gettext("random init"), scale: "ppl", stroke: COLORS.loss, width: 1, dash: [6, 4], points: { show: false } },
+          { label: gettext("word frequencies"), stroke: COLORS.samples_per_second, width: 1, dash: [2, 3], points: { show: false } },
+          { label: gettext("word frequencies"), scale: "ppl", stroke: COLORS.loss, width: 1, dash: [2, 3], points: { show: false } },
         ],
       }, dataFor(axis.value), element);
       section.dataset.axis = axis.value;

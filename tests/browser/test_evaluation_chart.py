@@ -15,7 +15,8 @@ EPOCHS = [2, 4, 6, 8]
 
 def evaluated_run(organizer):
     run = RunFactory(slug="evaluated", name="Evaluated run", organizers=[organizer])
-    Evaluation.objects.create(run=run, epoch=None, mlm_accuracy=0.0004, perplexity=4100.0, sop_accuracy=0.5, examples=300)
+    Evaluation.objects.create(run=run, epoch=None, kind="random_init", mlm_accuracy=0.0004, perplexity=4100.0,
+                              sop_accuracy=0.5, examples=300)
     for n, epoch in enumerate(EPOCHS, start=1):
         Evaluation.objects.create(run=run, epoch=epoch, samples=epoch * 64, tokens_seen=epoch * 64 * 128,
                                   mlm_accuracy=0.1 * n, perplexity=400.0 / n, sop_accuracy=0.5 + 0.05 * n, examples=300)
@@ -62,6 +63,6 @@ def test_without_javascript_the_table_holds_the_figures(browser, asgi_server, or
     page = context.new_page()
     page.goto("/runs/evaluated/")
     expect(page.locator("#run-evaluations canvas")).to_have_count(0)
-    expect(page.locator("tr[data-epoch='baseline'] td").nth(1)).to_have_text("0.0%")
+    expect(page.locator("tr[data-kind='random_init'] td").nth(1)).to_have_text("0.0%")
     expect(page.locator("tr[data-epoch='2'] td").nth(2)).to_have_text("400.0")
     context.close()

@@ -52,7 +52,7 @@ class FakePortal:
         self.status, self.report_url, self.joins, self.refused_joins = "active", report_url, [], 0
         self.probes = ProbeRoutes(token=TOKEN) if probes else None
         self.on_refused_join = None
-        self.config = config_from_preset("tiny", data={"source": "files", "path": None}).model_dump(mode="json")
+        self.config = config_from_preset("tiny", data={"source": "files", "hub": []}).model_dump(mode="json")
         self.tokenizer = tokenizer_json().encode()
         portal = self
 

@@ -11,7 +11,6 @@ import datasets
 import pytest
 import torch
 
-from peer_agent import data as data_module
 from peer_agent.data import batches, dataset_stream, sentence_pairs, sentences_split
 from peer_agent.model import model_build, parameter_count, precision_choose, precision_describe
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
@@ -179,12 +178,13 @@ def test_hub_source_streams_the_configured_dataset_and_column(tiny_config, monke
         return datasets.IterableDataset.from_generator(
             lambda: iter([{"id": i, "content": f"sentence {i} ."} for i in range(5)]))
 
-    monkeypatch.setattr(data_module.datasets, "load_dataset", load_dataset)
-    config = tiny_config(data={"source": "hub", "path": "oscar", "name": "unshuffled_deduplicated_bn",
-                               "split": "train", "text_column": "content"})
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    config = tiny_config(data={"source": "hub", "hub": [{"path": "wikimedia/wikipedia", "name": "20231101.bn",
+                                                         "split": "train", "text_column": "content"}],
+                               "heldout": "validation_split"})
     rows = list(dataset_stream(config, data_files=None, seed=0))
 
-    assert calls == [("oscar", "unshuffled_deduplicated_bn", "train", True)]
+    assert calls == [("wikimedia/wikipedia", "20231101.bn", "train", True)]
     assert sorted(row["text"] for row in rows) == [f"sentence {i} ." for i in range(5)]
     assert all(set(row) == {"text"} for row in rows)
 

@@ -38,7 +38,8 @@ EVERYTHING_CHANGED = {
               "intermediate_size": 384, "embedding_size": 32, "max_position_embeddings": 256},
     "tokenizer": {"source": "upload", "vocab_size": 4000, "sample_size": 5000, "lowercase": True,
                   "strip_accents": True},
-    "data": {"source": "files", "path": None, "name": None, "split": "validation", "text_column": "body",
+    "data": {"source": "files", "hub": [{"path": "a/b", "name": "c", "split": "validation", "text_column": "body",
+                                         "probability": 1.0}], "heldout": "validation_split", "heldout_share": 0.2,
              "shuffle_buffer": 77, "max_seq_length": 128, "mlm_probability": 0.2,
              "short_seq_probability": 0.05},
     "training": {"target_batch_size": 64, "per_device_batch_size": 8, "gradient_accumulation_steps": 2,
@@ -89,7 +90,8 @@ def test_demo_config_is_valid():
                                 training={"target_batch_size": 64, "per_device_batch_size": 8})
     assert config.model.preset == "tiny"
     assert config.data.max_seq_length == 128
-    assert config.data.path == "oscar"  # untouched fields keep their defaults
+    # Untouched fields keep their defaults: a hub source that datasets 5 loads (Parquet files, no script).
+    assert [(s.path, s.name, s.split) for s in config.data.hub] == [("wikimedia/wikipedia", "20231101.bn", "train")]
 
 
 @pytest.mark.parametrize("preset", sorted(MODEL_PRESETS))
@@ -132,8 +134,13 @@ def test_valid_config_has_no_errors():
     ({"averaging": {"matchmaking_time": 30, "averaging_timeout": 30}}, "averaging.averaging_timeout"),
     ({"averaging": {"checkpoint_every_epochs": None, "checkpoint_every_minutes": None}},
      "averaging.checkpoint_every_minutes"),
-    ({"data": {"source": "hub", "path": None}}, "data.path"),
-    ({"data": {"source": "hub", "path": ""}}, "data.path"),
+    ({"data": {"source": "hub", "hub": []}}, "data.hub"),
+    ({"data": {"hub": [{"path": ""}]}}, "data.hub.0.path"),
+    ({"data": {"hub": [{"path": "a/b", "probability": 0.5}, {"path": "c/d", "probability": 0.4}]}}, "data.hub"),
+    ({"data": {"hub": [{"path": "a/b", "probability": 0}]}}, "data.hub.0.probability"),
+    ({"data": {"heldout_share": 0}}, "data.heldout_share"),
+    ({"data": {"heldout_share": 0.6}}, "data.heldout_share"),
+    ({"data": {"heldout": "random"}}, "data.heldout"),
     ({"data": {"max_seq_length": 1024}}, "data.max_seq_length"),
     ({"model": EVERYTHING_CHANGED["model"], "data": {"max_seq_length": 512}}, "data.max_seq_length"),
     ({"tokenizer": {"vocab_size": 99}}, "tokenizer.vocab_size"),
@@ -214,7 +221,8 @@ def test_mid_run_editable_covers_peer_local_settings_but_not_what_the_model_lear
     assert {"averaging.matchmaking_time", "averaging.averaging_timeout", "data.shuffle_buffer",
             "training.per_device_batch_size", "training.gradient_accumulation_steps"} <= MID_RUN_EDITABLE
     for frozen in ("model.preset", "tokenizer.vocab_size", "training.target_batch_size",
-                   "training.learning_rate", "data.max_seq_length", "data.path"):
+                   "training.learning_rate", "data.max_seq_length", "data.hub",
+                   "data.heldout", "data.heldout_share"):
         assert frozen not in MID_RUN_EDITABLE
     edit = config_from_preset("large", averaging={"client_mode": "never"}, training={"precision": "fp32"})
     assert changed_fields(RunConfig(), edit) <= MID_RUN_EDITABLE

@@ -49,8 +49,21 @@ def test_a_validator_rebuilds_the_micro_batches_of_a_streamed_dataset(tiny_confi
     with open(folder / "train.jsonl", "w", encoding="utf-8") as file:
         for document in documents:
             file.write(json.dumps({"content": document}) + "\n")
-    config = tiny_config(data=dict(source="hub", path=str(folder), name=None, split="train", text_column="content"))
+    config = tiny_config(data=dict(source="hub", hub=[dict(path=str(folder), text_column="content")], heldout_share=0.1))
     _assert_replays(config, tokenizer, None)
+
+
+def test_a_validator_rebuilds_the_micro_batches_of_a_mixture_of_streamed_datasets(tiny_config, tokenizer, corpus_file,
+                                                                                  tmp_path):
+    # Two sources mixed by probability and a share held out by hash: all of it drawn from the session's seed.
+    documents = corpus_file.read_text(encoding="utf-8").split("\n\n")
+    sources = []
+    for number, part in enumerate((documents[::2], documents[1::2])):
+        folder = tmp_path / f"source-{number}"
+        folder.mkdir()
+        (folder / "train.jsonl").write_text("".join(json.dumps({"text": document}) + "\n" for document in part))
+        sources.append(dict(path=str(folder), probability=(0.7, 0.3)[number]))
+    _assert_replays(tiny_config(data=dict(source="hub", hub=sources, heldout_share=0.1)), tokenizer, None)
 
 
 def test_fingerprints_match_an_honest_recomputation_and_no_shortcut(tiny_config, tokenizer, corpus_file):

@@ -10,6 +10,7 @@ from django.db import connection
 
 from runs.evaluation import services
 from runs.evaluation.runner import evaluation_run, heldout_batches, heldout_metrics, heldout_texts
+from runs.evaluation.selectors import evaluations_of
 from runs.models import Evaluation
 from tests.runs.evaluation_world import checkpoint_train
 from tests.runs.evaluation_world import evaluation_run as make_run
@@ -33,8 +34,8 @@ def run(db, organizer):
     return make_run(organizer)
 
 
-def scores(found) -> dict:
-    return {score.metric: score.value for score in found}
+def scores(found, evaluator: str = "held-out") -> dict:
+    return {score.metric: score.value for score in found if score.evaluator == evaluator}
 
 
 def test_a_trained_checkpoint_beats_the_random_init_baseline_on_held_out_text(run, tmp_path):
@@ -48,16 +49,23 @@ def test_a_trained_checkpoint_beats_the_random_init_baseline_on_held_out_text(ru
     perplexity, which every measured id clears by a wide margin, and not for a multiple of a baseline
     that is itself a fraction of a percent."""
     checkpoint = checkpoint_train(run, tmp_path, epoch=1, steps=100)
-    baseline = scores(evaluation_run(run, None, save=True))
+    baselines = evaluation_run(run, None, save=True)
+    baseline = scores(baselines)
     trained = scores(evaluation_run(run, checkpoint, save=True))
     assert baseline["mlm_accuracy"] < 0.05, "a random model guesses masked tokens about as well as chance"
     assert trained["mlm_accuracy"] > baseline["mlm_accuracy"] + 0.04
     assert trained["perplexity"] < baseline["perplexity"] / 2
-    stored = {evaluation.epoch: evaluation for evaluation in run.evaluations.all()}
+    stored = {evaluation.epoch: evaluation for evaluation in run.evaluations.exclude(kind__in=["unigram", "bigram"])}
     assert stored[1].mlm_accuracy == trained["mlm_accuracy"] and stored[None].perplexity == baseline["perplexity"]
     assert stored[1].tokens_seen == 100 * 16 * 64 and stored[None].tokens_seen == 0
     assert stored[1].examples > 50 and stored[1].masked_tokens > stored[1].examples
     assert stored[1].cpu_seconds > 0 and stored[1].wall_seconds > 0
+    unigram, bigram = scores(baselines, "unigram"), scores(baselines, "bigram")
+    frequencies = {e.kind: e for e in run.evaluations.filter(epoch=None)}
+    assert frequencies["unigram"].perplexity == unigram["perplexity"] and frequencies["bigram"].sop_accuracy is None
+    assert frequencies["unigram"].masked_tokens == stored[None].masked_tokens, "the same masked positions"
+    assert unigram["mlm_accuracy"] > baseline["mlm_accuracy"] and unigram["perplexity"] < baseline["perplexity"] / 2
+    assert bigram["perplexity"] < unigram["perplexity"], "a word's left neighbour tells something about it"
 
 
 def test_every_checkpoint_is_scored_on_the_same_pairs_and_masks(run):
@@ -133,7 +141,7 @@ def child_sees_the_test_database(transactional_db, settings, monkeypatch):
     settings.EVALUATION_THREADS = 1
 
 
-def test_the_task_evaluates_each_checkpoint_and_the_baseline_once_in_a_child(child_sees_the_test_database, organizer,
+def test_the_task_evaluates_each_checkpoint_and_the_baselines_once_in_a_child(child_sees_the_test_database, organizer,
                                                                            tmp_path):
     from runs.tasks import evaluations_task
 
@@ -142,10 +150,11 @@ def test_the_task_evaluates_each_checkpoint_and_the_baseline_once_in_a_child(chi
     assert [(r.pk, c and c.epoch) for r, c in services.evaluations_due()] == [(run.pk, None), (run.pk, 2)]
     assert evaluations_task() == 2
     assert evaluations_task() == 0, "a second pass finds nothing due"
-    rows = list(run.evaluations.all())
-    assert [(row.epoch, row.error) for row in rows] == [(None, ""), (2, "")]
+    rows = evaluations_of(run=run)
+    assert [(row.epoch, row.kind, row.error) for row in rows] == [
+        (None, "random_init", ""), (None, "unigram", ""), (None, "bigram", ""), (2, "checkpoint", "")]
     assert all(row.mlm_accuracy is not None for row in rows)
-    assert rows[1].mlm_accuracy > rows[0].mlm_accuracy
+    assert rows[3].mlm_accuracy > rows[0].mlm_accuracy
 
     os.truncate(checkpoint_train(run, tmp_path, epoch=4, steps=1).file.path, 100)  # a broken zip
     assert evaluations_task() == 0

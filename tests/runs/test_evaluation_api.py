@@ -14,7 +14,9 @@ from tests.factories import RunFactory
 
 
 def evaluated(run: Run) -> Run:
-    Evaluation.objects.create(run=run, epoch=None, mlm_accuracy=0.001, perplexity=3900.0, sop_accuracy=0.49, examples=120)
+    Evaluation.objects.create(run=run, epoch=None, kind="random_init", mlm_accuracy=0.001, perplexity=3900.0,
+                              sop_accuracy=0.49, examples=120)
+    Evaluation.objects.create(run=run, epoch=None, kind="unigram", mlm_accuracy=0.0635, perplexity=129.0, examples=120)
     Evaluation.objects.create(run=run, epoch=5, samples=320, tokens_seen=320 * 128, mlm_accuracy=0.31, perplexity=42.0,
                               sop_accuracy=0.7, examples=120, masked_tokens=1400, cpu_seconds=3.5, wall_seconds=2.0)
     Evaluation.objects.create(run=run, epoch=10, samples=640, error="the checkpoint is not a zip file")
@@ -30,14 +32,16 @@ def hidden(db, organizer, volunteer):
     return run
 
 
-def test_the_api_lists_the_baseline_then_each_checkpoint_with_its_status(client_for, volunteer, hidden):
+def test_the_api_lists_the_baselines_then_each_checkpoint_with_its_status(client_for, volunteer, hidden):
     response = client_for(volunteer).get("/api/v1/runs/hidden-run/evaluations")
     assert response.status_code == 200
     rows = response.json()
-    assert [(row["epoch"], row["baseline"], row["status"]) for row in rows] == [
-        (None, True, "done"), (5, False, "done"), (10, False, "failed"), (15, False, "pending")]
-    assert rows[1]["mlm_accuracy"] == 0.31 and rows[1]["tokens_seen"] == 320 * 128 and rows[1]["perplexity"] == 42.0
-    assert rows[2]["error"] == "the checkpoint is not a zip file" and rows[2]["mlm_accuracy"] is None
+    assert [(row["epoch"], row["kind"], row["baseline"], row["status"]) for row in rows] == [
+        (None, "random_init", True, "done"), (None, "unigram", True, "done"), (5, "checkpoint", False, "done"),
+        (10, "checkpoint", False, "failed"), (15, "checkpoint", False, "pending")]
+    assert rows[1]["sop_accuracy"] is None, "word frequencies tell no sentence order"
+    assert rows[2]["mlm_accuracy"] == 0.31 and rows[2]["tokens_seen"] == 320 * 128 and rows[2]["perplexity"] == 42.0
+    assert rows[3]["error"] == "the checkpoint is not a zip file" and rows[3]["mlm_accuracy"] is None
 
 
 @pytest.mark.parametrize("persona", ["anonymous", "outsider"])
@@ -81,6 +85,7 @@ def test_the_stats_dump_carries_public_runs_evaluations_only(db, organizer, hidd
     evaluated(RunFactory(slug="open-run", organizers=[organizer]))
     folder = exports.stats_dump()
     rows = json.loads(gzip.decompress((folder / "evaluations.json.gz").read_bytes()))
-    assert [(row["run"], row["epoch"], row["mlm_accuracy"]) for row in rows] == [
-        ("open-run", None, 0.001), ("open-run", 5, 0.31)], "done evaluations of listed runs, baseline first"
+    assert [(row["run"], row["epoch"], row["kind"], row["mlm_accuracy"]) for row in rows] == [
+        ("open-run", None, "random_init", 0.001), ("open-run", None, "unigram", 0.0635),
+        ("open-run", 5, "checkpoint", 0.31)], "done evaluations of listed runs, baselines first"
     assert b"open-run" in gzip.decompress((folder / "evaluations.csv.gz").read_bytes())

@@ -86,7 +86,9 @@ def form_data(preset: str = "tiny", **changes) -> dict:
     ({"heldout_size": 5}, "heldout_size", "greater than or equal to 10"),
     ({"heldout_size": 10**6}, "heldout_size", "less than or equal to 100000"),
     ({"heldout_size": "many"}, "heldout_size", "whole number"),
-    ({"validation_split": "train"}, "validation_split", "must differ from the split agents train on (train)"),
+    ({"validation_split": "train", "data__heldout": "validation_split"}, "validation_split",
+     "must differ from the split agents train on (train)"),
+    ({"data__heldout_share": "0.9"}, "data__heldout_share", "Must be at most 0.5."),
     ({"validation_split": "v" * 101}, "validation_split", "at most 100 characters"),
 ])
 def test_the_form_refuses_held_out_settings_that_cannot_work_with_a_reason(client_for, organizer, changes, field, reason):
@@ -123,8 +125,8 @@ def test_a_hub_dataset_streams_its_train_split_to_agents_and_its_validation_spli
     for split, count in (("train", 30), ("validation", 8)):
         rows = [{"id": n, "content": f"{split} doc {n} first line. {split} doc {n} second line."} for n in range(count)]
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = RunConfig.model_validate({"data": {"source": "hub", "path": str(tmp_path), "name": None, "split": "train",
-                                                "text_column": "content"}})
+    config = RunConfig.model_validate({"data": {"hub": [{"path": str(tmp_path), "text_column": "content"}],
+                                                "heldout": "validation_split"}})
 
     trained = [row["text"] for row in dataset_stream(config, data_files=None, seed=0)]
     held_out = heldout_texts(Run(validation_split="validation", heldout_size=5), config)

@@ -64,7 +64,8 @@ def test_an_active_run_only_lets_mid_run_safe_fields_change(client_for, organize
 
 
 def test_lifecycle_draft_active_paused_finished_is_audited(client_for, organizer):
-    run = RunFactory(status="draft", organizers=[organizer], config=preset_config("large").model_dump(mode="json"))
+    run = RunFactory(status="draft", organizers=[organizer], config=preset_config("large").model_dump(mode="json"),
+                     sources_check="passed")  # the worker found its hub sources load
     client = client_for(organizer)
     steps = [("activate", "active"), ("pause", "paused"), ("resume", "active"), ("pause", "paused"), ("finish", "finished")]
     for action, status in steps:

@@ -1,6 +1,7 @@
 """`manage.py evaluate_checkpoint SLUG EPOCH [--save]`: evaluate one checkpoint of a run (or
-``baseline``, the random-init model) on its held-out split and print a table; the Celery task
-starts this same command as its child process (runs/evaluation/services.py)."""
+``baseline``: the random-init model and the word-frequency baselines) on its held-out split and
+print a table; the Celery task starts this same command as its child process
+(runs/evaluation/services.py)."""
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -9,8 +10,8 @@ from runs.models import Run
 
 
 class Command(BaseCommand):
-    help = ("Evaluate a run's checkpoint (EPOCH, or 'baseline' for the randomly initialized model) on the run's "
-            "held-out split with every evaluator and print the scores; --save stores them as the task does.")
+    help = ("Evaluate a run's checkpoint (EPOCH, or 'baseline' for the random-init and word-frequency baselines) on the "
+            "run's held-out split with every evaluator and print the scores; --save stores them as the task does.")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("slug")
@@ -42,7 +43,7 @@ class Command(BaseCommand):
             scores = evaluation_run(run, checkpoint, save=save)
         except EvaluationError as exc:
             raise CommandError(str(exc)) from None
-        title = "random-init baseline" if checkpoint is None else f"epoch {checkpoint.epoch}"
+        title = "baselines (random init, word frequencies)" if checkpoint is None else f"epoch {checkpoint.epoch}"
         self.stdout.write(f"{run.slug}, {title}, {threads} threads")
         self.stdout.write(f"{'evaluator':<12} {'metric':<14} {'value':>12} {'examples':>9} {'CPU s':>8} {'wall s':>8}")
         for score in scores:
