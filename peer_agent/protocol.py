@@ -76,6 +76,11 @@ MAX_COMMITTED_STEPS = 1024
 # moments with the parameters (peer_agent/training.py, AVERAGED_OPTIMIZER_STATISTICS): a parameter averaging
 # round carries more tensors, and an older agent could average parameters with none of them.
 SWARM_COMPATIBLE_SINCE = "0.10.0"
+# Agents from 0.12.0 on start from a run's checkpoint of epoch 0 (its start: another run's weights or a
+# Hugging Face model, runs/setup/start.py); an older one would train from random weights beside them, and
+# averaging would mix the two. Only runs that start from such a checkpoint refuse older agents: the swarm
+# protocol is otherwise unchanged, so SWARM_COMPATIBLE_SINCE stays.
+START_CHECKPOINT_SINCE = "0.12.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).

@@ -12,6 +12,7 @@ from packaging.version import Version
 
 from accounts.models import AgentToken, User
 from peer_agent.protocol import (
+    START_CHECKPOINT_SINCE,
     SWARM_COMPATIBLE_SINCE,
     JoinRequest,
     RunConfig,
@@ -41,12 +42,16 @@ def _access_token(*, run: Run, user: User, peer_public_key: str, role: str) -> t
     return access, timezone.now() + lifetime
 
 
-def agent_version_refusal(version: str) -> JoinRefused | None:
-    """Why an agent of this version may not train with the others, or None when it may."""
+def agent_version_refusal(version: str, *, run: Run | None = None) -> JoinRefused | None:
+    """Why an agent of this version may not train with the others (in ``run``), or None when it may."""
     parsed = Version(version)  # JoinRequest's pattern admits only versions that parse
     if parsed < Version(SWARM_COMPATIBLE_SINCE):
         return JoinRefused(409, "agent_outdated", f"peer-agent {parsed} cannot average with this portal's agents; install "
                                                   f"peer-agent {SWARM_COMPATIBLE_SINCE} or newer from the run's join page")
+    if run is not None and run.started_from and parsed < Version(START_CHECKPOINT_SINCE):
+        return JoinRefused(409, "agent_outdated", f"run “{run.slug}” starts from {run.started_from}, which peer-agent "
+                                                  f"{parsed} cannot load; install peer-agent {START_CHECKPOINT_SINCE} or "
+                                                  "newer from the run's join page")
     return None
 
 
@@ -93,7 +98,7 @@ def micro_batch_size_of(*, run: Run, request: JoinRequest) -> int:
 @transaction.atomic
 def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[TrainingSession, dict]:
     """Open a training session for the token's owner and sign its first hivemind access token."""
-    refusal = (agent_version_refusal(request.agent_version) or run_join_refusal(run=run, user=token.user)
+    refusal = (agent_version_refusal(request.agent_version, run=run) or run_join_refusal(run=run, user=token.user)
                or run_role_refusal(run=run, user=token.user, role=request.role))
     if refusal:
         raise refusal
