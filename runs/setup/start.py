@@ -131,7 +131,7 @@ def _hub_source(model_id: str) -> StartSource:
     try:
         directory = snapshot_download(repo_id=model_id, allow_patterns=[*MODEL_FILES, *TOKENIZER_FILES],
                                       cache_dir=Path(settings.START_MODELS_DIR) / "hub")
-    except Exception as exc:  # huggingface_hub raises its own errors, OSError and requests' alike
+    except (OSError, ValueError) as exc:  # huggingface_hub's errors are OSErrors; a malformed id a ValueError
         logger.info("cannot download %s from the Hub: %r", model_id, exc)
         raise StartError(f"could not download {model_id} from the Hugging Face Hub ({type(exc).__name__}); check the "
                          "id, or copy the model into a folder under START_MODELS_DIR") from None
