@@ -265,7 +265,7 @@ def _tokenizer_changeable(run: Run) -> None:
         raise RunError(_("the tokenizer cannot change once the run has started: peers' vocabularies must agree"))
     if run.started_from:
         raise RunError(_("the run starts from %(source)s and carries its tokenizer, which its weights were trained "
-                         "with; empty “Start from” in the run's settings to choose another") % {"source": run.started_from})
+                         "with; empty “Initial weights” in the run's settings to choose another") % {"source": run.started_from})
 
 
 @transaction.atomic
