@@ -273,7 +273,8 @@ class Checkpointer:
         if reading is None:
             return self.check_period
         # A checkpoint saved from a state past the swarm (before states were checked) must not block the later ones.
-        newest = run.checkpoints.filter(epoch__lte=reading.epoch + 1).first()
+        # The run's start (epoch 0, runs/setup/start.py) was made while drafting: time counts from this process's start.
+        newest = run.checkpoints.filter(epoch__gt=0, epoch__lte=reading.epoch + 1).first()
         last_epoch = newest.epoch if newest else 0
         last_at = newest.created_at.timestamp() if newest else self.started_at
         if not policy.due(swarm_epoch=reading.epoch, last_epoch=last_epoch,
