@@ -318,3 +318,15 @@ def test_the_run_page_offers_the_restart_to_organizers_of_a_finished_run(client_
 
     assert "Restart from the last checkpoint" in page(organizer)
     assert "Restart from the last checkpoint" not in page(volunteer)
+
+
+def test_the_run_page_names_the_start_to_its_organizers_alone(client_for, organizer, volunteer, source):
+    """The source may be a run others may not see: its name is not shown to them."""
+    create(client_for(organizer), start_from="source@3")
+    Run.objects.filter(slug="next").update(status=Run.Status.ACTIVE)
+
+    def page(user) -> str:
+        return client_for(user).get(reverse("run-detail", args=["next"])).content.decode()
+
+    assert "Started from the weights of source@3." in page(organizer)
+    assert "source@3" not in page(volunteer)
