@@ -3,7 +3,8 @@
 A checkpoint is a Hugging Face model directory (``save_pretrained`` of the ``AlbertForPreTraining``
 the peers train, so ``AlbertForMaskedLM.from_pretrained`` loads its masked-LM part, and of the
 run's tokenizer), plus ``optimizer.pt`` (the LAMB state in ``hivemind.Optimizer.state_dict()``
-form, holding the epoch) and ``metadata.json``. The portal serves it zipped.
+form, holding the epoch; absent from a run's start, runs/setup/start.py) and ``metadata.json``. The
+portal serves it zipped.
 """
 
 from __future__ import annotations
@@ -78,13 +79,25 @@ def checkpoint_metadata(directory: Path) -> CheckpointMetadata:
 
 
 @torch.no_grad()
-def checkpoint_load_into(directory: Path, *, model: torch.nn.Module, optimizer: Optimizer) -> int:
-    """Put a checkpoint's parameters, and its optimizer state when it lines up, into a peer's model
-    and ``hivemind.Optimizer``; returns the epoch the peer continues from."""
+def checkpoint_weights_load(directory: Path, *, model: torch.nn.Module) -> None:
+    """Put a checkpoint's weights into ``model``. Those it lacks (a Hub masked-LM model, which a run may
+    start from, has no sentence-order head) keep the model's own, which every peer draws from the same
+    seed (peer_agent/model.py): ``from_pretrained`` would draw them from each process's random state."""
     from transformers import AlbertForPreTraining
 
-    saved = AlbertForPreTraining.from_pretrained(directory).state_dict()
-    model.load_state_dict(saved)
+    saved, loading = AlbertForPreTraining.from_pretrained(directory, output_loading_info=True)
+    missing = set(loading["missing_keys"])
+    if missing:
+        logger.info("The checkpoint has no %s; those keep the run's initial weights", ", ".join(sorted(missing)))
+    model.load_state_dict({name: value for name, value in saved.state_dict().items() if name not in missing}, strict=False)
+
+
+@torch.no_grad()
+def checkpoint_load_into(directory: Path, *, model: torch.nn.Module, optimizer: Optimizer) -> int:
+    """Put a checkpoint's parameters, and its optimizer state when it has one that lines up, into a
+    peer's model and ``hivemind.Optimizer``; returns the epoch the peer continues from. A run's start
+    (its checkpoint of epoch 0, runs/setup/start.py) carries no optimizer state."""
+    checkpoint_weights_load(directory, model=model)
     epoch = checkpoint_metadata(directory).epoch
     # With an offloaded optimizer hivemind keeps its own copy of the parameters, which it would
     # copy back over the model at the next global step.
@@ -92,11 +105,12 @@ def checkpoint_load_into(directory: Path, *, model: torch.nn.Module, optimizer: 
     offloaded = [param for group in optimizer.opt.param_groups for param in group["params"]]
     for model_param, optimizer_param in zip(model_params, offloaded, strict=True):
         optimizer_param.copy_(model_param)
-    state = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-    try:
-        optimizer.load_state_dict(state)  # also sets the local epoch from state["state"]["local_epoch"]
-    except (ValueError, KeyError, RuntimeError) as exc:
-        logger.warning("The checkpoint's optimizer state does not fit this model (%s); starting it afresh", exc)
+    if (directory / OPTIMIZER_FILE).exists():
+        state = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        try:
+            optimizer.load_state_dict(state)  # also sets the local epoch from state["state"]["local_epoch"]
+        except (ValueError, KeyError, RuntimeError) as exc:
+            logger.warning("The checkpoint's optimizer state does not fit this model (%s); starting it afresh", exc)
     optimizer.state_averager.local_epoch = epoch
     # What hivemind itself does after downloading a state: the learning-rate schedule follows the epoch.
     optimizer.state_averager._update_scheduler()

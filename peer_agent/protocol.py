@@ -78,6 +78,8 @@ MAX_COMMITTED_STEPS = 1024
 # round carries more tensors, and an older agent could average parameters with none of them.
 # From 0.12.0 on they read a list of hub sources (DataConfig.hub) and leave out the held-out documents
 # (DataConfig.holds_out); an older agent cannot parse such a config, and would train on held-out text.
+# They also start from a run's checkpoint of epoch 0 (its start: another run's weights or a Hugging Face
+# model, runs/setup/start.py), where an older one would train from random weights beside them.
 SWARM_COMPATIBLE_SINCE = "0.12.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the

@@ -105,7 +105,7 @@ class TrainerSetup:
     http_headers: dict[str, str] | None = None  # sent when fetching data files over http(s)
     progress_refresh_s: float = 10.0  # longest wait between reads of the swarm's progress
     backup_every: int = 50  # local steps between CPU backups of the parameters (and every epoch)
-    # The run's newest checkpoint, unzipped; called only when no peer shared a newer state than epoch 0.
+    # The run's newest checkpoint, unzipped; called only when no peer shared a state past epoch 0.
     checkpoint_fetch: Callable[[], Path | None] | None = None
 
 
@@ -322,14 +322,19 @@ class Trainer(SwarmPeer):
 
     def _checkpoint_resume(self, fetch: Callable[[], Path | None]) -> None:
         """Start from the newest state saved (the run's checkpoint, or this agent's own state kept at a
-        pause) instead of fresh weights: nobody online had a newer state."""
+        pause) instead of fresh weights: nobody online had a newer state. A checkpoint of epoch 0 is the
+        run's start (another run's weights or a Hugging Face model, runs/setup/start.py), loaded too: the
+        peer is at epoch 0 already, but at the run's random initialization."""
         directory = fetch()
         if directory is None:
             return
-        if checkpoint_metadata(directory).epoch <= self.optimizer.local_epoch:
+        if checkpoint_metadata(directory).epoch < self.optimizer.local_epoch:
             return
         epoch = checkpoint_load_into(directory, model=self.model, optimizer=self.optimizer)
-        source = "the state this agent kept at the pause" if directory.name == PAUSED_STATE_DIR else "the run's checkpoint"
+        if directory.name == PAUSED_STATE_DIR:
+            source = "the state this agent kept at the pause"
+        else:
+            source = "the run's checkpoint" if epoch else "the run's start"
         logger.info("No peer had a newer state: resumed from %s of epoch %d", source, epoch)
 
     def state_keep(self, directory: Path) -> None:

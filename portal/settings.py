@@ -219,6 +219,10 @@ COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS = env_int("COORDINATOR_AGGREGATOR_BANDWIDT
 DATA_FILE_MAX_BYTES = 50 * 1024 * 1024
 TOKENIZER_MAX_BYTES = 20 * 1024 * 1024
 PROBE_MAX_FILE_BYTES = env_int("PROBE_MAX_FILE_BYTES", 10 * 1024 * 1024, minimum=1024)
+# The only folder on this server whose models an organizer may start a run from (runs/setup/start.py):
+# a run's form reads any path an organizer types, so it must not reach the rest of the disk. Hugging
+# Face models the form downloads are cached under it too.
+START_MODELS_DIR = Path(env_str("START_MODELS_DIR", str(VAR_DIR / "models")))
 # A request's fields other than files (a form's, a JSON body's): the largest, a run's settings form,
 # is a few KiB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024

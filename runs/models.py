@@ -107,6 +107,10 @@ class Run(models.Model):
     heldout_file = models.FileField(upload_to="heldout/", blank=True, help_text=(
         "The documents kept apart from the uploaded files: no agent is ever sent them."))
     heldout_documents = models.PositiveIntegerField(default=0, help_text="Documents in heldout_file.")
+    started_from = models.CharField(max_length=300, blank=True, help_text=(
+        "What the run's initial weights and tokenizer come from: another run's checkpoint (slug@epoch), a "
+        "folder under START_MODELS_DIR or a Hugging Face model id; it is the run's checkpoint of epoch 0. "
+        "Empty: random weights (runs/setup/start.py)."))
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -155,6 +159,7 @@ class RunEvent(models.Model):
         PAUSED = "paused", _("Paused")
         RESUMED = "resumed", _("Resumed")
         FINISHED = "finished", _("Finished")
+        RESTARTED = "restarted", _("Restarted from its last checkpoint")
         CONFIG_CHANGED = "config_changed", _("configuration changed")
         BANNED = "banned", _("Banned")
         UNBANNED = "unbanned", _("Unbanned")

@@ -11,11 +11,13 @@ from django.conf import settings
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
+from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, config_error_details, config_from_preset
 from portal.formats import digits_localize
 from runs.models import ModelLicense, Probe, Run
-from runs.setup import probes
+from runs.setup import probes, start
 from runs.setup.config_labels import FIELDS
+from runs.setup.start import StartSource
 
 SECTIONS = {
     "model": _("Model"),
@@ -192,6 +194,13 @@ class RunForm(forms.Form):
         help_text=_("Hub sources held out by validation split: the split checkpoints are evaluated on. It must "
                     "differ from the training split."))
 
+    start_from = forms.CharField(
+        required=False, max_length=300, label=_("Initial weights"),
+        help_text=_("Empty: random weights. Or start from trained ones, with their tokenizer: a run's address (its "
+                    "newest checkpoint; slug@epoch for another), a folder under the portal's START_MODELS_DIR as "
+                    "save_pretrained writes it, or a Hugging Face model id (owner/name). The model must have the "
+                    "run's architecture."))
+
     def clean_audience(self) -> str:
         return self.cleaned_data.get("audience") or (self.run.audience if self.run else Run.Audience.EVERYONE)
 
@@ -201,9 +210,11 @@ class RunForm(forms.Form):
     def clean_validation_split(self) -> str:
         return self.cleaned_data.get("validation_split") or getattr(self.run, "validation_split", _VALIDATION_SPLIT)
 
-    def __init__(self, *args, run: Run | None = None, **kwargs) -> None:
+    def __init__(self, *args, run: Run | None = None, user: User | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.run = run
+        self.run, self.user = run, user
+        self.start_source: StartSource | None = None
+        self.start_changed = False
         self.paths = {}
         for name, (path, field) in _config_fields().items():
             self.fields[name] = field
@@ -214,6 +225,7 @@ class RunForm(forms.Form):
                 # Evaluations stay comparable only on one held-out set.
                 for name in _HELDOUT_FIELDS:
                     self.fields[name].disabled = True
+                self.fields["start_from"].disabled = True  # the swarm has begun from it
                 for name, path in self.paths.items():
                     if path not in MID_RUN_EDITABLE:
                         self.fields[name].disabled = True
@@ -228,7 +240,7 @@ class RunForm(forms.Form):
             initial.update(name=run.name, slug=run.slug, description=run.description, visibility=run.visibility,
                            audience=run.audience, license=run.license, languages=", ".join(run.languages),
                            probe_every=run.probe_every, heldout_size=run.heldout_size,
-                           validation_split=run.validation_split)
+                           validation_split=run.validation_split, start_from=run.started_from)
         return initial
 
     def run_fields(self) -> list:
@@ -243,6 +255,9 @@ class RunForm(forms.Form):
 
     def heldout_fields(self) -> list:
         return [self[name] for name in _HELDOUT_FIELDS]
+
+    def start_fields(self) -> list:
+        return [self["start_from"]]
 
     def sections(self) -> list[tuple[str, list]]:
         return [(title, [self[name] for name in self.paths if name.startswith(f"{key}__") and name not in _HELDOUT_FIELDS])
@@ -273,7 +288,32 @@ class RunForm(forms.Form):
             if data.source == "hub" and data.heldout == "validation_split" and split in {s.split for s in data.hub}:
                 self.add_error("validation_split", f"must differ from the split agents train on ({split}): "
                                                    "evaluating on training data says nothing")
+            self._start_clean(cleaned.get("start_from") or "")
         return cleaned
+
+    def _start_clean(self, text: str) -> None:
+        """Check "Initial weights" against the configuration: a new source is resolved (the organizer must
+        be allowed its checkpoints) into ``start_source``; a kept one is checked again, since the draft's
+        model may have been edited."""
+        if self.run is not None and self.run.status != Run.Status.DRAFT:
+            return
+        current = self.run.started_from if self.run else ""
+        self.start_changed = text.strip() != current
+        if not self.start_changed:
+            source = start.run_start_source(self.run) if current else None
+        elif not text.strip():
+            return
+        elif self.user is None or not self.user.is_authenticated:
+            self.add_error("start_from", _("Sign in to start a run from trained weights."))
+            return
+        else:
+            try:
+                source = self.start_source = start.start_source_resolve(text=text, user=self.user, run=self.run)
+            except start.StartError as exc:
+                self.add_error("start_from", capfirst(str(exc)) + ".")
+                return
+        for problem in start.start_mismatches(source, self.config) if source else []:
+            self.add_error("start_from", capfirst(problem) + ".")
 
 
 class ProbeForm(forms.Form):

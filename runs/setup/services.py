@@ -33,6 +33,7 @@ STATUS_WORDS = {
 ACTION_WORDS = {
     "activate": pgettext_lazy("a run cannot …", "activate"), "pause": pgettext_lazy("a run cannot …", "pause"),
     "resume": pgettext_lazy("a run cannot …", "resume"), "finish": pgettext_lazy("a run cannot …", "finish"),
+    "restart": pgettext_lazy("a run cannot …", "restart"),
 }
 # action: (allowed from, to, event kind)
 TRANSITIONS = {
@@ -40,6 +41,9 @@ TRANSITIONS = {
     "pause": ({Run.Status.ACTIVE}, Run.Status.PAUSED, RunEvent.Kind.PAUSED),
     "resume": ({Run.Status.PAUSED}, Run.Status.ACTIVE, RunEvent.Kind.RESUMED),
     "finish": ({Run.Status.ACTIVE, Run.Status.PAUSED}, Run.Status.FINISHED, RunEvent.Kind.FINISHED),
+    # Training goes on from the run's newest checkpoint, with its optimizer state and epoch: agents start from
+    # it when no peer online has a newer state (peer_agent/training.py, Trainer._checkpoint_resume).
+    "restart": ({Run.Status.FINISHED}, Run.Status.ACTIVE, RunEvent.Kind.RESTARTED),
 }
 
 
@@ -165,6 +169,8 @@ def run_transition(*, run: Run, actor: User, action: str) -> None:
         raise RunError(_("the run reads uploaded files: upload at least one text file before it starts"))
     if action == "activate":
         _sources_ready(run)
+    if action == "restart" and not run.checkpoints.exists():
+        raise RunError(_("the run saved no checkpoint to restart from; create a new run to train again from random weights"))
     run.status = target
     run.save(update_fields=["status"])
     event = run_event_record(run=run, actor=actor, kind=kind)
@@ -176,7 +182,8 @@ def run_transition(*, run: Run, actor: User, action: str) -> None:
 
 # The run's lifecycle events its volunteers are told about, and as what.
 RUN_EVENT_NOTICES = {RunEvent.Kind.PAUSED: Notification.Kind.RUN_PAUSED, RunEvent.Kind.RESUMED: Notification.Kind.RUN_RESUMED,
-                     RunEvent.Kind.FINISHED: Notification.Kind.RUN_FINISHED}
+                     RunEvent.Kind.FINISHED: Notification.Kind.RUN_FINISHED,
+                     RunEvent.Kind.RESTARTED: Notification.Kind.RUN_RESUMED}
 
 
 def run_event_notify(*, event_id: int) -> int:
@@ -307,7 +314,7 @@ def _file_lines(paths: list[str]) -> Iterator[str]:
             yield from (line.strip() for line in handle if line.strip())
 
 
-def _tokenizer_store(*, run: Run, json_text: str) -> None:
+def tokenizer_store(*, run: Run, json_text: str) -> None:
     run.tokenizer_file.save(f"run-{run.pk}-tokenizer.json", ContentFile(json_text.encode()), save=False)
     run.tokenizer_status, run.tokenizer_error = Run.TokenizerStatus.READY, ""
     run.save(update_fields=["tokenizer_file", "tokenizer_status", "tokenizer_error"])
@@ -316,6 +323,9 @@ def _tokenizer_store(*, run: Run, json_text: str) -> None:
 def _tokenizer_changeable(run: Run) -> None:
     if run.status != Run.Status.DRAFT:
         raise RunError(_("the tokenizer cannot change once the run has started: peers' vocabularies must agree"))
+    if run.started_from:
+        raise RunError(_("the run starts from %(source)s and carries its tokenizer, which its weights were trained "
+                         "with; empty “Initial weights” in the run's settings to choose another") % {"source": run.started_from})
 
 
 @transaction.atomic
@@ -327,7 +337,7 @@ def tokenizer_upload(*, run: Run, actor: User, json_text: str) -> None:
         tokenizer_validate(json_text)
     except ValueError as exc:
         raise RunError(str(exc)) from None
-    _tokenizer_store(run=run, json_text=json_text)
+    tokenizer_store(run=run, json_text=json_text)
     run_event_record(run=run, actor=actor, kind=RunEvent.Kind.TOKENIZER, detail="uploaded tokenizer.json")
 
 
@@ -361,7 +371,7 @@ def tokenizer_train(*, run_id: int) -> None:
     except Exception as exc:  # a failed training is shown to the organizer, never lost in a log
         Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.FAILED, tokenizer_error=str(exc)[:2000])
         raise
-    _tokenizer_store(run=run, json_text=tokenizer.to_str())
+    tokenizer_store(run=run, json_text=tokenizer.to_str())
     logger.info("trained the run's tokenizer: %d tokens", tokenizer.get_vocab_size())
 
 

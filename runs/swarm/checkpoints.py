@@ -19,7 +19,13 @@ from django.core.files import File
 from django.db import close_old_connections, transaction
 from django.db.models import Sum
 
-from peer_agent.checkpoint import CheckpointMetadata, checkpoint_write, checkpoint_zip
+from peer_agent.checkpoint import (
+    CheckpointMetadata,
+    checkpoint_unzip,
+    checkpoint_weights_load,
+    checkpoint_write,
+    checkpoint_zip,
+)
 from peer_agent.metrics import LocalMetrics, metrics_read
 from peer_agent.protocol import AveragingConfig, RunConfig
 from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
@@ -267,7 +273,8 @@ class Checkpointer:
         if reading is None:
             return self.check_period
         # A checkpoint saved from a state past the swarm (before states were checked) must not block the later ones.
-        newest = run.checkpoints.filter(epoch__lte=reading.epoch + 1).first()
+        # The run's start (epoch 0, runs/setup/start.py) was made while drafting: time counts from this process's start.
+        newest = run.checkpoints.filter(epoch__gt=0, epoch__lte=reading.epoch + 1).first()
         last_epoch = newest.epoch if newest else 0
         last_at = newest.created_at.timestamp() if newest else self.started_at
         if not policy.due(swarm_epoch=reading.epoch, last_epoch=last_epoch,
@@ -312,6 +319,10 @@ class Checkpointer:
         # validator (runs/swarm/spotcheck.py) checks epoch 0 against them.
         self._model = model_build(config, len(self._tokenizer), pad_token_id=self._tokenizer.pad_token_id,
                                   init_seed=zlib.crc32(self.run_id.encode()))
+        start = run.checkpoints.filter(epoch=0).first()  # the run's start (runs/setup/start.py): the agents load it
+        if start is not None:
+            with tempfile.TemporaryDirectory() as scratch:
+                checkpoint_weights_load(checkpoint_unzip(Path(start.file.path), Path(scratch)), model=self._model)
         training = config.training
         self._averager = BoundedSourceStateAverager(
             dht=self.dht, prefix=f"{self.run_id}_state_averager",  # the prefix hivemind.Optimizer gives it

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
@@ -18,7 +19,7 @@ from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
 from runs.access.rules import run_is_organizer, visible_run
 from runs.models import DataFile, Probe, Run, SessionEpoch, TrainingSession
-from runs.setup import services
+from runs.setup import services, start
 from runs.setup.config_labels import FIELDS
 from runs.setup.forms import PRESETS, ProbeForm, RunForm, preset_config
 from runs.setup.probes import ProbeFormatError, probe_add, probe_remove
@@ -67,21 +68,24 @@ def run_create(request: HttpRequest) -> HttpResponse:
     preset = request.GET.get("preset", "tiny")
     if preset not in PRESETS:
         preset = "tiny"
-    form = RunForm(request.POST or None, initial=RunForm.initial_from(config=preset_config(preset)))
+    form = RunForm(request.POST or None, initial=RunForm.initial_from(config=preset_config(preset)), user=request.user)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        run = services.run_create(
-            organizer=request.user,
-            name=data["name"],
-            slug=data["slug"],
-            description=data["description"],
-            visibility=data["visibility"],
-            audience=data["audience"],
-            config=form.config,
-            heldout_size=data["heldout_size"],
-            validation_split=data["validation_split"],
-            card=form.card(),
-        )
+        with transaction.atomic():
+            run = services.run_create(
+                organizer=request.user,
+                name=data["name"],
+                slug=data["slug"],
+                description=data["description"],
+                visibility=data["visibility"],
+                audience=data["audience"],
+                config=form.config,
+                heldout_size=data["heldout_size"],
+                validation_split=data["validation_split"],
+                card=form.card(),
+            )
+            if form.start_source is not None:
+                start.run_start_set(run=run, actor=request.user, source=form.start_source)
         messages.success(request, _("Run “%(name)s” was created as a draft. Add data and a tokenizer, then activate it.")
                          % {"name": run.name})
         return redirect(run)
@@ -91,15 +95,17 @@ def run_create(request: HttpRequest) -> HttpResponse:
 @organizer_required
 def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
     initial = RunForm.initial_from(config=RunConfig.model_validate(run.config), run=run)
-    form = RunForm(request.POST or None, initial=initial, run=run)
+    form = RunForm(request.POST or None, initial=initial, run=run, user=request.user)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            changed = services.run_update(
-                run=run, actor=request.user, name=data["name"], description=data["description"],
-                visibility=data["visibility"], audience=data["audience"], config=form.config, card=form.card(),
-                heldout_size=data["heldout_size"], validation_split=data["validation_split"],
-            )
+            with transaction.atomic():
+                changed = services.run_update(
+                    run=run, actor=request.user, name=data["name"], description=data["description"],
+                    visibility=data["visibility"], audience=data["audience"], config=form.config, card=form.card(),
+                    heldout_size=data["heldout_size"], validation_split=data["validation_split"],
+                )
+                _start_apply(form, run=run, actor=request.user)
         except services.RunError as exc:
             form.add_error(None, str(exc))
         else:
@@ -111,6 +117,14 @@ def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
     return render(request, "runs/run_form.html", context)
 
 
+def _start_apply(form: RunForm, *, run: Run, actor: User) -> None:
+    """Make the run start from the source the form resolved, or from random weights once it was emptied."""
+    if form.start_source is not None:
+        start.run_start_set(run=run, actor=actor, source=form.start_source)
+    elif form.start_changed:
+        start.run_start_clear(run=run, actor=actor)
+
+
 @require_POST
 @organizer_required
 def run_action(request: HttpRequest, run: Run, action: str) -> HttpResponse:
@@ -118,7 +132,8 @@ def run_action(request: HttpRequest, run: Run, action: str) -> HttpResponse:
         raise PermissionDenied("unknown action")
     return _then(request, run, lambda: services.run_transition(run=run, actor=request.user, action=action),
                  {"activate": _("Run activated."), "pause": _("Run paused."), "resume": _("Run resumed."),
-                  "finish": _("Run finished.")}[action])
+                  "finish": _("Run finished."),
+                  "restart": _("Run restarted: agents go on from its last checkpoint.")}[action])
 
 
 @organizer_required
