@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 # Names a Bengali page shows as they are: the run's, its people's and machines', the tools'.
 NAMES = {"Bangla", "ALBERT", "olga", "amina", "mallory", "laptop", "DeDLOC", "Portal", "UTF", "MiB", "hivemind",
          "Unigram", "LAMB", "Hugging", "Face", "GFLOP", "API", "JSON", "UTC", "LM", "BERT", "sahajBERT", "CPU", "CUDA",
-         "DHT", "mean", "auto", "tiny", "ISO"}
+         "DHT", "mean", "auto", "tiny", "ISO", "Parquet", "Arrow"}
 SHOWN = re.compile(r"<(script|style|code|textarea|select)\b[^>]*>.*?</\1>|<[^>]*>", re.S | re.I)
 QUOTED = re.compile(r'"[^"]*"|“[^”]*”')  # values as the reader types them: "custom", “bangla”
 
