@@ -154,6 +154,9 @@ EVALUATION_THREADS = env_int("EVALUATION_THREADS", max(1, (os.cpu_count() or 1) 
 EVALUATION_NICE = env_int("EVALUATION_NICE", 10, minimum=0)
 EVALUATION_TIMEOUT_SECONDS = env_int("EVALUATION_TIMEOUT_SECONDS", 1800, minimum=10)
 EVALUATION_EVERY_SECONDS = env_int("EVALUATION_EVERY_SECONDS", 30, minimum=1)
+# An evaluation takes minutes (the held-out pass, and each probe fine-tuned from three seeds): it has a
+# queue and a worker of its own (docs/deploy.md), so that the credit rollup and e-mails never wait behind one.
+CELERY_TASK_ROUTES = {"runs.tasks.evaluations_task": {"queue": "evaluations"}}
 CELERY_BEAT_SCHEDULE = {
     "evaluations": {"task": "runs.tasks.evaluations_task", "schedule": float(EVALUATION_EVERY_SECONDS)},
     "credit-rollup": {"task": "runs.tasks.credit_rollup_task", "schedule": float(CREDIT_ROLLUP_EVERY_SECONDS)},

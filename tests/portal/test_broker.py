@@ -51,3 +51,12 @@ def test_a_message_is_not_in_the_queue_until_it_is_written_whole(connection, mon
     channel._put("tasks", payload)
     assert seen_while_writing and seen_while_writing[0] > 100_000
     assert channel._get("tasks") == payload
+
+
+def test_evaluations_have_a_queue_of_their_own_and_the_credit_rollup_keeps_the_default():
+    """An evaluation runs for minutes; on the demo's one worker the board stood still meanwhile (CI23,
+    docs/benchmarks.md section 22). The demo and docker-compose.yml give the queue a worker of its own."""
+    route = app.amqp.router.route
+    assert route({}, "runs.tasks.evaluations_task")["queue"].name == "evaluations"
+    for task in ("runs.tasks.credit_rollup_task", "accounts.tasks.signup_email_task"):
+        assert route({}, task)["queue"].name == app.conf.task_default_queue == "celery"

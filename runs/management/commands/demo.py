@@ -126,7 +126,15 @@ def web_command(host: str, port: int) -> list[str]:
 
 
 def worker_command() -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool=solo", "--loglevel=WARNING"]
+    return [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "-Q", "celery", "--pool=solo",
+            "--hostname=worker@%h", "--loglevel=WARNING"]
+
+
+def evaluator_command() -> list[str]:
+    """The worker of the evaluations queue (portal/settings.py, CELERY_TASK_ROUTES): while it scores a
+    checkpoint for minutes, the other worker keeps the board live."""
+    return [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "evaluations", "--pool=solo",
+            "--hostname=evaluator@%h", "--loglevel=WARNING"]
 
 
 def coordinator_command() -> list[str]:
@@ -181,6 +189,7 @@ class Command(BaseCommand):
         try:
             self._start("web", web_command(host, port))
             self._start("worker", worker_command())
+            self._start("evaluator", evaluator_command())
             self._start("coordinator", coordinator_command())
             backbone_wait(run, since=started)
             for volunteer in volunteers[:agents]:
