@@ -11,8 +11,9 @@ Jaggi, 2021; applied per part of the all-reduce as in BTARD's ButterflyClip, Gor
 
 starting from the coordinate-wise median, with τ the median distance of the slices to that start,
 for ``CLIP_ITERATIONS`` rounds. Slices that agree are averaged as before; one far away moves the
-result by at most τ/n per round. Every peer of a run uses the run's choice, so each part is combined
-the same way whoever owns it.
+result by at most τ/n per round. A part left with two slices (a group of two, or a third sender that
+timed out) has no majority: both are cut to the smaller norm before their mean. Every peer of a run
+uses the run's choice, so each part is combined the same way whoever owns it.
 
 It holds each sender's slice of the current part (group size × part size) instead of one running sum.
 """
@@ -35,10 +36,15 @@ def centered_clip(slices: Sequence[torch.Tensor], weights: Sequence[float], *, i
     """The CenteredClip combination of equal-shaped ``slices`` weighted by ``weights``."""
     stacked = torch.stack([slice_.float() for slice_ in slices])
     weight = torch.tensor([float(w) for w in weights], dtype=torch.float32)
-    if len(slices) <= 2 or weight.sum() <= 0:
-        # Two peers cannot outvote each other: their mean is all there is to take.
-        return (stacked * weight.view(-1, *[1] * (stacked.dim() - 1))).sum(0) / weight.sum().clamp_min(1e-12)
     flat = stacked.reshape(len(slices), -1)
+    if len(slices) <= 2 or weight.sum() <= 0:
+        # Two slices cannot outvote each other, and a part has two whenever a third sender timed out.
+        # Their mean would be the attacker's to steer, so each is first cut to the smaller norm: an
+        # attacker can cancel the honest slice, never outweigh it. A zero-weight slice sets no bound.
+        norms = flat.norm(dim=1)
+        bound = norms[weight > 0].min() if bool((weight > 0).any()) else norms.min()
+        bounded = flat * (bound / norms.clamp_min(1e-12)).clamp(max=1.0).unsqueeze(1)
+        return ((weight @ bounded) / weight.sum().clamp_min(1e-12)).reshape(stacked.shape[1:])
     center = flat.median(dim=0).values
     tau = (flat - center).norm(dim=1).median().clamp_min(1e-12)
     for _ in range(iterations):

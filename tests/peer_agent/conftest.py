@@ -87,7 +87,7 @@ def make_trainer(tiny_config, tokenizer, corpus_file):
         setup = TrainerSetup(
             # A wider matchmaking window than the default test config: on 2 busy cores a peer can
             # miss a 1 s window, and a round averaged alone leaves the peers apart for good.
-            config=tiny_config(averaging=dict(matchmaking_time=2.0, averaging_timeout=10.0, **(averaging or {})),
+            config=tiny_config(averaging={"matchmaking_time": 2.0, "averaging_timeout": 10.0, **(averaging or {})},
                                training=training or {}),
             run_id="test_run", client_mode=client_mode,
             initial_peers=[str(addr) for addr in joins.dht.get_visible_maddrs()] if joins else [],

@@ -23,9 +23,23 @@ def test_identical_slices_come_back_unchanged():
     assert torch.allclose(centered_clip([slice_] * 4, [1.0] * 4), slice_)
 
 
-def test_two_peers_get_their_weighted_mean():
-    a, b = torch.zeros(10), torch.ones(10)
-    assert torch.allclose(centered_clip([a, b], [1.0, 3.0]), torch.full((10,), 0.75))
+def test_two_peers_of_one_norm_get_their_weighted_mean():
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    assert torch.allclose(centered_clip([a, b], [1.0, 3.0]), torch.tensor([0.25, 0.75]))
+
+
+def test_an_attacker_left_alone_with_one_honest_slice_cannot_outweigh_it():
+    # A part has two slices when the third sender timed out: no majority, and the plain mean would
+    # be 49.5 times the flipped gradient.
+    honest = honest_slices(1)[0]
+    robust = centered_clip([honest, -100 * honest], [1.0, 1.0])
+    assert robust.norm() <= 1e-4 * honest.norm()
+    assert torch.allclose(centered_clip([honest, 0.5 * honest], [1.0, 1.0]), 0.5 * honest)
+
+
+def test_a_zero_weight_slice_sets_no_bound():
+    honest = honest_slices(1)[0]
+    assert torch.allclose(centered_clip([honest, torch.zeros_like(honest)], [1.0, 0.0]), honest)
 
 
 @pytest.mark.parametrize("attack", ["sign_flip_x100", "noise_x10"])

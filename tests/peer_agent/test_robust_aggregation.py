@@ -28,7 +28,10 @@ def poison(trainer, factor: float = -100.0) -> None:
 @pytest.mark.parametrize("aggregation", ["mean", "centered_clip"])
 def test_an_attacker_derails_the_mean_but_not_centered_clip(make_trainer, aggregation):
     # Each peer gathers about 40 samples an epoch: enough that honest gradients agree in direction.
-    options = dict(averaging=dict(aggregation=aggregation), training=dict(target_batch_size=128))
+    # A longer round than make_trainer's: a sender that misses a chunk for next_chunk_timeout (a
+    # quarter of it) is dropped, and a part left with two slices has no majority to clip with.
+    options = dict(averaging=dict(aggregation=aggregation, averaging_timeout=30.0),
+                   training=dict(target_batch_size=128))
     first = make_trainer(seed=1, **options)
     second = make_trainer(seed=2, joins=first, **options)
     attacker = make_trainer(seed=3, joins=first, **options)
