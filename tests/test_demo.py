@@ -123,8 +123,8 @@ def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_run
         # the peers it knew and starts a fresh swarm; the agents resume from the newest checkpoint.
         demo = demo_start(env, second_log)
         deadline = time.monotonic() + 420
-        # The board first: the first demo's last events can still be rolled up now, so its rise alone
-        # would not show that the second demo's agents train; they do once they have resumed.
+        # An agent's resume before the board: the first demo's last events can still be rolled up now,
+        # so the board's rise alone would not show that the second demo's agents train.
         while not (resumed := [int(epoch) for epoch in re.findall(r"resumed from the run's checkpoint of epoch (\d+)",
                                                                   said(second_log))]):
             assert demo.poll() is None, second_log.read_text(errors="replace")[-4000:]
