@@ -3,8 +3,10 @@
 import logging
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from django.test import Client
 
+from tests import rsa_keys
 from tests.factories import UserFactory
 
 # pytest-django's fixtures that reach the database (directly, or through a server of the portal).
@@ -21,6 +23,10 @@ SERVER_MODULES = ("tests/portal/test_api.py", "tests/portal/test_broker.py", "te
 # (runs/swarm/series.py) and the ingest's database thread (runs/ingest/reports.py).
 SQLITE_PATH_MODULES = ("tests/runs/test_series_api.py", "tests/runs/test_agent_socket.py",
                        "tests/runs/test_ingest_rules.py")
+
+
+def pytest_configure(config) -> None:
+    rsa.generate_private_key = rsa_keys.generate_private_key  # run authorities' and peers' keys, in this process
 
 
 def pytest_collection_modifyitems(items) -> None:

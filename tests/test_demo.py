@@ -19,7 +19,7 @@ from peer_agent.spool import spool_files, spool_read
 from runs.management.commands.demo import ORGANIZER, RUN_SLUG, VOLUNTEERS
 from tests.processes import free_port
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.swarm, pytest.mark.demo, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
