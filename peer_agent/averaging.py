@@ -51,7 +51,7 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.streaming import split_for_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 
-from peer_agent.aggregation import AggregatingAverager
+from peer_agent.aggregation import PARAMETERS_RUNNERS, AggregatingAverager
 from peer_agent.authorizer import PortalAccessError, PortalAuthorizer, expiration_parse, rsa_public_key_parse
 from peer_agent.protocol import FINGERPRINT_WIDTH
 
@@ -381,10 +381,12 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
     """hivemind's ``TrainingStateAverager`` (parameter averaging every epoch, and state downloads)
     averaging, given the agent's ``authorizer``, only among peers that prove they hold a token, and
     combining each part by the run's ``aggregation``: a member that sends false parameters is
-    bounded by CenteredClip there as it is in the gradients' all-reduce. It keeps the states of its
+    bounded by CenteredClip there as it is in the gradients' all-reduce (and where a part is left
+    with two slices, its owner keeps its own: ``PARAMETERS_RUNNERS``). It keeps the states of its
     peer's last steps for the validator (:class:`EpochStates`)."""
 
     _rpc_handlers = None  # hivemind collects a class's handlers once; this class adds one to its bases'
+    runners = PARAMETERS_RUNNERS
     optimizer_step_skip = False  # set by MembersOnlyOptimizer when this epoch's gradients are not the swarm's
 
     def step(self, *args, optimizer_step: bool = False, delay_optimizer_step: bool = False, **kwargs):

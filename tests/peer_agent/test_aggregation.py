@@ -2,6 +2,8 @@
 sending a huge or sign-flipped gradient moves the result little."""
 
 import asyncio
+import functools
+import threading
 
 import pytest
 import torch
@@ -63,6 +65,15 @@ def test_without_an_attacker_it_stays_close_to_the_mean():
     assert (centered_clip(slices, [1.0] * 4) - mean).norm() < 0.02 * mean.norm()
 
 
+def test_two_slices_of_parameters_leave_the_part_to_its_owner():
+    # In the state all-reduce a slice of zeros would cut the owner's parameters to zero.
+    owner = honest_slices(1)[0]
+    assert torch.equal(centered_clip([torch.zeros_like(owner), owner], [1.0, 1.0], own=1), owner)
+    assert torch.equal(centered_clip([owner], [1.0], own=0), owner)
+    three = [owner, owner + 0.01, torch.zeros_like(owner)]
+    assert torch.equal(centered_clip(three, [1.0] * 3, own=0), centered_clip(three, [1.0] * 3)), "a majority decides"
+
+
 def reduce_parts(reducer_class, slices_by_sender: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     """What hivemind's all-reduce does with a part reducer: each sender hands in its slice of each part
     in order, concurrently, and receives the combined part."""
@@ -97,8 +108,64 @@ def test_the_reducer_combines_every_part_as_hivemind_hands_them_in():
         assert (clipped - mean).norm() < 0.1 * mean.norm()
 
 
+def test_the_parameters_reducer_keeps_the_owners_slice_where_an_attacker_sends_zeros():
+    owner = honest_slices(2, size=600, seed=4)  # two parts; the owner is the second sender
+    senders = [[torch.zeros_like(part) for part in owner], owner]
+
+    gradients = reduce_parts(CenteredClipReducer, senders)
+    parameters = reduce_parts(functools.partial(CenteredClipReducer, own_sender=1), senders)
+
+    assert all(part.norm() == 0 for part in gradients), "a gradient part is cancelled for the round"
+    assert all(torch.equal(kept, part) for kept, part in zip(parameters, owner)), "parameters are the owner's"
+
+
 def test_a_run_chooses_its_aggregation_and_mean_is_the_default():
     assert AveragingConfig().aggregation == "mean"
     assert AveragingConfig(aggregation="centered_clip").aggregation == "centered_clip"
     with pytest.raises(ValueError):
         AveragingConfig(aggregation="median")
+
+
+def test_in_a_real_round_of_two_the_owners_keep_their_parameters_and_the_attackers_zeros_stay_its_own():
+    """Two averagers of parameters on loopback, combining by CenteredClip; one sends zeros."""
+    from hivemind.averaging import DecentralizedAverager
+
+    from peer_agent.aggregation import PARAMETERS_RUNNERS, AggregatingAverager
+    from tests.processes import loopback_dhts
+
+    class ParametersAverager(AggregatingAverager):
+        runners = PARAMETERS_RUNNERS
+
+    assert issubclass(ParametersAverager, DecentralizedAverager)
+    # Two of hivemind's parts (DEFAULT_PART_SIZE_BYTES, 2**19: 131,072 values), one owned by each peer.
+    honest = honest_slices(1, size=2 * 131_072, seed=5)[0]
+    dhts = loopback_dhts(2)
+    averagers = [ParametersAverager([tensor.clone()], dht=dht, prefix="test_owner", start=True, target_group_size=2,
+                                    bandwidth=100.0, min_matchmaking_time=2.0, request_timeout=1.0,
+                                    aggregation="centered_clip")
+                 for tensor, dht in zip((honest, torch.zeros_like(honest)), dhts)]
+    try:
+        groups = [None, None]
+
+        def average(index: int) -> None:
+            groups[index] = averagers[index].step(timeout=60)
+
+        threads = [threading.Thread(target=average, args=(index,)) for index in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+        assert all(group is not None and len(group) == 2 for group in groups), groups
+        results = []
+        for averager in averagers:
+            with averager.get_tensors() as (averaged,):
+                results.append(averaged.clone())
+        assert torch.equal(results[0], results[1]), "both leave the round with the same parameters"
+        kept, zeroed = results[0] == honest, results[0] == 0
+        assert bool((kept | zeroed).all()), "each part is its owner's slice"
+        assert kept.float().mean().item() == 0.5, "the honest peer's part kept, the attacker's as it chose"
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in dhts:
+            dht.shutdown()

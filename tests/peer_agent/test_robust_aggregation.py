@@ -4,7 +4,7 @@ honest peers' loss stops falling, with CenteredClip it goes on falling (peer_age
 import pytest
 
 from harness.swarm import fixed_batches, fixed_loss, train_together
-from peer_agent.aggregation import RUNNERS
+from peer_agent.aggregation import PARAMETERS_RUNNERS, RUNNERS
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
 
@@ -35,8 +35,8 @@ def test_an_attacker_derails_the_mean_but_not_centered_clip(make_trainer, aggreg
     first = make_trainer(seed=1, **options)
     second = make_trainer(seed=2, joins=first, **options)
     attacker = make_trainer(seed=3, joins=first, **options)
-    for averager in (first.optimizer.grad_averager, first.optimizer.state_averager):
-        assert averager._runner_class is RUNNERS[aggregation], "gradients and parameters are combined alike"
+    assert first.optimizer.grad_averager._runner_class is RUNNERS[aggregation]
+    assert first.optimizer.state_averager._runner_class is PARAMETERS_RUNNERS[aggregation], "parameters too"
     poison(attacker)
     fixed = fixed_batches(first)
     before = fixed_loss(first, fixed)
@@ -49,3 +49,5 @@ def test_an_attacker_derails_the_mean_but_not_centered_clip(make_trainer, aggreg
         assert drop < 0.05, f"the attack works on the mean: honest loss changed by {-drop:+.3f}"
     else:
         assert drop > 0.1, f"with CenteredClip the honest loss falls: it changed by {-drop:+.3f}"
+
+
