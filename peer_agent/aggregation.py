@@ -128,19 +128,20 @@ class CenteredClipParametersRunner(CenteredClipAllReduceRunner):
 
 
 RUNNERS: dict[str, type[AllReduceRunner]] = {"mean": AllReduceRunner, "centered_clip": CenteredClipAllReduceRunner}
-PARAMETERS_RUNNERS: dict[str, type[AllReduceRunner]] = {**RUNNERS, "centered_clip": CenteredClipParametersRunner}
+# Where the parameters' all-reduce combines otherwise than the gradients' (read before RUNNERS).
+PARAMETERS_RUNNERS: dict[str, type[AllReduceRunner]] = {"centered_clip": CenteredClipParametersRunner}
 
 
 class AggregatingAverager(DecentralizedAverager):
     """A hivemind averager whose all-reduce combines parts by ``aggregation`` ("mean", hivemind's own,
     or "centered_clip"). Mix it in last, before hivemind's ``DecentralizedAverager``; an averager of
-    parameters sets ``runners`` to ``PARAMETERS_RUNNERS``."""
+    parameters sets ``runners`` to ``PARAMETERS_RUNNERS``, read before ``RUNNERS``."""
 
-    runners = RUNNERS
+    runners: dict[str, type[AllReduceRunner]] = {}
 
     def __init__(self, *args, aggregation: str = "mean", **kwargs):
         # Set before hivemind's constructor, which may start (fork) the averager's process.
-        self._runner_class = self.runners[aggregation]
+        self._runner_class = self.runners.get(aggregation) or RUNNERS[aggregation]
         super().__init__(*args, **kwargs)
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):

@@ -36,7 +36,7 @@ def test_an_attacker_derails_the_mean_but_not_centered_clip(make_trainer, aggreg
     second = make_trainer(seed=2, joins=first, **options)
     attacker = make_trainer(seed=3, joins=first, **options)
     assert first.optimizer.grad_averager._runner_class is RUNNERS[aggregation]
-    assert first.optimizer.state_averager._runner_class is PARAMETERS_RUNNERS[aggregation], "parameters too"
+    assert first.optimizer.state_averager._runner_class is PARAMETERS_RUNNERS.get(aggregation, RUNNERS[aggregation])
     poison(attacker)
     fixed = fixed_batches(first)
     before = fixed_loss(first, fixed)
