@@ -2,21 +2,12 @@
 builds it): the runs and sessions of the named personas, and the `World` it hands the tests."""
 
 import dataclasses
-import functools
 
-from django.conf import settings
 from django.core.files.base import ContentFile
 from django.utils import timezone
 
-from runs.access.authority import authority_generate
 from runs.models import Run, TrainingSession
 from tests.factories import RunFactory, join_body
-
-
-@functools.cache
-def _authority() -> tuple[str, bytes]:
-    """One authority key pair for every run here: generating RSA keys per case would dominate."""
-    return authority_generate(secret=settings.AUTHORITY_ENCRYPTION_KEY)
 
 
 @dataclasses.dataclass
@@ -27,11 +18,7 @@ class World:
 
 
 def world_run(slug: str, visibility: str, organizer, audience: str = Run.Audience.EVERYONE) -> Run:
-    public_key, private_key = _authority()
-    run = RunFactory(
-        slug=slug, visibility=visibility, audience=audience, organizers=[organizer],
-        authority_public_key=public_key, authority_private_key=private_key,
-    )
+    run = RunFactory(slug=slug, visibility=visibility, audience=audience, organizers=[organizer])
     run.tokenizer_file.save(f"{slug}-tokenizer.json", ContentFile(b'{"version": "1.0"}'))
     return run
 
