@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                                description=_("Join a run, train with the swarm and report your contribution. "
                                              "Ctrl-C stops cleanly."))
     add_arguments(join, positional_run=True)
+    join.add_argument("--stop-with-parent", type=int, metavar="PID",
+                      help=_("Stop, as Ctrl-C does, once process PID, which started the agent, is gone (a notebook's kernel)."))
 
     aggregate = commands.add_parser(
         "aggregate", parents=[common], help=_("Help a run average, without training (organizers only)."),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rich.console import Console
 from rich.live import Live
@@ -83,7 +83,8 @@ def logging_setup(console: Console, verbose: bool = False, log_format: str = "te
 
 
 class ProgressDisplay:
-    """A live line on a terminal; elsewhere (a log file, a service) a log line every ``log_every_s``."""
+    """A live line on a terminal; elsewhere (a log file, a service, a notebook's agent) a log line every
+    ``log_every_s``."""
 
     def __init__(self, console: Console, *, log_every_s: float = 60.0):
         self.console, self.log_every_s = console, log_every_s
@@ -107,4 +108,5 @@ class ProgressDisplay:
             self._live.update(Text(line))
         elif time.monotonic() - self._logged_at >= self.log_every_s:
             self._logged_at = time.monotonic()
-            logger.info("%s", line)
+            # The fields too, for whoever reads JSON lines: a notebook's panel (peer_agent/notebook.py).
+            logger.info("%s", line, extra={"progress": asdict(snap)})

@@ -150,6 +150,21 @@ class StopRequest:
         timer.start()
 
 
+def parent_watch(parent: int, every_s: float = 1.0) -> None:
+    """Stop as SIGTERM does once process ``parent``, which started this one, is gone (a notebook's kernel
+    killed without notice, peer_agent/notebook.py): otherwise the agent would train on, orphaned, and a
+    kernel started again would run a second agent beside it. Named by its pid, not read with getppid()
+    here: a parent that died before this line would go unnoticed."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        logger.warning(_("The program that started this agent is gone; stopping"))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 @dataclass
 class _Tally:
     """The work since the previous report (``samples`` in a report is this delta)."""
@@ -192,6 +207,8 @@ def join_command(args: argparse.Namespace, console: Console) -> int:
     logging.getLogger("hivemind").setLevel(logging.INFO if args.verbose else logging.WARNING)
     stop = StopRequest()
     stop.install()
+    if args.stop_with_parent:
+        parent_watch(args.stop_with_parent)
     deadline = time.monotonic() + settings.max_runtime if settings.max_runtime else math.inf
     sessions = 0
     with PortalClient(settings.portal, settings.token) as portal:
@@ -374,7 +391,7 @@ def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher]
                 stop: StopRequest, deadline: float, settings: AgentSettings, console: Console) -> StopReason:
     tally, session_samples, shown_at, epoch_now = _Tally(), 0, 0.0, trainer.progress().local_epoch
     commitments: list[EpochCommitment] = []  # signed by the trainer as epochs close, sent with the next reports
-    with ProgressDisplay(console) as display:
+    with ProgressDisplay(console, log_every_s=settings.progress_every) as display:
         while (reason := _stop_reason(stop, deadline, reporter, watchers, refusals)) is None:
             started = time.monotonic()
             try:

@@ -129,6 +129,8 @@ class AgentSettings:
     cache_dir: Path | None = _option("Folder for the tokenizer and data files (default: <agent home>/cache).",
                                      Path, "DIR")
     report_interval: float = _option("Seconds between progress reports to the portal.", _positive(float), "SECONDS", 5.0)
+    progress_every: float = _option("Seconds between progress lines where there is no terminal to draw a live line on "
+                                    "(a log file, a service, a notebook).", _positive(float), "SECONDS", 60.0)
 
     def resolved_spool_dir(self, environ: Mapping[str, str] | None = None) -> Path:
         return self.spool_dir or agent_home(environ) / "spool"

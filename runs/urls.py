@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from runs.views import certificates, health, organizer, pages
+from runs.views import certificates, health, notebook, organizer, pages
 
 urlpatterns = [
     path("runs/", pages.run_list, name="run-list"),
@@ -8,6 +8,7 @@ urlpatterns = [
     path("runs/<slug:slug>/", pages.run_detail, name="run-detail"),
     path("runs/<slug:slug>/health/", health.run_health_page, name="run-health"),
     path("runs/<slug:slug>/join/", pages.run_join_page, name="run-join"),
+    path("runs/<slug:slug>/join/notebook.ipynb", notebook.run_join_notebook, name="run-join-notebook"),
     path("runs/<slug:slug>/checkpoints/epoch-<int:epoch>.zip", pages.checkpoint_download, name="run-checkpoint"),
     path("runs/<slug:slug>/edit/", organizer.run_edit, name="run-edit"),
     path("runs/<slug:slug>/participants/", organizer.run_participants, name="run-participants"),

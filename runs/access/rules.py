@@ -130,7 +130,7 @@ def visible_run(*, slug: str, user: User, joining: bool = False, join_code: str 
     if not joining or run.status == Run.Status.DRAFT:
         return None
     invited = run.visibility == Run.Visibility.INVITE and bool(join_code) and join_code.strip() == run.join_code
-    if invited or run_entry_refusal(run=run, user=user) is None:
+    if invited or (user.is_authenticated and run_entry_refusal(run=run, user=user) is None):
         return run
     return None
 

@@ -83,9 +83,14 @@ def checkpoint_download(request: HttpRequest, slug: str, epoch: int) -> FileResp
                         content_type="application/zip")
 
 
-def _install_command(portal_url: str) -> str:
+def agent_package(portal_url: str) -> str:
+    """What pip installs the agent from: this portal's wheel, else the package index's peer-agent."""
     wheel = agent_wheel_path()
-    return f"pip install {portal_url}/agent/{wheel.name}" if wheel else "pip install peer-agent"
+    return f"{portal_url}/agent/{wheel.name}" if wheel else "peer-agent"
+
+
+def _install_command(portal_url: str) -> str:
+    return f"pip install {agent_package(portal_url)}"
 
 
 def _join_command(portal_url: str, run: Run, secret: str | None = None) -> str:

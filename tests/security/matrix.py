@@ -68,6 +68,9 @@ PAGES = [
     ("/runs/{invite}/join/",                      "GET",  L,    200,   200,  200,   200,  200,  200),
     ("/runs/{public}/join/",                      "POST", L,    200,   200,  200,   200,  200,  200),
     ("/runs/{invite}/join/",                      "POST", L,    200,   200,  200,   200,  200,  200),
+    # The join notebook holds no secret (the token is asked for when it runs): whoever may see the run gets it.
+    ("/runs/{public}/join/notebook.ipynb",        "GET",  200,  200,   200,  200,   200,  200,  200),
+    ("/runs/{invite}/join/notebook.ipynb",        "GET",  200,  200,   200,  200,   200,  200,  200),
     ("/runs/{public}/edit/",                      "GET",  L,    403,   403,  403,   200,  403,  403),
     ("/runs/{invite}/edit/",                      "POST", L,    403,   403,  403,   200,  403,  403),
     ("/runs/{public}/participants/",              "GET",  L,    403,   403,  403,   200,  403,  403),
@@ -96,6 +99,7 @@ PAGES = [
     # The members-only run: every organizer route, and the pages its members see.
     ("/runs/{members}/",                          "GET",  404,  404,   200,  404,   200,  404,  200),
     ("/runs/{members}/join/",                     "GET",  L,    404,   200,  404,   200,  404,  200),
+    ("/runs/{members}/join/notebook.ipynb",       "GET",  404,  404,   200,  404,   200,  404,  200),
     ("/runs/{members}/edit/",                     "GET",  L,    404,   403,  404,   200,  404,  403),
     ("/runs/{members}/edit/",                     "POST", L,    404,   403,  404,   200,  404,  403),
     ("/runs/{members}/participants/",             "GET",  L,    404,   403,  404,   200,  404,  403),

@@ -1,0 +1,61 @@
+"""The notebook's panel reads what the agent writes (peer_agent/notebook.py), and an agent whose parent is
+gone stops as SIGTERM stops it (peer_agent/join.py, parent_watch). The notebook itself runs in a real kernel
+in tests/e2e/test_join_notebook.py."""
+
+import io
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+
+from rich.console import Console
+
+from peer_agent.display import ProgressDisplay, ProgressSnapshot, logging_setup
+from peer_agent.notebook import Panel
+
+SNAPSHOT = ProgressSnapshot(local_samples_per_second=12.5, global_epoch=7, collaboration_samples_per_second=40.0,
+                            session_samples=320, acked_samples=256, num_peers=3, eta_next_epoch_s=4.0,
+                            samples_accumulated=96, target_batch_size=256, loss=2.5)
+
+
+def test_the_panel_shows_the_progress_and_the_last_refusal_the_agent_wrote_as_json_lines():
+    written = io.StringIO()
+    console = Console(file=written, force_terminal=False)
+    logging_setup(console, log_format="json")
+    try:
+        with ProgressDisplay(console, log_every_s=0) as display:
+            display.update(SNAPSHOT)
+        logging.getLogger("peer_agent.join").warning("The portal refused: run <b>paused</b> by its organizer")
+    finally:
+        logging_setup(Console(file=io.StringIO()), log_format="text")
+
+    panel = Panel(run="bengali", portal="https://portal.example")
+    for line in [*written.getvalue().splitlines(), "a line that is not JSON"]:
+        panel.read(line + "\n")
+
+    assert panel.progress == SNAPSHOT
+    assert panel.problem == "The portal refused: run <b>paused</b> by its organizer"
+    shown = dict(panel.rows())
+    assert shown["Your samples"].startswith("320 this session, 256 acknowledged by the portal")
+    assert shown["Epoch"] == "7 (96/256)" and shown["Loss"] == "2.500"
+    assert "<b>" not in panel.html() and "run &lt;b&gt;paused&lt;/b&gt;" in panel.html()
+    assert "a line that is not JSON" in panel.html()
+
+
+def test_an_agent_whose_parent_is_gone_stops_as_sigterm_stops_it(tmp_path):
+    """A parent that starts the agent's stand-in and dies at once, as a notebook's kernel killed without notice."""
+    marker = tmp_path / "stopped"
+    agent = textwrap.dedent(f"""
+        import signal, sys, time
+        from peer_agent.join import parent_watch
+        signal.signal(signal.SIGTERM, lambda *_: (open({str(marker)!r}, "w").close(), sys.exit(0)))
+        parent_watch(int(sys.argv[1]), every_s=0.1)
+        time.sleep(60)
+    """)
+    parent = f"import os, subprocess, sys; subprocess.Popen([sys.executable, '-c', {agent!r}, str(os.getpid())])"
+    subprocess.run([sys.executable, "-c", parent], check=True, timeout=60)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the orphaned agent did not stop"
