@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from peer_agent.protocol import RunConfig
-from runs.setup.forms import preset_config
 
 
 def small_config() -> dict:
+    from runs.setup.forms import preset_config  # needs Django, which loss_evaluate's users (bench/swarm_spread.py) do not
+
     config = preset_config("tiny").model_dump(mode="json")
     config["model"] = dict(preset="custom", hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                            intermediate_size=128, embedding_size=32, max_position_embeddings=64)

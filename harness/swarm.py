@@ -42,6 +42,41 @@ def train_together(trainers, epochs: int, *, step_time_s: float = STEP_TIME_S, d
     return results
 
 
+def train_measured(trainers, epochs: int, *, measured=None, **options) -> tuple[float, list[float], list[list]]:
+    """:func:`train_together` (with ``options``) measured: the first trainer's :func:`fixed_loss` before, each
+    of ``measured``'s (default: all) after, and the step results."""
+    fixed = fixed_batches(trainers[0])
+    before = fixed_loss(trainers[0], fixed)
+    results = train_together(trainers, epochs=epochs, **options)
+    return before, [fixed_loss(trainer, fixed) for trainer in measured or trainers], results
+
+
+# The attacked swarm of tests/peer_agent/test_robust_aggregation.py and bench/swarm_spread.py: each peer
+# gathers about 40 samples an epoch, enough that honest gradients agree in direction; and a longer round
+# than the tests' default, since a sender that misses a chunk for next_chunk_timeout (a quarter of it) is
+# dropped, and a part left with two slices has no majority to clip with.
+ATTACK_EPOCHS = 6
+
+
+def attack_options(aggregation: str) -> dict:
+    """``harness.tiny_swarm.trainer_make``'s options for every peer of the attacked swarm."""
+    return dict(averaging=dict(aggregation=aggregation, averaging_timeout=30.0), training=dict(target_batch_size=128))
+
+
+def poison(trainer, factor: float = -100.0) -> None:
+    """Make ``trainer`` an attacker: what it hands to the all-reduce is its gradient times ``factor``
+    (after its own clipping, which an attacker would not do)."""
+    step = trainer.optimizer.step
+
+    def poisoned_step(*args, **kwargs):
+        for parameter in trainer.model.parameters():
+            if parameter.grad is not None:
+                parameter.grad.mul_(factor)
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = poisoned_step
+
+
 # What a global step does when it does not average this peer's gradients with the others'.
 STEP_ANOMALIES = {
     "load_state_from_peers": "downloaded the swarm's state, dropping its gradients",
