@@ -15,8 +15,11 @@
     return element;
   }
 
+  // The page's own icon (templates/includes/bell_icon.svg), not an emoji: without an emoji font it is a box.
+  const iconDrawn = bell.querySelector(".bell-icon");
+
   function render(unread) {
-    const icon = span("🔔", null, true);
+    const icon = iconDrawn.cloneNode(true);
     if (unread > 0) {
       const words = ngettext("Notifications: %(count)s unread", "Notifications: %(count)s unread", unread);
       bell.replaceChildren(icon, span(number(unread), "bell-count", true),

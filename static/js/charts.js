@@ -184,7 +184,7 @@
       width: widthOf(plotElement),
       height: HEIGHT,
       tzDate: utcDate,
-      legend: { show: true },
+      legend: { show: true, live: false },  // names only: a live legend reads "--" until hovered
       // Half a day either side so that the first and last bars show whole; both figures from zero.
       scales: {
         x: { time: true, range: (plot, min, max) => [min - 43200, max + 43200] },
@@ -240,10 +240,13 @@
       plot = new uPlot({
         width: widthOf(element),
         height: HEIGHT,
-        legend: { show: true },
-        scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(max, 1) * 1.1] }, ppl: { distr: 3 } },
+        legend: { show: true, live: false },  // names only: a live legend reads "--" until hovered
+        // Accuracy in percent from 0 to at least 5%, each tick with its sign: an axis fitted to 0-1 drew 0.8%
+        // at the top of the chart, as if it were high.
+        scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.min(100, Math.max(5, max * 1.25))] }, ppl: { distr: 3 } },
         axes: [{ label: axis.value === "epoch" ? gettext("epoch") : gettext("tokens seen") },
-          { size: 56, label: "%" }, { scale: "ppl", side: 1, grid: { show: false }, size: 64, label: gettext("perplexity") }],
+          { size: 56, label: gettext("masked-LM accuracy"), values: (u, ticks) => ticks.map((tick) => `${figureText(tick, 1)}%`) },
+          { scale: "ppl", side: 1, grid: { show: false }, size: 64, label: gettext("perplexity") }],
         series: [
           {},
           { label: gettext("masked-LM accuracy"), stroke: COLORS.samples_per_second, width: 2, points: { show: true } },

@@ -40,6 +40,14 @@ def test_the_run_page_charts_held_out_scores_against_epochs_and_tokens_seen(brow
     assert drawn[3] == pytest.approx([400.0, 200.0, 400 / 3, 100.0])
     expect(section.locator("#evaluation-chart-summary")).to_contain_text("epoch 8")
     expect(section.locator("#evaluation-chart-summary")).to_contain_text("40.0%")
+    # The accuracy axis runs in percent past the highest point, and each tick says so; the legend names the
+    # lines without the "--" a live legend shows until hovered.
+    assert page.evaluate("document.getElementById('run-evaluations').evaluationPlot.scales.y.max") == pytest.approx(50.0)
+    ticks = page.evaluate("(() => { const plot = document.getElementById('run-evaluations').evaluationPlot;"
+                          " return plot.axes[1].values(plot, [0, 2.5]); })()")
+    assert ticks == ["0.0%", "2.5%"]
+    expect(section.locator(".u-legend")).to_contain_text("masked-LM accuracy")
+    expect(section.locator(".u-legend")).not_to_contain_text("--")
 
     section.locator("#evaluation-axis").select_option("tokens_seen")
     expect(section).to_have_attribute("data-axis", "tokens_seen")

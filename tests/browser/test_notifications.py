@@ -44,6 +44,9 @@ def test_the_bell_counts_unread_notifications_until_they_are_read(browser, asgi_
     notify(user=amina, kind="run_resumed", key="run-event:4", context={"run": "Bangla ALBERT", "url": "/runs/"})
     expect(bell).to_have_accessible_name("Notifications: 1 unread", timeout=15_000)
     expect(bell.locator(".bell-count")).to_have_text("1")
+    # Drawn with the page's icon, redrawn by bell.js too: an emoji would be a box without an emoji font.
+    expect(bell.locator("svg.bell-icon")).to_be_visible()
+    assert "🔔" not in bell.inner_text()
     assert page.evaluate("window.stillThisPage === true")
     assert problems == []
     page.close()
