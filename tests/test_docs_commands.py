@@ -67,6 +67,9 @@ EXERCISED = [
      CLI_TESTS + "test_a_flag_beats_the_environment_which_beats_the_config_file_which_beats_the_login"),
     (r"peer-agent join --log-format json",
      CLI_TESTS + "test_log_format_json_writes_each_log_record_as_a_json_line_naming_the_run_and_session"),
+    (r"peer-agent join --stop-with-parent PID",  # the notebook's agent runs with it (peer_agent/notebook.py)
+     "tests/e2e/test_join_notebook.py::"
+     "test_the_join_notebook_installs_the_agent_joins_with_a_typed_token_and_earns_confirmed_credit"),
     (r"peer-agent join --help", CLI_TESTS + "test_python_m_peer_agent_shows_help_for_every_command"),
     (r"peer-agent login --portal \S+", CLI_TESTS + "test_login_checks_the_token_and_stores_it_readable_only_by_you"),
     (r"peer-agent check( --portal \S+ \S+)?",
