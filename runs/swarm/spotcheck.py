@@ -317,18 +317,13 @@ class Validator:
         The checker then compares each step with every state held for its epoch (the parameters each
         step claims say which), once a later epoch is held. Held, a wrong state would fail every honest
         check of its epoch; not held, the epoch's commitments are unchecked (docs/trust.md). A swarm of
-        one peer has no second to agree with: its states are held as it serves them. So is the state of the
-        one peer that answered a look that asked every declared source: a peer killed without notice stays
-        declared for hivemind's declare period (30 s), and the volunteer left alone while its partner
-        restarts would otherwise lose those epochs (tests/e2e/test_honest_credit.py)."""
+        one peer has no second to agree with: its states are held as it serves them."""
         sources = random.sample(self._sources, len(self._sources))
         newest = max(self.held, default=-1)
-        answered, lone = 0, None
         for tried, peer in enumerate(sources[:HOLD_SOURCES_PER_TRY]):
             served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
             if served is None or self._closed:
                 continue
-            answered += 1
             epoch, parameters = served
             if epoch < newest:
                 if tried == 0:
@@ -347,9 +342,6 @@ class Validator:
                 self._hold_state(epoch, agreed)
             if tried == 0 and state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
                 return  # a state already held: nothing new
-            lone = epoch, parameters
-        if answered == 1 and lone is not None and 1 < len(sources) <= HOLD_SOURCES_PER_TRY and not self._closed:
-            self._hold_state(*lone)
 
     def claimed_fetch(self) -> int:
         """Ask peers for the states that two distinct volunteers' pending commitments claim their steps were
