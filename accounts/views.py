@@ -129,8 +129,15 @@ def profile(request: HttpRequest) -> HttpResponse:
 
 
 def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
-    """A volunteer's runs and credit; their machines only to themselves. Hidden: only the owner."""
-    from runs.credit.volunteers import milestones_shown, volunteer_for_profile, volunteer_machines, volunteer_runs
+    """A volunteer's runs and credit; their machines and the epochs that earned nothing only to themselves.
+    Hidden: only the owner."""
+    from runs.credit.volunteers import (
+        milestones_shown,
+        volunteer_for_profile,
+        volunteer_lost_epochs,
+        volunteer_machines,
+        volunteer_runs,
+    )
     from runs.models import VolunteerCredit
 
     volunteer = volunteer_for_profile(key=key, viewer=request.user)
@@ -145,6 +152,7 @@ def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
         "totals": VolunteerCredit.objects.filter(user=volunteer).first(),
         "runs": volunteer_runs(user=volunteer, viewer=request.user),
         "machines": volunteer_machines(user=volunteer) if is_owner else None,
+        "lost_epochs": volunteer_lost_epochs(user=volunteer) if is_owner else None,
         "milestones": milestones_shown(user=volunteer, viewer=request.user),
     }
     return render(request, "accounts/volunteer_detail.html", context)

@@ -345,6 +345,13 @@ class SessionEpoch(models.Model):
         indexes = [models.Index(fields=["status"])]
 
 
+# Details the verdicts store (runs/swarm/verification.py) that the volunteer's page explains in plain words
+# (runs/credit/volunteers.py, lost_reason).
+NEVER_SEEN = "never seen in the DHT: no signed progress record of this session's peer for the epoch"
+NEVER_CONFIRMED = "not confirmed within 6 h of its report: no signed record of this session's peer was judged for the epoch"
+NO_STATE_HELD = "no state of epoch {epoch} was held to check it"
+
+
 def epoch_confirmed_samples(*, status: str, reported: int, announced: int | None) -> int:
     """The samples of a session's epoch that earn credit: a verified epoch counts the smaller of the
     reported and the announced samples, an accepted one what was reported, any other nothing."""

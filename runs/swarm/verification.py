@@ -52,12 +52,21 @@ from accounts.models import Notification, User
 from accounts.notifications import notify
 from peer_agent.protocol import RunConfig
 from runs.ingest.reports import RUN_PACE_SLACK
-from runs.models import ContributionEvent, Run, RunEvent, SessionEpoch, StepCommitment, TrainingSession
+from runs.models import (
+    NEVER_CONFIRMED,
+    NEVER_SEEN,
+    NO_STATE_HELD,
+    ContributionEvent,
+    Run,
+    RunEvent,
+    SessionEpoch,
+    StepCommitment,
+    TrainingSession,
+)
 from runs.setup.services import run_event_record
 
 TOLERANCE = 0.05
 NEVER_SEEN_REJECT_AFTER = datetime.timedelta(minutes=10)
-NEVER_SEEN = "never seen in the DHT: no signed progress record of this session's peer for the epoch"
 NOT_SEEN_YET = "not seen in the DHT yet"
 AWAITING_CHECK = "waiting for a spot check of the session's steps"
 AWAITING_COUNT = "waiting for the peer's own count of the epoch, which its signed metrics record publishes"
@@ -65,7 +74,6 @@ NO_COMMITMENT = "no commitment: the session never committed to the steps of this
 # Claims the monitor has not judged this long after they were reported are rejected, unless their
 # epoch is the swarm's current one (a slow epoch is still gathering samples).
 PENDING_MAX_AGE = datetime.timedelta(hours=6)
-NEVER_CONFIRMED = "not confirmed within 6 h of its report: no signed record of this session's peer was judged for the epoch"
 # The audit log's kinds for an organizer's decision on a flag.
 EVENT_CREDIT_ACCEPTED, EVENT_CREDIT_REJECTED = RunEvent.Kind.CREDIT_ACCEPTED, RunEvent.Kind.CREDIT_REJECTED
 _Status = SessionEpoch.Status
@@ -372,7 +380,7 @@ def commitments_uncheckable(*, run: Run, before_epoch: int) -> int:
     never did): marked unchecked and their epochs judged again. Returns how many."""
     stale = list(StepCommitment.objects.filter(session__run=run, outcome=_Outcome.PENDING, epoch__lt=before_epoch))
     for commitment in stale:
-        _outcome_save(commitment, _Outcome.UNCHECKED, detail=f"no state of epoch {commitment.epoch} was held to check it")
+        _outcome_save(commitment, _Outcome.UNCHECKED, detail=NO_STATE_HELD.format(epoch=commitment.epoch))
         _rejudge(run=run, session_id=commitment.session_id, epochs=[commitment.epoch])
     return len(stale)
 

@@ -1,0 +1,108 @@
+"""A volunteer's own view of their machines (issue 32): each machine's samples split into confirmed, pending
+and lost, how its latest session stands, and why each epoch that lost samples lost them, in both languages;
+none of it shown to anyone else."""
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from runs.credit.rollup import run_credit_per_sample
+from runs.models import NO_STATE_HELD, SessionEpoch, StepCommitment, TrainingSession
+from runs.swarm import verification
+from tests.factories import PASSWORD, RunFactory, UserFactory, report
+
+pytestmark = pytest.mark.django_db
+_Status = SessionEpoch.Status
+
+
+def commit(session, epoch: int, outcome: str, detail: str = "") -> None:
+    StepCommitment.objects.create(session=session, epoch=epoch, micro_batch_size=8, shuffle_buffer=100, steps=[],
+                                  samples=64, outcome=outcome, check_detail=detail)
+
+
+def judged(session, epoch: int, samples: int, status: str, **fields) -> None:
+    report(session, samples, epoch=epoch, confirmed=False)
+    SessionEpoch.objects.create(session=session, epoch=epoch, reported_samples=samples, status=status,
+                                checked_at=timezone.now(), **fields)
+
+
+@pytest.fixture
+def amina_machines():
+    """amina's laptop: a session killed (ended) and the session it restarted as, live; and a cloud machine whose
+    session was suspended. Their epochs cover every way an epoch can lose samples."""
+    from accounts.services import token_create
+
+    amina, run = UserFactory(username="amina"), RunFactory(name="sahajBERT")
+    laptop, _ = token_create(user=amina, name="laptop")
+    cloud, _ = token_create(user=amina, name="cloud")
+
+    def session(token, **fields) -> TrainingSession:
+        return TrainingSession.objects.create(run=run, user=amina, token=token, peer_public_key="ssh-rsa AAAA",
+                                              agent_version="0.13.0", access_expires_at=timezone.now(), **fields)
+
+    an_hour_ago = timezone.now() - datetime.timedelta(hours=1)
+    killed = session(laptop, started_at=an_hour_ago, last_seen_at=an_hour_ago, ended_at=an_hour_ago)
+    judged(killed, 1, 64, _Status.VERIFIED, announced_samples=64)
+    judged(killed, 2, 64, _Status.REJECTED, detail=verification.NO_COMMITMENT)
+    restarted = session(laptop)
+    judged(restarted, 3, 64, _Status.VERIFIED, announced_samples=48)  # 48 confirmed, 16 lost
+    judged(restarted, 4, 64, _Status.REJECTED)
+    commit(restarted, 4, StepCommitment.Outcome.DIVERGED, "epoch 4: 2 of 8 micro-batches were computed elsewhere")
+    judged(restarted, 5, 64, _Status.REJECTED)
+    commit(restarted, 5, StepCommitment.Outcome.UNCHECKED, NO_STATE_HELD.format(epoch=5))
+    report(restarted, 32, epoch=6, confirmed=False)  # not judged yet: pending
+    suspended = session(cloud, suspended_at=timezone.now(), suspension_reason="2 failed spot checks")
+    judged(suspended, 4, 64, _Status.FLAGGED, detail="epoch 4: session suspended by spot checks")
+    return amina, run
+
+
+def test_each_machine_shows_confirmed_pending_and_lost_samples_and_its_state(client, amina_machines):
+    amina, run = amina_machines
+    client.login(username="amina", password=PASSWORD)
+    page = client.get("/volunteers/amina/")
+    machines = {machine["name"]: machine for machine in page.context["machines"]}
+
+    assert set(machines) == {"laptop", "cloud"}, "a restarted agent with its token is one machine"
+    laptop, cloud = machines["laptop"], machines["cloud"]
+    assert (laptop["samples"], laptop["confirmed"], laptop["pending"], laptop["lost"]) == (352, 112, 32, 208)
+    assert laptop["state"] == "training" and cloud["state"] == "suspended"
+    assert (cloud["samples"], cloud["confirmed"], cloud["pending"], cloud["lost"]) == (64, 0, 64, 0)
+    assert run_credit_per_sample(run) > 0 and laptop["credit"] == pytest.approx(112 * run_credit_per_sample(run))
+    assert laptop["credit_pending"] == pytest.approx(32 * run_credit_per_sample(run))
+    assert cloud["suspension_reason"] == "2 failed spot checks"
+    html = page.content.decode()
+    assert 'data-state="suspended"' in html and 'data-state="training"' in html
+
+
+def test_every_epoch_that_lost_samples_says_why(client, amina_machines):
+    client.login(username="amina", password=PASSWORD)
+    page = client.get("/volunteers/amina/")
+    reasons = {(row["machine"], row["epoch"]): (row["reason"], row["lost"]) for row in page.context["lost_epochs"]}
+
+    assert reasons == {
+        ("laptop", 2): ("no_commitment", 64), ("laptop", 3): ("fewer_announced", 16),
+        ("laptop", 4): ("diverged", 64), ("laptop", 5): ("unchecked", 64), ("cloud", 4): ("suspended", 64),
+    }
+    html = page.content.decode()
+    assert "nothing is held against you" in html and 'data-reason="diverged"' in html
+
+
+def test_the_explanations_are_in_bengali_too(client, amina_machines):
+    client.login(username="amina", password=PASSWORD)
+    html = client.get("/volunteers/amina/", HTTP_ACCEPT_LANGUAGE="bn").content.decode()
+    for reason in ("diverged", "unchecked", "no_commitment", "fewer_announced", "suspended"):
+        assert f'data-reason="{reason}"' in html
+    assert "nothing is held against you" not in html and "Your machines" not in html
+
+
+@pytest.mark.parametrize("viewer", [None, "outsider"])
+def test_nobody_else_sees_a_volunteers_machines_or_lost_epochs(client, amina_machines, viewer):
+    if viewer:
+        UserFactory(username=viewer)
+        client.login(username=viewer, password=PASSWORD)
+    page = client.get("/volunteers/amina/")
+    assert page.status_code == 200
+    assert page.context["machines"] is None and page.context["lost_epochs"] is None
+    html = page.content.decode()
+    assert "volunteer-machines" not in html and "volunteer-lost" not in html and "laptop" not in html
