@@ -5,6 +5,8 @@ services ``manage.py demo`` starts. The bench starts and stops the processes its
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -54,3 +56,37 @@ def demo_lab(*, var_dir: str | None, prefix: str, volunteers: int, port: int) ->
                 ("coordinator", coordinator_command(), logs / "coordinator.log")]
     return DemoLab(var_dir=var, logs=logs, url=f"http://127.0.0.1:{port}", organizer=organizer, volunteers=people,
                    run=run, services=services)
+
+
+def process_start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """One of the lab's processes, in a process group of its own (an agent's hivemind children with it)."""
+    with log.open("ab") as file:
+        return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, stdout=file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def process_stop(process: subprocess.Popen, timeout: float = 120) -> None:
+    """SIGINT, as a volunteer's Ctrl-C (an agent finishes its step and flushes its reports), then SIGKILL."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def services_stop(services: list[subprocess.Popen]) -> None:
+    """SIGTERM to the web server, worker and coordinator together; SIGKILL to any still running a minute later."""
+    for process in services:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in services:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()

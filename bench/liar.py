@@ -18,15 +18,12 @@ Run ``python -m bench.liar --help`` from the repository root.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
-from bench.demo_lab import ROOT, demo_lab
+from bench.demo_lab import demo_lab, process_start, process_stop, services_stop, uptime
 
 # name -> (the agent's module, its environment): one row of docs/trust.md's economics each
 STRATEGIES = {
@@ -55,27 +52,6 @@ def _parse() -> argparse.Namespace:
     return args
 
 
-def _start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
-    with log.open("ab") as file:
-        return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, stdout=file, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _stop(process: subprocess.Popen, timeout: float = 120) -> None:
-    """SIGINT, as a volunteer's Ctrl-C (an agent finishes its step and flushes its reports), then SIGKILL."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def main() -> None:
     args = _parse()
     lab = demo_lab(var_dir=args.var_dir, prefix="dedloc-liar-", volunteers=2, port=args.port)
@@ -88,9 +64,9 @@ def main() -> None:
     from runs.models import ContributionEvent, RunSample, SessionEpoch, epoch_confirmed_samples
 
     print(f"var dir {var_dir}; liars {args.strategies}, {args.seconds:g} s each, {args.drain:g} s drain; "
-          f"uptime: {_uptime()}", flush=True)
+          f"uptime: {uptime()}", flush=True)
     launched = timezone.now()
-    services = [_start(command, {}, log) for _, command, log in lab.services]
+    services = [process_start(command, {}, log) for _, command, log in lab.services]
     agents = []
     # strategy -> the liar, its home, and the swarm's epochs as it joined, left, and the drain after it ended
     liars: dict[str, tuple[User, Path, tuple[int, int, int]]] = {}
@@ -103,7 +79,7 @@ def main() -> None:
         backbone_wait(run, since=launched)
         for volunteer in honest:
             command, env = agent_launch(volunteer, url, var_dir / "agents" / volunteer.username)
-            agents.append(_start(command, env, logs / f"{volunteer.username}.log"))
+            agents.append(process_start(command, env, logs / f"{volunteer.username}.log"))
         for strategy in args.strategies.split(","):
             module, strategy_env = STRATEGIES[strategy]
             liar = User.objects.create_user(username=f"liar-{strategy}", email=f"liar-{strategy}@demo.invalid",
@@ -113,9 +89,9 @@ def main() -> None:
             command[command.index("peer_agent")] = module
             print(f"{time.monotonic() - started:6.0f} s  {liar.username} joins", flush=True)
             joined = swarm_epoch()
-            process = _start(command, {**env, **strategy_env}, logs / f"{liar.username}.log")
+            process = process_start(command, {**env, **strategy_env}, logs / f"{liar.username}.log")
             time.sleep(args.seconds)
-            _stop(process)
+            process_stop(process)
             left = swarm_epoch()
             print(f"{time.monotonic() - started:6.0f} s  {liar.username} left (exit {process.returncode}); "
                   f"the honest agents train on {args.drain:g} s", flush=True)
@@ -123,15 +99,8 @@ def main() -> None:
             liars[strategy] = (liar, home, (joined, left, swarm_epoch()))
     finally:
         for process in agents:
-            _stop(process)
-        for process in services:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in services:
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+            process_stop(process)
+        services_stop(services)
 
     def standing(user: User) -> tuple[int, int, Counter]:
         """Confirmed samples, samples reported, and how many epochs have each status."""
@@ -142,7 +111,7 @@ def main() -> None:
         reported = ContributionEvent.objects.filter(session__user=user).aggregate(total=Sum("samples"))["total"] or 0
         return confirmed, reported, Counter(status for status, _, _ in rows)
 
-    print(f"\nran {(time.monotonic() - started) / 60:.1f} min; uptime: {_uptime()}")
+    print(f"\nran {(time.monotonic() - started) / 60:.1f} min; uptime: {uptime()}")
     print(f"{'who':<16} {'computed':>9} {'reported':>9} {'confirmed':>9} {'return':>7} {'/honest':>8}  epochs")
     baseline_confirmed = baseline_computed = 0
     for volunteer in honest:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.demo_lab import ROOT, demo_lab
+from bench.demo_lab import ROOT, demo_lab, uptime
 
 
 def _parse() -> argparse.Namespace:
@@ -87,10 +87,6 @@ class Role:
         return total if self.process.poll() is None else None
 
 
-def _uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def _mb(value: float) -> str:
     return f"{value / 2**20:8.1f}"
 
@@ -107,7 +103,7 @@ def main() -> None:
     from runs.models import ContributionEvent
 
     print(f"var dir {var_dir}; {args.minutes:g} min, {args.agents} agents, a kill every {args.kill_every:g} s "
-          f"({args.kills}); uptime: {_uptime()}")
+          f"({args.kills}); uptime: {uptime()}")
     roles = [Role(name, command, {}, log) for name, command, log in lab.services]
     from django.utils import timezone
 
@@ -168,7 +164,7 @@ def main() -> None:
 
     print(f"\nran {(time.monotonic() - clock) / 60:.1f} min; kills: {', '.join(kills) or 'none'}; "
           f"agents' exit codes {codes}; still running 60 s after SIGTERM: {', '.join(lingering) or 'none'}; "
-          f"uptime: {_uptime()}")
+          f"uptime: {uptime()}")
     print(f"\n{'role':<16} {'lives':>5} {'baseline MB':>11} {'peak MB':>8} {'end MB':>8} {'end/baseline':>12}  "
           f"growth per 10 min of each life (MB, lives over 5 min)")
     for role in roles:

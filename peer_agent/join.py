@@ -57,6 +57,7 @@ from peer_agent.protocol import (
 )
 from peer_agent.reporter import Reporter
 from peer_agent.settings import AgentSettings, SettingsError, settings_from_args
+from peer_agent.spool import spool_previous_session
 from peer_agent.tokenizer import tokenizer_load
 
 if TYPE_CHECKING:
@@ -227,14 +228,16 @@ def join_command(args: argparse.Namespace, console: Console) -> int:
 
 
 def join_request_signed(key: RSAPrivateKey, *, run: str, agent_version: str, device: DeviceInfo,
-                        role: PeerRole = "trainer", per_device_batch_size: int | None = None) -> JoinRequest:
+                        role: PeerRole = "trainer", per_device_batch_size: int | None = None,
+                        replaces_session: int | None = None) -> JoinRequest:
     """A join for ``run`` as ``role``, signed with ``key``, which proves to the portal that this agent holds it,
-    declaring the agent's ``--per-device-batch-size`` override if any."""
+    declaring the agent's ``--per-device-batch-size`` override if any and the session its start replaces."""
     peer_public_key = key.get_public_key().to_bytes().decode()
     signed_at = datetime.datetime.now(datetime.UTC)
     proof = key.sign(join_proof_message(run=run, peer_public_key=peer_public_key, signed_at=signed_at)).decode()
     return JoinRequest(peer_public_key=peer_public_key, agent_version=agent_version, device=device,
-                       signed_at=signed_at, key_proof=proof, role=role, per_device_batch_size=per_device_batch_size)
+                       signed_at=signed_at, key_proof=proof, role=role, per_device_batch_size=per_device_batch_size,
+                       replaces_session=replaces_session)
 
 
 def _join_when_active(settings: AgentSettings, portal: PortalClient, request: Callable[[], JoinRequest], stop: StopRequest,
@@ -283,7 +286,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
     key = RSAPrivateKey()
     info = device_info(device, precision_choose(device, policy))
     request = functools.partial(join_request_signed, key, run=settings.run, agent_version=__version__, device=info,
-                                per_device_batch_size=settings.per_device_batch_size)
+                                per_device_batch_size=settings.per_device_batch_size,
+                                replaces_session=spool_previous_session(settings.resolved_spool_dir(), run=settings.run))
     joined = _join_when_active(settings, portal, request, stop, deadline, patient)
     if joined is None:
         return None

@@ -429,6 +429,11 @@ class JoinRequest(_Schema):
         "The agent's --per-device-batch-size when it overrides the run's: the size of its micro-batches, which "
         "its commitments must use and the portal's checks allow for. At most the run's target batch size over "
         "its gradient accumulation steps."))
+    replaces_session: int | None = Field(None, ge=1, le=2**31 - 1, description=(
+        "The session this agent's previous start in the same environment held, if no agent runs it any more (its "
+        "spool is unlocked): a machine that restarts (a notebook's kernel killed, a preempted VM) joins as a new "
+        "session, and the portal ends the one it replaces, if the same agent token opened it in this run, so that "
+        "the machine does not count twice."))
 
 
 def join_proof_message(*, run: str, peer_public_key: str, signed_at: datetime) -> bytes:

@@ -81,6 +81,22 @@ def spool_files(directory: Path) -> list[Path]:
     return sorted(files, key=lambda path: int(path.stem.removeprefix("session-")))
 
 
+def spool_previous_session(directory: Path, *, run: str) -> int | None:
+    """The newest session of ``run`` whose spool in ``directory`` no running agent holds: the session this
+    environment's previous start held, which a new start replaces (``JoinRequest.replaces_session``). A
+    spool still locked belongs to another agent running beside this one, whose session goes on."""
+    for path in reversed(spool_files(directory) if Path(directory).exists() else []):
+        header, summary = spool_read(path)
+        if header.get("run") != run:
+            continue
+        try:
+            Spool.open(directory, summary.session_id).close()
+        except SpoolBusy:
+            continue
+        return summary.session_id
+    return None
+
+
 def spool_read(path: Path) -> tuple[dict[str, Any], SpoolSummary]:
     """Read a spool without locking or changing it: its header and its summary."""
     text = path.read_text(encoding="utf-8")

@@ -104,6 +104,12 @@ def session_open(*, run: Run, token: AgentToken, request: JoinRequest) -> tuple[
         raise JoinRefused(503, "coordinator_unavailable", f"the coordinator of run “{run.slug}” is not reachable now; "
                                                           f"the agent will retry every {COORDINATOR_RETRY_SECONDS} s",
                           retry_after=COORDINATOR_RETRY_SECONDS)
+    if request.replaces_session is not None:
+        # A machine that restarted (a notebook's kernel killed, a preempted VM) joins as a new session: the one it
+        # replaces ends when it was last seen, rather than counting as a second live machine for
+        # LIVE_SESSION_SEEN_WITHIN. Only a session of the same token and run: a volunteer ends their own machine.
+        TrainingSession.objects.filter(pk=request.replaces_session, token=token, run=run, ended_at=None).update(
+            ended_at=F("last_seen_at"))
     _live_sessions_check(token=token)
     # One live session per peer key in a run: the monitor credits a session with what its key's
     # signed records announce. Locked so that two joins with one key cannot both pass.

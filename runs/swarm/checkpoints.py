@@ -81,6 +81,13 @@ class SwarmReading:
     loss: float | None  # the mean loss those peers published
 
 
+# What ``Checkpointer.state_download_from`` answers for a peer no stream could be opened to: the local
+# daemon could not dial it (a killed peer's process and daemon are gone, and its address refuses), unlike
+# a peer that was reached and sent nothing in time. A killed peer stays declared as a state source for
+# hivemind's declare period (30 s): the validator (runs/swarm/spotcheck.py) tells the two apart.
+UNREACHABLE = "unreachable"
+
+
 def checkpoint_number(checkpoint: Checkpoint) -> int:
     """The checkpoint's sequence number in its run (1 for the first ever saved); see ``Checkpoint.number``."""
     return checkpoint.number
@@ -225,18 +232,19 @@ class Checkpointer:
         return self._averager is not None and not self._closed
 
     def state_download_from(self, peer: str, *, timeout: float, kept: tuple[int, str] | None = None
-                            ) -> tuple[int, list] | None:
+                            ) -> tuple[int, list] | str | None:
         """The collaboration's state as ``peer`` serves it now (or, with ``kept``, the parameters it kept for
         that epoch and parameters' sketch): its epoch and its parameters (in the model's order), for the
         validator (runs/swarm/spotcheck.py), which compares several peers' states. None once shut down,
-        or when the peer sent none or one of another shape. It takes no lock: the averager answers
+        or when the peer sent none or one of another shape; ``UNREACHABLE`` when no
+        stream to the peer could be opened. It takes no lock: the averager answers
         requests from several threads, and a checkpoint's download does not hold it up."""
         averager = self._averager
         if averager is None or self._closed:
             return None
         served = averager.state_download_from(peer, timeout=timeout, kept=kept)
-        if served is None:
-            return None
+        if not isinstance(served, tuple):
+            return served
         metadata, tensors = served
         epoch = metadata.get("epoch")
         position = {id(parameter): index for index, parameter in enumerate(averager.main_parameters)}

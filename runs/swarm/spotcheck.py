@@ -35,7 +35,7 @@ from peer_agent.protocol import RunConfig
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
 from runs.models import Run, RunSample, StepCommitment
 from runs.swarm import verification
-from runs.swarm.checkpoints import Checkpointer, state_epoch_trusted
+from runs.swarm.checkpoints import UNREACHABLE, Checkpointer, state_epoch_trusted
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
@@ -317,11 +317,20 @@ class Validator:
         The checker then compares each step with every state held for its epoch (the parameters each
         step claims say which), once a later epoch is held. Held, a wrong state would fail every honest
         check of its epoch; not held, the epoch's commitments are unchecked (docs/trust.md). A swarm of
-        one peer has no second to agree with: its states are held as it serves them."""
+        one peer has no second to agree with: its states are held as it serves them. So is the swarm of one
+        that a killed peer leaves behind: hivemind keeps the killed peer declared as a source for its declare
+        period (30 s), but no stream to it can be opened, while a live peer, however slow or hostile, is
+        reached (``UNREACHABLE``). Its survivor's state is held once a look asked every declared source and
+        every other was unreachable; without that, a survivor's epochs in those 30 s earned nothing (issue 29:
+        an honest agent lost an epoch while its partner restarted, on a loaded machine)."""
         sources = random.sample(self._sources, len(self._sources))
         newest = max(self.held, default=-1)
-        for tried, peer in enumerate(sources[:HOLD_SOURCES_PER_TRY]):
+        asked, answers, unreachable = sources[:HOLD_SOURCES_PER_TRY], [], 0
+        for tried, peer in enumerate(asked):
             served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
+            if served == UNREACHABLE:
+                unreachable += 1
+                continue
             if served is None or self._closed:
                 continue
             epoch, parameters = served
@@ -333,6 +342,7 @@ class Validator:
                 logger.warning("run %s: peer %s served a state of epoch %d, past the swarm's %d", self.slug, peer,
                                epoch, swarm_epoch)
                 continue
+            answers.append((peer, epoch, parameters))
             self._served_keep(epoch, parameters)
             served_now = self._served.setdefault(epoch, {})
             served_now[peer] = parameters  # a peer's later state replaces its earlier: it may have stepped since
@@ -342,6 +352,12 @@ class Validator:
                 self._hold_state(epoch, agreed)
             if tried == 0 and state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
                 return  # a state already held: nothing new
+        if len(sources) > 1 and len(asked) == len(sources) and len(answers) == 1 and unreachable == len(sources) - 1:
+            peer, epoch, parameters = answers[0]
+            if not state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
+                logger.info("run %s: holding the state of epoch %d that peer %s alone served: the %d other declared "
+                            "source(s) could not be reached", self.slug, epoch, peer, unreachable)
+            self._hold_state(epoch, parameters)
 
     def claimed_fetch(self) -> int:
         """Ask peers for the states that two distinct volunteers' pending commitments claim their steps were

@@ -11,11 +11,13 @@ import multiprocessing
 from hivemind.compression import deserialize_tensor_stream
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import aiter_with_timeout
 
 from peer_agent.averaging import EpochStateServing, StateSourceChoice, declared_epochs
+from runs.swarm.checkpoints import UNREACHABLE
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +56,13 @@ class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingS
         return {peer: entry for peer, entry in declared.items() if epochs.get(peer, -math.inf) <= bound}
 
     def state_download_from(self, peer: str, *, timeout: float, kept: tuple[int, str] | None = None
-                            ) -> tuple[dict, list] | None:
+                            ) -> tuple[dict, list] | str | None:
         """The state ``peer`` serves now, as hivemind sends it (its metadata and tensors: parameters first,
         in ``main_parameters`` order), without loading it: the validator (runs/swarm/spotcheck.py) compares
         the states of several peers it chose itself. With ``kept`` (an epoch and a parameters' sketch), the
         parameters the peer kept for that epoch and sketch instead (peer_agent.averaging.EpochStates). None
-        if the peer sent no state within ``timeout``."""
+        if the peer sent no state within ``timeout``; ``UNREACHABLE`` if it could not be reached at all
+        (runs/swarm/checkpoints.py)."""
         future = MPFuture()
         self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, kept=kept, future=future)))
         return future.result(timeout=timeout + 5)  # the averager's process answers within its own timeout
@@ -84,6 +87,9 @@ class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingS
         try:
             tensors = await asyncio.wait_for(deserialize_tensor_stream(tensor_parts()), timeout)
             future.set_result((metadata[0], tensors) if metadata and isinstance(metadata[0], dict) else None)
-        except Exception as e:  # a peer gone, slow or hostile: the caller asks another
+        except ControlFailure as e:  # the daemon opened no stream: the peer is gone
+            future.set_result(UNREACHABLE)
+            logger.debug("peer %s unreachable: %r", peer, e)
+        except Exception as e:  # a peer slow or hostile: the caller asks another
             future.set_result(None)
             logger.debug("no state from peer %s: %r", peer, e)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from peer_agent.reporter import Reporter
-from peer_agent.spool import Spool, SpoolBusy, spool_files, spool_read
+from peer_agent.spool import Spool, SpoolBusy, spool_files, spool_previous_session, spool_read
 from tests.peer_agent.fakes import TOKEN, ContractServer, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,6 +171,19 @@ def test_a_spool_in_use_by_another_agent_is_left_alone(tmp_path):
     spool.close()
     Spool.open(tmp_path, 9).close()
     assert spool_files(tmp_path) == [tmp_path / "session-9.jsonl"]
+
+
+def test_a_restart_replaces_the_newest_session_of_its_run_that_no_agent_holds(tmp_path):
+    """``JoinRequest.replaces_session``: what this environment's previous start held (issue 32). A spool still
+    locked is another agent's, running beside this one; another run's sessions are not this run's machine."""
+    assert spool_previous_session(tmp_path / "none yet", run="bengali") is None
+    for session, run in ((3, "bengali"), (5, "bengali"), (7, "english")):
+        Spool.open(tmp_path, session, report_url="ws://x/ws/agent/", run=run).close()
+    assert spool_previous_session(tmp_path, run="bengali") == 5
+    running = Spool.open(tmp_path, 5)
+    assert spool_previous_session(tmp_path, run="bengali") == 3, "session 5's agent still runs"
+    running.close()
+    assert spool_previous_session(tmp_path, run="hindi") is None
 
 
 def test_a_half_written_last_line_is_cut_off_on_open(tmp_path):

@@ -210,3 +210,22 @@ def test_a_peer_serves_the_state_its_past_steps_were_computed_at_when_asked_by_t
     other = committed[-1].steps[0].parameters
     assert checkpointer.state_download_from(peer, timeout=30, kept=(epoch, other)) is None, "the sketch of another epoch"
     assert checkpointer.state_download_from(peer, timeout=30, kept=(epoch + 1000, sketch)) is None
+
+
+def test_a_peer_whose_process_is_gone_is_unreachable_not_silent(run, coordinator, make_trainer):
+    """A killed peer stays declared as a state source for hivemind's declare period (30 s); the validator
+    holds its survivor's state meanwhile because no stream to the killed peer opens (runs/swarm/spotcheck.py,
+    ``Validator._hold``), unlike a live peer's."""
+    from runs.swarm.checkpoints import UNREACHABLE
+
+    trainer = make_trainer()
+    checkpointer = next(iter(coordinator.peers.values())).checkpointer
+    train_until(trainer, coordinator, lambda: checkpointer.ready and trainer.optimizer.local_epoch >= 1,
+                "the checkpointer's averager and a first epoch")
+    peer = str(trainer.optimizer.state_averager.peer_id)
+    served = checkpointer.state_download_from(peer, timeout=30)
+    assert isinstance(served, tuple) and served[0] >= 1, "a live peer serves its state"
+    trainer.shutdown()  # its daemon stops with it, as a killed agent's does with its process group
+    started = time.monotonic()
+    assert checkpointer.state_download_from(peer, timeout=30) == UNREACHABLE
+    print(f"unreachable after {time.monotonic() - started:.2f} s")

@@ -290,3 +290,29 @@ def test_live_sessions_are_limited_per_token_and_per_volunteer(client, run, volu
     # A crashed agent's session stops counting once it has been silent for two minutes.
     TrainingSession.objects.filter(token__name="laptop").update(last_seen_at=timezone.now() - datetime.timedelta(minutes=3))
     assert post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).status_code == 200
+
+
+def test_a_restarted_machine_replaces_its_previous_session_instead_of_counting_twice(client, run, volunteer, secret,
+                                                                                    settings, outsider):
+    """A notebook's kernel killed without notice, or a preempted VM, joins again as a new session naming the one
+    its previous start held (issue 32): that one ends at once, even with one live session allowed per token,
+    and only a session of the same token and run can be ended that way."""
+    settings.AGENT_TOKEN_MAX_LIVE_SESSIONS = 1
+    first = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert")).json()["session_id"]
+    again = post(client, "/api/v1/runs/bengali-albert/join", secret, join_body("bengali-albert"))
+    assert (again.status_code, again.json()["error"]["code"]) == (429, "too_many_sessions"), "a second machine"
+    restart = post(client, "/api/v1/runs/bengali-albert/join", secret,
+                   {**join_body("bengali-albert"), "replaces_session": first})
+    assert restart.status_code == 200
+    assert TrainingSession.objects.get(pk=first).ended_at is not None
+    assert TrainingSession.objects.filter(ended_at=None).get().pk == restart.json()["session_id"]
+
+    outsiders = token_create(user=outsider, name="theirs")[1]
+    theirs = post(client, "/api/v1/runs/bengali-albert/join", outsiders,
+                  {**join_body("bengali-albert"), "replaces_session": restart.json()["session_id"]})
+    assert theirs.status_code == 200
+    assert TrainingSession.objects.get(pk=restart.json()["session_id"]).ended_at is None, "not another's session"
+    for bad in (0, -1, "one", 2**40):
+        refused = post(client, "/api/v1/runs/bengali-albert/join", secret,
+                       {**join_body("bengali-albert"), "replaces_session": bad})
+        assert refused.status_code == 400 and "replaces_session" in refused.text
