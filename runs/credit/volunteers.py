@@ -1,5 +1,7 @@
 """A volunteer's public record: the runs they joined, their credit, and their contribution over time."""
 
+import datetime
+
 from django.db.models import BigIntegerField, Case, F, Max, Q, Sum, Value, When
 from django.db.models.functions import Coalesce, Least, TruncDate
 from django.utils import timezone
@@ -58,7 +60,8 @@ def volunteer_machines(*, user: User) -> list[dict]:
     sees this): the samples it reported and what became of them (confirmed, still pending, lost: the
     epochs that earned nothing, which :func:`volunteer_lost_epochs` explains), and how its latest session
     stands: training, suspended by the spot checks, or stopped (since its last report). A restarted agent
-    keeps its token, so a machine that came back is one machine, not two."""
+    keeps its token, so a machine that came back is one machine, not two. ``days``: its samples on each of
+    the last ``MACHINE_DAYS`` days (UTC), for a small chart."""
     from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
 
     per_token = (
@@ -78,7 +81,14 @@ def volunteer_machines(*, user: User) -> list[dict]:
     for session in TrainingSession.objects.filter(user=user).order_by("started_at", "pk"):
         latest[(session.token_id, session.run_id)] = session
     runs = {run.pk: run for run in Run.objects.filter(pk__in={row["session__run_id"] for row in per_token})}
-    live_since = timezone.now() - LIVE_SESSION_SEEN_WITHIN
+    now = timezone.now()
+    days = [(now - datetime.timedelta(days=back)).date() for back in range(MACHINE_DAYS - 1, -1, -1)]
+    daily: dict[tuple, dict] = {}
+    for row in (ContributionEvent.objects.filter(session__user=user, received_at__date__gte=days[0])
+                .annotate(day=TruncDate("received_at")).values("session__token_id", "session__run_id", "day")
+                .annotate(samples=Sum("samples"))):
+        daily.setdefault((row["session__token_id"], row["session__run_id"]), {})[row["day"]] = row["samples"]
+    live_since = now - LIVE_SESSION_SEEN_WITHIN
     machines = []
     for row in per_token:
         key = (row["session__token_id"], row["session__run_id"])
@@ -98,8 +108,23 @@ def volunteer_machines(*, user: User) -> list[dict]:
             "pending": max(0, row["samples"] - confirmed - lost),
             "credit": confirmed * per_sample, "credit_pending": max(0, row["samples"] - confirmed - lost) * per_sample,
             "last_seen": row["last_seen"],
+            "days": _bars([(day, daily.get(key, {}).get(day, 0)) for day in days]),
         })
     return machines
+
+
+MACHINE_DAYS = 14  # the days of each machine's contribution the owner's page draws
+
+
+def _bars(days: list[tuple[datetime.date, int]]) -> list[dict]:
+    """A machine's samples per day as the bars of a small chart: each bar's height in percent of the
+    highest day's (a day without samples draws nothing)."""
+    top = max((samples for _, samples in days), default=0) or 1
+    bars = []
+    for index, (day, samples) in enumerate(days):
+        height = round(100 * samples / top)
+        bars.append({"day": day, "samples": samples, "x": index * 5, "y": 100 - height, "height": height})
+    return bars
 
 
 # The samples of an epoch that earn credit (runs.models.epoch_confirmed_samples, in SQL): a verified epoch

@@ -22,7 +22,7 @@ def commit(session, epoch: int, outcome: str, detail: str = "") -> None:
 
 
 def judged(session, epoch: int, samples: int, status: str, **fields) -> None:
-    report(session, samples, epoch=epoch, confirmed=False)
+    report(session, samples, epoch=epoch, confirmed=False, at=timezone.now())
     SessionEpoch.objects.create(session=session, epoch=epoch, reported_samples=samples, status=status,
                                 checked_at=timezone.now(), **fields)
 
@@ -51,7 +51,7 @@ def amina_machines():
     commit(restarted, 4, StepCommitment.Outcome.DIVERGED, "epoch 4: 2 of 8 micro-batches were computed elsewhere")
     judged(restarted, 5, 64, _Status.REJECTED)
     commit(restarted, 5, StepCommitment.Outcome.UNCHECKED, NO_STATE_HELD.format(epoch=5))
-    report(restarted, 32, epoch=6, confirmed=False)  # not judged yet: pending
+    report(restarted, 32, epoch=6, confirmed=False, at=timezone.now())  # not judged yet: pending
     suspended = session(cloud, suspended_at=timezone.now(), suspension_reason="2 failed spot checks")
     judged(suspended, 4, 64, _Status.FLAGGED, detail="epoch 4: session suspended by spot checks")
     return amina, run
@@ -73,6 +73,10 @@ def test_each_machine_shows_confirmed_pending_and_lost_samples_and_its_state(cli
     assert cloud["suspension_reason"] == "2 failed spot checks"
     html = page.content.decode()
     assert 'data-state="suspended"' in html and 'data-state="training"' in html
+    today = laptop["days"][-1]
+    assert len(laptop["days"]) == 14 and today["day"] == timezone.now().date()
+    assert (today["samples"], today["height"]) == (352, 100) and laptop["days"][0]["samples"] == 0, "all reported today"
+    assert 'aria-label="Samples per day, last 14 days: 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 352"' in html
 
 
 def test_every_epoch_that_lost_samples_says_why(client, amina_machines):
