@@ -12,6 +12,8 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.text import Text
 
+from peer_agent.i18n import _
+
 logger = logging.getLogger(__name__)
 
 
@@ -110,3 +112,34 @@ class ProgressDisplay:
             self._logged_at = time.monotonic()
             # The fields too, for whoever reads JSON lines: a notebook's panel (peer_agent/notebook.py).
             logger.info("%s", line, extra={"progress": asdict(snap)})
+
+
+def download_line(what: str, done: int, total: int | None) -> str:
+    """A download's progress in one line: a bar and the share done when the size is known."""
+    if not total:
+        return _("{what}: {done:.1f} MB so far").format(what=what, done=done / 1e6)
+    share = min(1.0, done / total)
+    filled = round(BAR_WIDTH * share)
+    return _("{what}: {bar} {percent:.0f}% ({done:.1f} of {total:.1f} MB)").format(
+        what=what, bar="█" * filled + "░" * (BAR_WIDTH - filled), percent=100 * share, done=done / 1e6,
+        total=total / 1e6)
+
+
+BAR_WIDTH = 20
+
+
+class DownloadProgress:
+    """What a volunteer waiting on a download sees (``PortalClient.download``'s ``progress``): a line at most
+    every ``every_s`` seconds and at the end, with a bar; in JSON logs the record carries the figures as
+    ``download``, which the notebook's panel (peer_agent/notebook.py) shows in place."""
+
+    def __init__(self, what: str, every_s: float = 1.0) -> None:
+        self.what, self.every_s, self._shown = what, every_s, -math.inf
+
+    def __call__(self, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if now - self._shown < self.every_s and (total is None or done < total):
+            return
+        self._shown = now
+        logger.info(download_line(self.what, done, total),
+                    extra={"download": {"what": self.what, "done": done, "total": total}})

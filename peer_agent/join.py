@@ -31,7 +31,7 @@ from rich.console import Console
 
 from peer_agent import __version__
 from peer_agent.device import device_info, device_resolve
-from peer_agent.display import LOG_FIELDS, ProgressDisplay, ProgressSnapshot
+from peer_agent.display import LOG_FIELDS, DownloadProgress, ProgressDisplay, ProgressSnapshot
 from peer_agent.exit_status import EXIT_OK, EXIT_STOPPED
 from peer_agent.i18n import _
 from peer_agent.portal import (
@@ -466,7 +466,7 @@ def _data_files(portal: PortalClient, urls: list[str], folder: Path) -> list[str
     for url in urls:
         dest = folder / Path(urlsplit(url).path).name
         if not dest.exists():
-            download = portal.download(url, dest)
+            download = portal.download(url, dest, progress=DownloadProgress(_("Data file {name}").format(name=dest.name)))
             logger.info(_("Downloaded %s (%.1f MB)"), dest.name, download.size / 1e6)
         paths.append(str(dest))
     return paths
@@ -504,7 +504,7 @@ def _checkpoint_fetch(portal: PortalClient, url: str, folder: Path) -> Path | No
     archive = folder / Path(urlsplit(url).path).name
     try:
         if not archive.exists():
-            download = portal.download(url, archive)
+            download = portal.download(url, archive, progress=DownloadProgress(_("The run's newest checkpoint")))
             logger.info(_("Downloaded the run's newest checkpoint (%.1f MB)"), download.size / 1e6)
         return checkpoint_unzip(archive, folder / archive.stem)
     except (PortalError, OSError, ValueError, zipfile.BadZipFile) as exc:

@@ -63,6 +63,9 @@ class Panel:
             self.state = _("training")
             return
         message = str(record.get("message", ""))
+        if isinstance(record.get("download"), dict):  # redrawn in place, not a line per second
+            self.state = message
+            return
         if record.get("level") in PROBLEM_LEVELS:
             self.problem = message
         self.lines.append(message)

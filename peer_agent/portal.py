@@ -13,6 +13,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,9 +134,11 @@ class PortalClient:
         response = self._request("POST", f"/api/v1/sessions/{session_id}/refresh", authorize=True)
         return RefreshResponse.model_validate_json(response.content).hivemind_access.model_dump(mode="json")
 
-    def download(self, url: str, dest: Path, *, authorize: bool = False) -> Download:
+    def download(self, url: str, dest: Path, *, authorize: bool = False,
+                 progress: Callable[[int, int | None], None] | None = None) -> Download:
         """Stream ``url`` into ``dest`` (replaced only when complete). ``authorize`` sends the agent
-        token, and only to the portal's own origin; signed data links need none."""
+        token, and only to the portal's own origin; signed data links need none. ``progress`` is told the
+        bytes so far and the size, when the portal says it, after each chunk."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".part")
         headers = self._auth_headers(url) if authorize else {}
@@ -147,11 +150,14 @@ class PortalClient:
                         if response.is_error:
                             response.read()
                             raise _refusal(response)
-                        size = 0
+                        size, total = 0, response.headers.get("Content-Length")
+                        total = int(total) if total and total.isdigit() else None
                         with open(partial, "wb") as file:
                             for chunk in response.iter_bytes(1 << 16):
                                 file.write(chunk)
                                 size += len(chunk)
+                                if progress is not None:
+                                    progress(size, total)
                         seconds = time.perf_counter() - started
                         partial.replace(dest)
                         return Download(size=size, seconds=seconds, path=dest)

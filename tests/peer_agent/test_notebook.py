@@ -11,7 +11,7 @@ import time
 
 from rich.console import Console
 
-from peer_agent.display import ProgressDisplay, ProgressSnapshot, logging_setup
+from peer_agent.display import DownloadProgress, ProgressDisplay, ProgressSnapshot, logging_setup
 from peer_agent.notebook import Panel
 
 SNAPSHOT = ProgressSnapshot(local_samples_per_second=12.5, global_epoch=7, collaboration_samples_per_second=40.0,
@@ -41,6 +41,36 @@ def test_the_panel_shows_the_progress_and_the_last_refusal_the_agent_wrote_as_js
     assert shown["Epoch"] == "7 (96/256)" and shown["Loss"] == "2.500"
     assert "<b>" not in panel.html() and "run &lt;b&gt;paused&lt;/b&gt;" in panel.html()
     assert "a line that is not JSON" in panel.html()
+
+
+def test_a_download_shows_as_one_bar_redrawn_in_place_in_the_panel_and_as_lines_in_a_terminal():
+    """Issue 32: progress bars where a volunteer waits (the run's checkpoint, its data files)."""
+    written = io.StringIO()
+    logging_setup(Console(file=written, force_terminal=False), log_format="json")
+    try:
+        progress = DownloadProgress("The run's newest checkpoint", every_s=3600)
+        for done in range(0, 30_000_001, 1_000_000):
+            progress(done, 30_000_000)  # the first and the last are shown; the rest fall within every_s
+    finally:
+        logging_setup(Console(file=io.StringIO()), log_format="text")
+
+    lines = written.getvalue().splitlines()
+    assert len(lines) == 2
+    panel = Panel(run="bengali", portal="https://portal.example")
+    for line in lines:
+        panel.read(line + "\n")
+    assert panel.state == "The run's newest checkpoint: ████████████████████ 100% (30.0 of 30.0 MB)"
+    assert not panel.lines, "redrawn in place, not a line per update"
+
+    terminal = io.StringIO()
+    logging_setup(Console(file=terminal, force_terminal=False, width=200), log_format="text")
+    try:
+        DownloadProgress("Data file corpus.txt")(12_500_000, 50_000_000)
+        DownloadProgress("Data file other.txt")(2_000_000, None)
+    finally:
+        logging_setup(Console(file=io.StringIO()), log_format="text")
+    assert "Data file corpus.txt: █████░░░░░░░░░░░░░░░ 25% (12.5 of 50.0 MB)" in terminal.getvalue()
+    assert "Data file other.txt: 2.0 MB so far" in terminal.getvalue()
 
 
 def test_an_agent_whose_parent_is_gone_stops_as_sigterm_stops_it(tmp_path):

@@ -164,6 +164,15 @@ def test_download_sends_the_token_only_when_asked_and_only_to_the_portal(tmp_pat
     assert not list(tmp_path.glob("*.part"))
 
 
+def test_a_download_reports_its_progress_against_the_size_the_portal_says(tmp_path):
+    seen = []
+    with client(lambda request: httpx.Response(200, content=b"x" * 200_000)) as portal:
+        portal.download(f"{PORTAL}/api/v1/data/signed/3.txt", tmp_path / "3.txt",
+                        progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (200_000, 200_000) and len(seen) >= 2
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+
+
 def test_a_refused_download_leaves_no_file(tmp_path):
     with client(lambda request: error(409, "tokenizer_not_ready", "run “r” has no tokenizer yet")) as portal:
         with pytest.raises(PortalRefused, match="no tokenizer yet"):
