@@ -51,6 +51,7 @@ from django.utils.translation import gettext as _
 from accounts.models import Notification, User
 from accounts.notifications import notify
 from peer_agent.protocol import RunConfig
+from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
 from runs.ingest.reports import RUN_PACE_SLACK
 from runs.models import (
     NEVER_CONFIRMED,
@@ -195,7 +196,11 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     # Each session's per-step slack follows its own micro-batch (an agent's --per-device-batch-size).
     micro_batch_sizes = dict(TrainingSession.objects.filter(pk__in=sessions).values_list("pk", "micro_batch_size"))
     limits = {size: EpochLimits.for_run(run, size) for size in set(micro_batch_sizes.values()) | {None}}
-    ended = set(TrainingSession.objects.filter(pk__in=sessions, ended_at__isnull=False).values_list("pk", flat=True))
+    # A session's figures are final once it has been over for as long as a silent one takes to be ended
+    # (sessions_close_silent): a killed agent's last records are in the DHT still, and the monitor reads them
+    # on its next polls. A restart that replaces its session (JoinRequest.replaces_session) ends it sooner.
+    ended = set(TrainingSession.objects.filter(pk__in=sessions, ended_at__lte=timezone.now() - LIVE_SESSION_SEEN_WITHIN)
+                .values_list("pk", flat=True))
     suspended = set(TrainingSession.objects.filter(pk__in=sessions, suspended_at__isnull=False).values_list("pk", flat=True))
     spot_checks = RunConfig.model_validate(run.config).verification.spot_checks
     outcome = {}

@@ -6,6 +6,7 @@ from django.utils import timezone
 from hivemind.optim.progress_tracker import LocalTrainingProgress
 
 from peer_agent.metrics import LocalMetrics
+from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
 from runs.models import RunEvent, SessionEpoch, StepCommitment, TrainingSession
 from runs.swarm import verification
 from runs.swarm.monitor import announcements, counted_epochs, peer_key_text, swarm_reading
@@ -99,6 +100,8 @@ def test_a_count_that_never_comes_is_judged_on_what_was_seen(run):
         report(session, 48, epoch=5)
         verification.announced_record(session_id=session.pk, epoch=5, announced=32, final=False)
     TrainingSession.objects.filter(pk=rahim.pk).update(ended_at=timezone.now())
+    assert judge(run, 5)[rahim.pk] == "provisional", "a session replaced a moment ago: its last records may be read yet"
+    TrainingSession.objects.filter(pk=rahim.pk).update(ended_at=timezone.now() - LIVE_SESSION_SEEN_WITHIN)
     assert judge(run, 5) == {amina.pk: "provisional", rahim.pk: "flagged"}, "an ended session publishes no more"
     assert judge(run, 5, closed_minutes_ago=11)[amina.pk] == "flagged", "nor does one 10 minutes on"
 
@@ -127,7 +130,7 @@ def test_a_session_never_seen_in_the_dht_stays_provisional_then_is_rejected(run)
 
     rahim = session_for(run, "rahim")
     report(rahim, 32, epoch=4)
-    TrainingSession.objects.filter(pk=rahim.pk).update(ended_at=timezone.now())
+    TrainingSession.objects.filter(pk=rahim.pk).update(ended_at=timezone.now() - LIVE_SESSION_SEEN_WITHIN)
     assert judge(run, 4)[rahim.pk] == "rejected", "an ended session's peer will not publish any more"
 
 
