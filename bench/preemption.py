@@ -5,8 +5,9 @@ fresh var directory. Beside them a third volunteer's agent starts cold, trains u
 are verified, and is killed without notice (SIGKILL to its process group, as a notebook's kernel dies); it is
 started again at once in the same environment (its spool and home), trains again, and is given a cloud's
 preemption notice (SIGTERM). Printed: the cold start's seconds to its first acknowledged report (the baseline),
-the restart's (from the kill: the state download included) and their ratio; the killed session's samples
-that earned nothing, in seconds of its compute; whether the killed session's pending reports all arrived;
+the restart's (from the kill: the state download included) and their ratio; what the kill cost (the samples
+of the epoch it cut short, computed and never credited, in seconds of the session's compute) and what the
+killed session lost before it, and why; whether the killed session's pending reports all arrived;
 how many sessions the volunteer's page shows training; the seconds from SIGTERM to the agent's exit.
 
 Run ``python -m bench.preemption --help`` from the repository root.
@@ -103,17 +104,25 @@ def main() -> None:
             process_stop(process)
         services_stop(services)
 
-    rows = SessionEpoch.objects.filter(session=killed)
-    reported = sum(row.reported_samples for row in rows)
-    lost = reported - sum(epoch_confirmed_samples(status=row.status, reported=row.reported_samples,
-                                                  announced=row.announced_samples) for row in rows)
-    seconds = max(1e-9, (killed.last_seen_at - killed.started_at).total_seconds())
-    rate = sum(ContributionEvent.objects.filter(session=killed).values_list("samples", flat=True)) / seconds
+    def confirmed(row: SessionEpoch) -> int:
+        return epoch_confirmed_samples(status=row.status, reported=row.reported_samples, announced=row.announced_samples)
+
+    rows = list(SessionEpoch.objects.filter(session=killed).order_by("epoch"))
+    last = rows[-1]  # the epoch the kill cut short: computed (its peer announced it), never or partly reported
+    at_kill = max(last.announced_samples or 0, last.reported_samples) - confirmed(last)
+    before = [row for row in rows[:-1] if confirmed(row) < row.reported_samples]
+    reports = ContributionEvent.objects.filter(session=killed)
+    seconds = max(1e-9, (reports.latest("sent_at").sent_at - killed.started_at).total_seconds())
+    rate = sum(reports.values_list("samples", flat=True)) / seconds
     print(f"cold start to first acknowledged report: {cold_s:.1f} s (baseline)")
     print(f"kill to the restart's first acknowledged report: {restart_s:.1f} s ({restart_s / cold_s:.2f} of the cold start)")
-    print(f"the killed session: {lost} of {reported} samples earned nothing, ~{lost / max(rate, 1e-9):.0f} s of its "
-          f"compute at {rate:.1f} samples/s; {spooled.last_seq - spooled.acked_reports} reports pending at the kill, "
-          f"all {spooled.last_seq} arrived")
+    print(f"the kill cost epoch {last.epoch}'s {at_kill} samples, computed and never credited "
+          f"(~{at_kill / max(rate, 1e-9):.1f} s of the session's compute at {rate:.1f} samples/s); "
+          f"{spooled.last_seq - spooled.acked_reports} reports were "
+          f"pending at the kill, all {spooled.last_seq} arrived")
+    print(f"before the kill the session lost {sum(row.reported_samples - confirmed(row) for row in before)} of "
+          f"{sum(row.reported_samples for row in rows)} reported samples: "
+          f"{[(row.epoch, row.status, row.detail[:60]) for row in before]}")
     print(f"machines training on the volunteer's page after the restart: {len(training)} {training}")
     print(f"SIGTERM to exit: {stop_s:.1f} s (exit {agents[-1].returncode}, {len(left.pending)} reports left pending)")
     print(f"uptime: {uptime()}")
