@@ -58,6 +58,10 @@ STATES_PER_EPOCH = 4
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
+# How far behind the epoch a lone peer serves the other declared sources must be for it to be the epoch's only
+# peer (Validator._hold): one behind is every peer's moment of stepping into a new epoch after another; two
+# behind is a peer still joining (it declares before it has loaded the swarm's state) or one that fell out.
+ABSENT_BEHIND_EPOCHS = 2
 HOLD_UNTICKED_S = 30.0  # six of the coordinator's heartbeats (5 s) missed: it no longer holds the duties
 
 REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
@@ -211,7 +215,7 @@ class Validator:
             return
         started = time.monotonic()
         # The reading may be a few heartbeats behind the peers on a loaded host (three epochs were seen).
-        self._hold(swarm_epoch + READING_LAG_EPOCHS)
+        self._hold(swarm_epoch + READING_LAG_EPOCHS, reading=swarm_epoch)
         self._hold_spent = time.monotonic() - started
 
     def check_once(self) -> int:
@@ -306,7 +310,7 @@ class Validator:
             for param, value in zip(self._model.parameters(), state, strict=True):
                 param.copy_(value)
 
-    def _hold(self, swarm_epoch: int) -> None:
+    def _hold(self, swarm_epoch: int, reading: int | None = None) -> None:
         """Download from peers picked at random (``HOLD_SOURCES_PER_TRY`` at most) and hold each state of
         the newest epoch that two distinct peers serve alike, each peer's latest download counting. One
         download is not enough, nor two from one peer: a peer whose averaging round failed holds
@@ -322,18 +326,25 @@ class Validator:
         period (30 s), but no stream to it can be opened, while a live peer, however slow or hostile, is
         reached (``UNREACHABLE``). Its survivor's state is held once a look asked every declared source and
         every other was unreachable; without that, a survivor's epochs in those 30 s earned nothing (issue 29:
-        an honest agent lost an epoch while its partner restarted, on a loaded machine)."""
+        an honest agent lost an epoch while its partner restarted, on a loaded machine). Likewise a peer that
+        is joining declares itself before it has the swarm's state and serves an epoch far behind: the peer
+        training alone until it arrives is that epoch's only peer (CI33: the first agent's epoch 3 earned
+        nothing while the second joined, beside a demo), if the monitor's ``reading`` has reached the epoch: a
+        liar serving epochs ahead of the honest peers is alone in none. A lone state held this way that is not the swarm's
+        costs only its epoch's checks (a step that claims other parameters is not failed for it), as a
+        missed state does; one peer a step behind the other, every epoch's moment, keeps the rule of two."""
         sources = random.sample(self._sources, len(self._sources))
         newest = max(self.held, default=-1)
-        asked, answers, unreachable = sources[:HOLD_SOURCES_PER_TRY], [], 0
+        asked, answers, absent = sources[:HOLD_SOURCES_PER_TRY], [], {}
         for tried, peer in enumerate(asked):
             served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
             if served == UNREACHABLE:
-                unreachable += 1
+                absent[peer] = -1
                 continue
             if served is None or self._closed:
                 continue
             epoch, parameters = served
+            absent[peer] = epoch  # a peer this far behind is not in the epoch the others serve (below)
             if epoch < newest:
                 if tried == 0:
                     return  # this peer lags the swarm; the next look asks another
@@ -352,12 +363,20 @@ class Validator:
                 self._hold_state(epoch, agreed)
             if tried == 0 and state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
                 return  # a state already held: nothing new
-        if len(sources) > 1 and len(asked) == len(sources) and len(answers) == 1 and unreachable == len(sources) - 1:
-            peer, epoch, parameters = answers[0]
-            if not state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
-                logger.info("run %s: holding the state of epoch %d that peer %s alone served: the %d other declared "
-                            "source(s) could not be reached", self.slug, epoch, peer, unreachable)
-            self._hold_state(epoch, parameters)
+        if len(sources) > 1 and len(asked) == len(sources) and answers:
+            peer, epoch, parameters = max(answers, key=lambda answer: answer[1])
+            others = [absent.get(other) for other in sources if other != peer]
+            gone = all(served == -1 for served in others)
+            # Others far behind leave the peer alone only in an epoch the monitor's reading has reached (the
+            # median of the peers' own signed counts): a liar serving epochs ahead of the honest peers would
+            # otherwise be alone in each.
+            behind = reading is not None and epoch <= reading + 1 and all(
+                served is not None and served <= epoch - ABSENT_BEHIND_EPOCHS for served in others)
+            if gone or behind:
+                if not state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
+                    logger.info("run %s: holding the state of epoch %d that peer %s alone served: the other declared "
+                                "sources could not be reached or serve epochs %s", self.slug, epoch, peer, others)
+                self._hold_state(epoch, parameters)
 
     def claimed_fetch(self) -> int:
         """Ask peers for the states that two distinct volunteers' pending commitments claim their steps were

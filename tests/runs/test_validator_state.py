@@ -72,8 +72,9 @@ def validator(**states) -> Validator:
 
 
 def looks(checks: Validator, times: int, swarm_epoch: int = 7) -> None:
+    """``times`` looks of the holder, the monitor's reading at ``swarm_epoch`` (hold_once's arguments)."""
     for _ in range(times):
-        checks._hold(swarm_epoch + READING_LAG_EPOCHS)
+        checks._hold(swarm_epoch + READING_LAG_EPOCHS, reading=swarm_epoch)
 
 
 def test_two_peers_that_serve_the_same_parameters_have_them_held_by_their_epoch():
@@ -117,6 +118,28 @@ def test_the_survivor_of_a_killed_peer_has_its_state_held_while_the_killed_one_i
     checks = validator(amina=(7, OLD), rahim=UNREACHABLE)
     looks(checks, 1)
     assert list(checks.held) == [7] and state_among(OLD, checks.held[7], within=STATE_SAME)
+
+
+def test_a_peer_alone_in_its_epoch_while_another_joins_has_its_state_held():
+    """A joining agent declares itself before it has loaded the swarm's state, and serves an epoch far behind
+    (CI33, beside a demo: the first agent's epoch 3 earned nothing while the second joined)."""
+    checks = validator(amina=(7, OLD), rahim=(2, NEW))
+    looks(checks, 10)
+    assert list(checks.held) == [7] and state_among(OLD, checks.held[7], within=STATE_SAME)
+
+
+@pytest.mark.parametrize("peers, reading", [
+    (dict(liar=(9, [parameter * 1.05 for parameter in OLD]), amina=(7, OLD)), 7),  # ahead of the reading
+    (dict(amina=(8, NEW), rahim=(7, OLD)), 8),  # one behind: stepping into the epoch after the other
+    (dict(amina=(7, OLD), rahim=(2, NEW)), None),  # no reading yet
+], ids=["a-liar-ahead-of-the-swarm", "one-epoch-behind", "no-reading"])
+def test_a_peer_ahead_of_the_others_is_not_alone_in_its_epoch(peers, reading):
+    """A liar serving epochs ahead of the honest peers would be alone in each, and have its own parameters held:
+    the lone peer's epoch must be one the monitor's reading (the median of the peers' own counts) has reached."""
+    checks = validator(**peers)
+    for _ in range(10):
+        checks._hold((reading or 0) + READING_LAG_EPOCHS, reading=reading)
+    assert checks.held == {}
 
 
 @pytest.mark.parametrize("peers", [
