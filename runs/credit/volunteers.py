@@ -94,6 +94,7 @@ def volunteer_machines(*, user: User) -> list[dict]:
         key = (row["session__token_id"], row["session__run_id"])
         run, session, epochs = runs[key[1]], latest.get(key), judged.get(key, {})
         confirmed, lost = epochs.get("confirmed") or 0, epochs.get("lost") or 0
+        pending = max(0, row["samples"] - confirmed - lost)  # not judged yet, or flagged for an organizer
         per_sample = run_credit_per_sample(run)
         if session is not None and session.suspended_at is not None:
             state = "suspended"
@@ -105,8 +106,7 @@ def volunteer_machines(*, user: User) -> list[dict]:
             "name": row["session__token__name"] or _("a deleted token"), "run": run, "state": state,
             "suspension_reason": session.suspension_reason if state == "suspended" else "",
             "samples": row["samples"], "confirmed": confirmed, "lost": lost,
-            "pending": max(0, row["samples"] - confirmed - lost),
-            "credit": confirmed * per_sample, "credit_pending": max(0, row["samples"] - confirmed - lost) * per_sample,
+            "pending": pending, "credit": confirmed * per_sample, "credit_pending": pending * per_sample,
             "last_seen": row["last_seen"],
             "days": _bars([(day, daily.get(key, {}).get(day, 0)) for day in days]),
         })

@@ -329,22 +329,24 @@ class Validator:
         an honest agent lost an epoch while its partner restarted, on a loaded machine). Likewise a peer that
         is joining declares itself before it has the swarm's state and serves an epoch far behind: the peer
         training alone until it arrives is that epoch's only peer (CI33: the first agent's epoch 3 earned
-        nothing while the second joined, beside a demo), if the monitor's ``reading`` has reached the epoch: a
-        liar serving epochs ahead of the honest peers is alone in none. A lone state held this way that is not the swarm's
-        costs only its epoch's checks (a step that claims other parameters is not failed for it), as a
-        missed state does; one peer a step behind the other, every epoch's moment, keeps the rule of two."""
+        nothing while the second joined, beside a demo), if the monitor's ``reading`` has reached the epoch:
+        a liar serving epochs ahead of the honest peers is alone in none. A lone state held this way that is
+        not the swarm's costs only its epoch's checks (a step that claims other parameters is not failed for
+        it), as a missed state does; one peer a step behind the other, every epoch's moment, keeps the rule
+        of two."""
         sources = random.sample(self._sources, len(self._sources))
         newest = max(self.held, default=-1)
-        asked, answers, absent = sources[:HOLD_SOURCES_PER_TRY], [], {}
+        # answers: the states of the newest epochs; served: each peer's epoch, -1 for one that cannot be reached
+        asked, answers, served_epochs = sources[:HOLD_SOURCES_PER_TRY], [], {}
         for tried, peer in enumerate(asked):
             served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
             if served == UNREACHABLE:
-                absent[peer] = -1
+                served_epochs[peer] = -1
                 continue
             if served is None or self._closed:
                 continue
             epoch, parameters = served
-            absent[peer] = epoch  # a peer this far behind is not in the epoch the others serve (below)
+            served_epochs[peer] = epoch
             if epoch < newest:
                 if tried == 0:
                     return  # this peer lags the swarm; the next look asks another
@@ -365,7 +367,7 @@ class Validator:
                 return  # a state already held: nothing new
         if len(sources) > 1 and len(asked) == len(sources) and answers:
             peer, epoch, parameters = max(answers, key=lambda answer: answer[1])
-            others = [absent.get(other) for other in sources if other != peer]
+            others = [served_epochs.get(other) for other in sources if other != peer]
             gone = all(served == -1 for served in others)
             # Others far behind leave the peer alone only in an epoch the monitor's reading has reached (the
             # median of the peers' own signed counts): a liar serving epochs ahead of the honest peers would
