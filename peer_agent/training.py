@@ -77,6 +77,7 @@ BAD_STEPS_BEFORE_RELOAD = 3
 # state_compression. This doubles the parameter averaging's traffic, which runs in the background.
 AVERAGED_OPTIMIZER_STATISTICS = ("exp_avg",)
 SWARM_READ_PERIOD_S = 5.0
+PROGRESS_WITHDRAW_TIMEOUT_S = 2.0  # one DHT store; the whole leave has SHUTDOWN_RESERVE_S (peer_agent/join.py)
 
 
 @dataclass
@@ -161,9 +162,29 @@ class SwarmPeer:
             return
         self._shut_down = True
         try:
+            self._progress_withdraw()
             self.optimizer.shutdown()
         finally:
             self.dht.shutdown()
+
+    def _progress_withdraw(self) -> None:
+        """Stop reporting progress and clear this peer's record, waiting until the DHT has the clearing
+        store, before the rest of the goodbye. hivemind's tracker clears the record without waiting, after
+        waiting up to its shutdown_timeout for its loops; on a busy machine the agent's leave ran out of
+        SHUTDOWN_RESERVE_S (peer_agent/join.py) first, and the swarm counted a peer that had left until
+        its record expired a minute later (a CI run of tests/e2e/test_preemption.py)."""
+        tracker = self.optimizer.tracker
+        tracker.shutdown(timeout=0)
+        try:
+            stored = self.dht.store(tracker.training_progress_key, subkey=tracker._local_public_key, value=None,
+                                    expiration_time=get_dht_time() + tracker.metadata_expiration,
+                                    return_future=True).result(timeout=PROGRESS_WITHDRAW_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - leaving goes on; the record expires on its own
+            stored = False
+            logger.debug("Clearing the progress record failed: %r", error)
+        if not stored:
+            logger.warning("The swarm may count this peer for up to %.0f s more: its progress record "
+                           "could not be cleared", tracker.metadata_expiration)
 
     def __enter__(self):
         return self
@@ -229,6 +250,7 @@ class Trainer(SwarmPeer):
         self._collaboration_sps: float | None = None
         # Spot checks (peer_agent.spotcheck): micro-batches drawn so far, and each epoch's committed steps.
         self._cursor = 0
+        self._returned: list[dict[str, torch.Tensor]] = []  # micro-batches of a dropped step, drawn again first
         self._sketcher = Sketcher(setup.run_id)
         self._steps: dict[int, list[StepCommitment]] = {}
         self._commitments: deque[EpochCommitment] = deque()
@@ -249,8 +271,10 @@ class Trainer(SwarmPeer):
         # The sketch is linear: each micro-batch's gradient is sketched as the difference the micro-batch
         # made to the accumulated gradients' sketch (peer_agent/spotcheck.py).
         sketches = [torch.zeros(FINGERPRINT_WIDTH)]
+        drawn = []
         for _ in range(training.gradient_accumulation_steps):
-            batch = {key: value.to(self.setup.device, non_blocking=True) for key, value in next(self._batches).items()}
+            drawn.append(self._returned.pop(0) if self._returned else next(self._batches))
+            batch = {key: value.to(self.setup.device, non_blocking=True) for key, value in drawn[-1].items()}
             self._cursor += 1
             with self._autocast():
                 loss = self.model(**batch).loss / training.gradient_accumulation_steps
@@ -283,6 +307,15 @@ class Trainer(SwarmPeer):
         # stuck behind the swarm would otherwise count them all toward its one epoch.
         accepted = contributed and self.optimizer.state_loads == loads
         samples = training.per_device_batch_size * training.gradient_accumulation_steps if accepted else 0
+        if contributed and not accepted:
+            # The next step draws the same micro-batches at the same places in the stream: the session's stream
+            # runs no further ahead of its reported samples than its work (runs/ingest/reports.py,
+            # commitment_beyond_reach). A restarted agent whose only partner was its killed self stepped out of
+            # sync for a minute, until that peer's progress record lapsed, and drew 2.5× the micro-batches it
+            # reported: its commitments then reached too far and its epochs earned nothing
+            # (tests/e2e/test_preemption.py).
+            self._returned[:0] = drawn
+            self._cursor = cursor
         if not contributed:
             self._recover_from_bad_step(loss_value)
         else:

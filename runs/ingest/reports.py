@@ -196,8 +196,12 @@ RUN_PACE_SLACK = 2.0  # a peer keeps computing while an averaging round is arran
 # into its new epoch until a fetch of that progress succeeds, and a fetch has no deadline (a dead
 # peer in the routing table slows it). In CI an honest agent's reports of ~40 s were refused so.
 PROGRESS_LAG = 60.0
-SPEED_JUMP = 8.0  # one machine does not get 8× faster between two reports
-WARMUP_REPORTS = 10  # data loading and the first steps are slow; judge jumps after these
+# After WARMUP_REPORTS, a report's samples_per_second counts toward the session's best (which widens
+# samples_beyond_run_pace) at most SPEED_JUMP × the best so far; the report itself is accepted. A machine
+# can get that much faster: an agent's first minute on a loaded host reported 12 samples/s, and 95 once
+# the load ended (tests/e2e/test_preemption.py), and refusing the report dropped its samples.
+SPEED_JUMP = 8.0
+WARMUP_REPORTS = 10  # data loading and the first steps are slow
 EPOCH_RESYNC = 1  # a peer that loads state from others may land one epoch back
 # Epochs an agent may be ahead of the monitor's last reading (at most a minute old): a fast run
 # closes an epoch every few seconds, and an agent counts the epoch it is in before the swarm does.
@@ -239,7 +243,10 @@ class SessionPace:
     def accept(self, report: Report) -> None:
         if self.last is None or report.seq > self.last.seq:
             self.last = report
-        self.max_speed = max(self.max_speed, report.samples_per_second)
+        speed = report.samples_per_second
+        if self.accepted >= WARMUP_REPORTS:
+            speed = min(speed, SPEED_JUMP * max(self.max_speed, float(self.peer_batch)))
+        self.max_speed = max(self.max_speed, speed)
         self.accepted += 1
         self.counted += report.samples
         self.acked.add(report.seq)
@@ -322,14 +329,6 @@ def samples_beyond_run_pace(report: Report, pace: SessionPace, now: datetime) ->
                 f"{pace.target_batch_size} per epoch")
 
 
-def speed_jump(report: Report, pace: SessionPace, now: datetime) -> str | None:
-    """After WARMUP_REPORTS, samples_per_second above SPEED_JUMP × the session's best so far."""
-    baseline = max(pace.max_speed, float(pace.peer_batch))
-    if pace.accepted >= WARMUP_REPORTS and report.samples_per_second > SPEED_JUMP * baseline:
-        return (f"samples_per_second {report.samples_per_second:g} is over {SPEED_JUMP:g}× this session's "
-                f"best so far ({pace.max_speed:g})")
-
-
 def local_epoch_ahead_of_swarm(report: Report, pace: SessionPace, now: datetime) -> str | None:
     """local_epoch more than SWARM_EPOCH_AHEAD past the swarm's epoch as the coordinator's monitor read
     it in the last minute (no bound without such a reading): an epoch the swarm does not reach
@@ -373,7 +372,6 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("local_epoch_ahead_of_swarm", local_epoch_ahead_of_swarm),
     ("samples_beyond_run_pace", samples_beyond_run_pace),
     ("speed_beyond_device", speed_beyond_device),
-    ("speed_jump", speed_jump),
     ("samples_beyond_session_budget", samples_beyond_session_budget),
 )
 

@@ -51,6 +51,13 @@ HOLD_DOWNLOAD_TIMEOUT_S = 10.0
 # Downloads in one look at most: the first peer's state tells whether the swarm moved on; the others
 # confirm a new epoch's state. Every download is served by a training peer.
 HOLD_SOURCES_PER_TRY = 3
+# Dials in one look at most, answered or not. Any peer of the swarm may declare state sources in the DHT
+# (hivemind's ``all_averagers`` entries are not signed): a liar's made-up peers (sybils) cannot be reached,
+# and picked among them the honest peers were asked too seldom for two to agree on an epoch. A look asks
+# the sources that answered in the last DIAL_MEMORY_S first and those found unreachable in it last, and
+# dials on until HOLD_SOURCES_PER_TRY peers answered.
+HOLD_DIALS_PER_TRY = 12
+DIAL_MEMORY_S = 60.0
 READING_LAG_EPOCHS = 3  # how far the swarm may be past the monitor's last reading when a state is served
 # States of one epoch kept at most: the one the peers compute at, the previous epoch's served for a moment
 # under the new epoch, one averaged in the background.
@@ -121,6 +128,9 @@ class Validator:
         self._sketches: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its sketch
         self._asked: dict[tuple[int, str], None] = {}  # (epoch, sketch) of kept states asked for, oldest first
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
+        # The monitor's latest reading of the peers' median epoch (runs/swarm/monitor.py), set by the coordinator.
+        self.median_epoch: int | None = None
+        self._dialed: dict[str, tuple[float, bool]] = {}  # source -> when it was last dialed (monotonic), reached
         self._hold_spent = 0.0  # seconds the last try at holding a state took
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
         self._model = None
@@ -215,7 +225,7 @@ class Validator:
             return
         started = time.monotonic()
         # The reading may be a few heartbeats behind the peers on a loaded host (three epochs were seen).
-        self._hold(swarm_epoch + READING_LAG_EPOCHS, reading=swarm_epoch)
+        self._hold(swarm_epoch + READING_LAG_EPOCHS, reading=self.median_epoch)
         self._hold_spent = time.monotonic() - started
 
     def check_once(self) -> int:
@@ -334,22 +344,32 @@ class Validator:
         not the swarm's costs only its epoch's checks (a step that claims other parameters is not failed for
         it), as a missed state does; one peer a step behind the other, every epoch's moment, keeps the rule
         of two."""
-        sources = random.sample(self._sources, len(self._sources))
+        now = time.monotonic()
+        self._dialed = {peer: (at, reached) for peer, (at, reached) in self._dialed.items()
+                        if now - at < DIAL_MEMORY_S and peer in self._sources}
+        order = {peer: 1 - reached for peer, (_, reached) in self._dialed.items()}  # reached 0, not dialed 0.5, not 1
+        sources = sorted(random.sample(self._sources, len(self._sources)), key=lambda peer: order.get(peer, 0.5))
         newest = max(self.held, default=-1)
         # answers: the states of the newest epochs; served: each peer's epoch, -1 for one that cannot be reached
-        asked, answers, served_epochs = sources[:HOLD_SOURCES_PER_TRY], [], {}
-        for tried, peer in enumerate(asked):
+        asked, answers, served_epochs = [], [], {}
+        for peer in sources:
+            if len(asked) == HOLD_DIALS_PER_TRY or sum(epoch != -1 for epoch in served_epochs.values()) == HOLD_SOURCES_PER_TRY:
+                break
+            asked.append(peer)
             served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
+            self._dialed[peer] = (time.monotonic(), served != UNREACHABLE)
             if served == UNREACHABLE:
                 served_epochs[peer] = -1
                 continue
             if served is None or self._closed:
+                served_epochs[peer] = None  # reached, silent: it counts as asked
                 continue
             epoch, parameters = served
+            first = all(epoch in (-1, None) for epoch in served_epochs.values())
             served_epochs[peer] = epoch
             if epoch < newest:
-                if tried == 0:
-                    return  # this peer lags the swarm; the next look asks another
+                if first:
+                    return  # the first peer that answered lags the swarm; the next look asks another
                 continue
             if not state_epoch_trusted(state_epoch=epoch, swarm_epoch=swarm_epoch):
                 logger.warning("run %s: peer %s served a state of epoch %d, past the swarm's %d", self.slug, peer,
@@ -363,15 +383,15 @@ class Validator:
                 del self._served[unheld]
             for agreed in state_agreed(served_now) if len(sources) > 1 else [parameters]:
                 self._hold_state(epoch, agreed)
-            if tried == 0 and state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
+            if first and state_among(parameters, self.held.get(epoch, []), within=STATE_SAME):
                 return  # a state already held: nothing new
         if len(sources) > 1 and len(asked) == len(sources) and answers:
             peer, epoch, parameters = max(answers, key=lambda answer: answer[1])
             others = [served_epochs.get(other) for other in sources if other != peer]
             gone = all(served == -1 for served in others)
-            # Others far behind leave the peer alone only in an epoch the monitor's reading has reached (the
-            # median of the peers' own signed counts): a liar serving epochs ahead of the honest peers would
-            # otherwise be alone in each.
+            # Others far behind leave the peer alone only in an epoch the median of the peers' own signed counts
+            # has reached (``reading``): a liar serving epochs ahead of the honest peers, its progress record
+            # ahead too, would otherwise be alone in each.
             behind = reading is not None and epoch <= reading + 1 and all(
                 served is not None and served <= epoch - ABSENT_BEHIND_EPOCHS for served in others)
             if gone or behind:

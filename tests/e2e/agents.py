@@ -17,11 +17,14 @@ from tests.factories import RunFactory
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def small_run(organizer):
+def small_run(organizer, *, target_batch_size: int = 32):
+    """A tiny model's run. At the default target, a lone agent's epoch takes about a second: on a busy
+    machine it outruns the monitor's reading, and the validator holds no state served past the reading
+    (runs/swarm/spotcheck.py, ``READING_LAG_EPOCHS``); a test that trains one agent alone takes a larger one."""
     config = preset_config("tiny").model_dump(mode="json")
     config["data"].update(max_seq_length=64, shuffle_buffer=200)
     config["tokenizer"]["vocab_size"] = 800
-    config["training"].update(target_batch_size=32, per_device_batch_size=8)
+    config["training"].update(target_batch_size=target_batch_size, per_device_batch_size=8)
     config["averaging"].update(matchmaking_time=1.5, averaging_timeout=15.0)
     # A fixed run id: the agents draw the model's initial weights (crc32 of it), and with their session's id
     # their data order (peer_agent.spotcheck.data_seed), from it; so the losses and spot-check distances the

@@ -7,7 +7,7 @@ import pytest
 from bench.equivalence import equivalence_measure
 from bench.workload import workload_build
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(300), pytest.mark.usefixtures("reap_children", "torch_threads")]
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(540), pytest.mark.usefixtures("reap_children", "torch_threads")]
 
 # Held-out loss is compared in float64. Measured on this workload (docs/benchmarks.md): the swarm
 # stays within ~1e-8 of the single-process replay, as close as the replay comes to itself when it
@@ -24,7 +24,9 @@ def test_two_averaging_peers_follow_the_single_process_large_batch_loss_curve(tm
     # 10 steps for at least 6 compared: the comparison starts once the peers agree after the 2 settling
     # steps and after the last round that did not average both peers' gradients (a part that did not
     # arrive in time on a loaded machine); swarm_train trains on until it has that many such steps.
-    comparison = equivalence_measure(workload, steps=10, settle=2, deadline_s=240)
+    # 184 s beside six busy loops on two cores, near the 240 s it had; a CI run failed it (its output was
+    # cut before the reason), so the deadline leaves room.
+    comparison = equivalence_measure(workload, steps=10, settle=2, deadline_s=420)
 
     assert len(comparison.samples_per_step) >= 6
     for peer in ("swarm peer 0", "swarm peer 1"):

@@ -9,6 +9,7 @@ import torch
 from runs.swarm.checkpoints import UNREACHABLE
 from runs.swarm.spotcheck import (
     HELD_EPOCHS,
+    HOLD_DIALS_PER_TRY,
     READING_LAG_EPOCHS,
     STATE_AGREEMENT,
     STATE_SAME,
@@ -145,14 +146,31 @@ def test_a_peer_ahead_of_the_others_is_not_alone_in_its_epoch(peers, reading):
 @pytest.mark.parametrize("peers", [
     dict(liar=(7, [parameter * 1.05 for parameter in OLD]), sybil=UNREACHABLE, amina=(7, OLD)),  # two answers
     dict(liar=(7, OLD), amina=UNREACHABLE, rahim=None),  # one of the others was reached: it may be slow
-    dict(liar=(7, OLD), **{f"gone{n}": UNREACHABLE for n in range(3)}),  # not every source asked in one look
-], ids=["a-second-answer", "one-silent", "more-than-one-look-asks"])
+    dict(liar=(7, OLD), **{f"gone{n}": UNREACHABLE for n in range(HOLD_DIALS_PER_TRY)}),  # more than a look dials
+], ids=["a-second-answer", "one-silent", "more-than-one-look-dials"])
 def test_a_lone_answer_is_held_only_when_every_other_declared_source_is_unreachable(peers):
     """A liar's own unreachable peers (sybils) do not make it the swarm of one while an honest peer answers, and a
     peer that was reached but is slow may be an honest one at the swarm's state."""
     checks = validator(**peers)
     looks(checks, 10)
     assert checks.held == {}
+
+
+def test_made_up_sources_do_not_keep_the_holder_from_two_honest_peers():
+    """A liar may declare peers of its own invention as state sources (hivemind's declarations are not
+    signed). Picked among a dozen of them, the two honest peers were seldom both asked in one look, and
+    their epochs went unheld and unchecked; now a look asks the peers that answered before first and those
+    found unreachable last."""
+    sybils = {f"sybil{n}": UNREACHABLE for n in range(2 * HOLD_DIALS_PER_TRY)}
+    checks = validator(amina=(7, OLD), rahim=(7, OLD), **sybils)
+    looks(checks, 3)  # each look dials HOLD_DIALS_PER_TRY at most and puts those found unreachable last
+    assert list(checks.held) == [7]
+    checks.checkpointer.asked.clear()
+    checks.checkpointer.states.update(amina=[(8, NEW)], rahim=[(8, NEW)])
+    looks(checks, 1, swarm_epoch=8)
+    assert sorted(checks.held) == [7, 8]
+    assert sorted(checks.checkpointer.asked[:2]) == ["amina", "rahim"], "the peers that answered before are asked first"
+    assert len(checks.checkpointer.asked) <= HOLD_DIALS_PER_TRY
 
 
 @pytest.mark.parametrize("states", [
