@@ -11,9 +11,6 @@ It takes turns, by the epoch a step begins in (``LIAR_STRATEGIES``, comma-separa
 - ``stall``: honest steps, and the epoch's commitment is sent again re-signed with a cursor of 2**40,
   which would keep the validator replaying the stream (the real one stays, so only the stall is judged).
 
-With ``LIAR_SYBILS=N``, it also declares N made-up peers as state sources, every 10 s (hivemind's declarations
-are not signed), so that the validator's looks dial them instead of the honest peers.
-
 All along (``capture``, unless ``LIAR_CAPTURE=off``), its state averager declares a state-sharing priority
 half an epoch ahead of its own, so that hivemind's download asks it first, and serves its parameters 5% off
 the swarm's: held by the validator as the swarm's state, it would make every honest step look computed
@@ -30,13 +27,11 @@ credit against.
 
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 from hivemind.averaging.averager import DecentralizedAverager
-from hivemind.utils.timed_storage import get_dht_time
 
 import peer_agent.training
 from peer_agent import averaging, cli
@@ -50,7 +45,6 @@ from tests.e2e.lazy_agent import LazyTrainer
 DARK_DELAY_EPOCHS = 10
 STRATEGIES = os.environ.get("LIAR_STRATEGIES", "probe,shield,dark,stall").split(",")
 CAPTURE = os.environ.get("LIAR_CAPTURE", "on") == "on"
-SYBILS = int(os.environ.get("LIAR_SYBILS", "0"))
 
 
 def strategy_of(epoch: int) -> str:
@@ -67,18 +61,6 @@ class LiarTrainer(LazyTrainer):
         self._real_in_epoch: dict[int, int] = {}
         self._held_back: list[EpochCommitment] = []
         self._real_step_s = 0.0
-        if SYBILS:
-            threading.Thread(target=self._sybils_declare, daemon=True, name="sybils").start()
-
-    def _sybils_declare(self) -> None:
-        # Peer ids as libp2p makes them (an identity multihash of an Ed25519 public key), of no live peer.
-        sybils = [b"\x00\x24\x08\x01\x12\x20" + os.urandom(32) for _ in range(SYBILS)]
-        key = f"{self.optimizer.state_averager.prefix}.all_averagers"
-        while True:
-            for sybil in sybils:
-                self.dht.store(key, subkey=sybil, value=float(self.optimizer.local_epoch),
-                               expiration_time=get_dht_time() + 30, return_future=True)
-            time.sleep(10)
 
     def step(self) -> StepResult:
         epoch = self.optimizer.local_epoch

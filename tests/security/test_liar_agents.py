@@ -5,7 +5,7 @@ behind a claimed divergence, its dark epochs' late commitments were vouched for 
 one commitment could stall the validator. The rule: no strategy earns more confirmed credit per example
 it really computes than an honest agent, and the honest agents keep their credit. The liar also serves
 a state of its own under a high priority (``capture``), which hivemind's download would have held as
-the swarm's, and declares made-up peers as state sources (``sybils``) to keep the validator from the honest ones."""
+the swarm's."""
 
 import os
 import re
@@ -46,8 +46,6 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
     # Two honest agents: the validator holds a state only when two peers serve the same (runs/swarm/spotcheck.py),
     # and the liar serves its own all along ("capture").
     honest, second, liar = UserFactory(username="amina"), UserFactory(username="rahim"), UserFactory(username="mallory")
-    # Two dozen made-up state sources beside its own: picked among them, the honest peers were seldom both asked.
-    monkeypatch.setenv("LIAR_SYBILS", "24")
     processes = [
         agent(asgi_server, token_create(user=honest, name="e2e")[1], tmp_path / "amina", "420s"),
         agent(asgi_server, token_create(user=second, name="e2e")[1], tmp_path / "rahim", "420s"),
@@ -117,9 +115,7 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
         assert confirmed(liar) < confirmed(user)
     # The liar's state was never held as the swarm's: the honest agents' checks passed against the state
     # they agreed on, and one peer, the liar, served a state unlike the held one again and again.
-    validator = coordinator.peers[run.pk].validator
-    assert sum(not reached for _, reached in validator._dialed.values()) >= 12, "the liar's made-up peers were dialed"
-    disagreements = validator.disagreements
+    disagreements = coordinator.peers[run.pk].validator.disagreements
     liar_peer = (tmp_path / "mallory" / "peer_id").read_text()
     assert disagreements.get(liar_peer, 0) >= (1 if suspended() else 3), (liar_peer, disagreements)
     assert disagreements[liar_peer] == max(disagreements.values()), (liar_peer, disagreements)
