@@ -31,6 +31,10 @@ class ProgressSnapshot:
     samples_accumulated: int = 0
     target_batch_size: int = 0
     loss: float | None = None
+    # This machine's samples in the run as the portal judged them (peer_agent.portal.CreditWatcher); None
+    # until the portal answered.
+    confirmed_samples: int | None = None
+    pending_samples: int | None = None
 
 
 def _duration(seconds: float | None) -> str:
@@ -45,9 +49,12 @@ def progress_line(snap: ProgressSnapshot) -> str:
     swarm = "?" if snap.collaboration_samples_per_second is None else f"{snap.collaboration_samples_per_second:.1f}"
     batch = f" ({snap.samples_accumulated}/{snap.target_batch_size})" if snap.target_batch_size else ""
     loss = "" if snap.loss is None else f" │ loss {snap.loss:.3f}"
+    credit = ("" if snap.confirmed_samples is None else
+              f" │ this machine: {snap.confirmed_samples} confirmed, {snap.pending_samples} pending")
     return (f"epoch {snap.global_epoch} │ you {snap.local_samples_per_second:.1f} samples/s │ "
             f"swarm {swarm} samples/s, {snap.num_peers} peers │ your samples {snap.session_samples} "
-            f"({snap.acked_samples} acknowledged) │ next averaging in {_duration(snap.eta_next_epoch_s)}{batch}{loss}")
+            f"({snap.acked_samples} acknowledged){credit} │ next averaging in {_duration(snap.eta_next_epoch_s)}"
+            f"{batch}{loss}")
 
 
 # What every JSON log line names once known: the run and the training session (set when joined).

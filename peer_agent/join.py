@@ -39,6 +39,7 @@ from peer_agent.portal import (
     RETRY_LATER_CODES,
     SESSION_OVER_CODES,
     AccessRefresher,
+    CreditWatcher,
     PortalClient,
     PortalError,
     PortalRefused,
@@ -51,6 +52,7 @@ from peer_agent.protocol import (
     EpochCommitment,
     JoinRequest,
     JoinResponse,
+    MachineCredit,
     PeerRole,
     RunConfig,
     join_proof_message,
@@ -349,13 +351,15 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
         reporter = Reporter(settings.resolved_spool_dir(), settings.token, session_id=joined.session_id,
                             report_url=joined.report_url, run=settings.run).start()
         watcher = RunWatcher(settings.portal, settings.run, RUN_POLL_S)
+        credit = CreditWatcher(settings.portal, settings.token, joined.session_id, RUN_POLL_S)
         try:
-            reason = _train_loop(trainer, reporter, [watcher], refusals, stop, deadline, settings, console)
+            reason = _train_loop(trainer, reporter, [watcher], refusals, stop, deadline, settings, console, credit)
             if reason.pause:
                 _state_keep(trainer, kept)
             return reason
         finally:
             watcher.close()
+            credit.close()
             flush_timeout = min(FLUSH_TIMEOUT_S, max(1.0, stop.time_left() - SHUTDOWN_RESERVE_S))
             logger.info(_("Sending the last reports (at most %.0f s)"), flush_timeout)
             reporter.close(flush_timeout)
@@ -392,7 +396,8 @@ def _reachability(settings: AgentSettings, config: RunConfig, initial_peers: lis
 
 
 def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher], refusals: object,
-                stop: StopRequest, deadline: float, settings: AgentSettings, console: Console) -> StopReason:
+                stop: StopRequest, deadline: float, settings: AgentSettings, console: Console,
+                credit: CreditWatcher) -> StopReason:
     tally, session_samples, shown_at, epoch_now = _Tally(), 0, 0.0, trainer.progress().local_epoch
     commitments: list[EpochCommitment] = []  # signed by the trainer as epochs close, sent with the next reports
     with ProgressDisplay(console, log_every_s=settings.progress_every) as display:
@@ -419,7 +424,7 @@ def _train_loop(trainer: Trainer, reporter: Reporter, watchers: list[RunWatcher]
                 tally = tally.send(reporter, commitments=commitments)
             if time.monotonic() - shown_at >= 0.5:
                 shown_at = time.monotonic()
-                display.update(_snapshot(trainer.progress(), result, session_samples, reporter))
+                display.update(_snapshot(trainer.progress(), result, session_samples, reporter, credit.latest))
     tally.send(reporter, commitments=commitments)
     logger.info(_("Stopping: %s"), reason.detail)
     return reason
@@ -438,13 +443,16 @@ def _stop_reason(stop: StopRequest, deadline: float, reporter: Reporter, watcher
     return reporter.stop_reason or next((w.reason for w in watchers if w.reason), None)
 
 
-def _snapshot(progress: SwarmProgress, result: StepResult, session_samples: int, reporter: Reporter) -> ProgressSnapshot:
+def _snapshot(progress: SwarmProgress, result: StepResult, session_samples: int, reporter: Reporter,
+              credit: MachineCredit | None) -> ProgressSnapshot:
     return ProgressSnapshot(
         local_samples_per_second=progress.local_samples_per_second, global_epoch=progress.global_epoch,
         collaboration_samples_per_second=progress.collaboration_samples_per_second, session_samples=session_samples,
         acked_samples=reporter.spool.summary().acked_samples, num_peers=progress.num_peers,
         eta_next_epoch_s=progress.eta_next_epoch_s, samples_accumulated=progress.samples_accumulated,
-        target_batch_size=progress.target_batch_size, loss=None if result.skipped else result.loss)
+        target_batch_size=progress.target_batch_size, loss=None if result.skipped else result.loss,
+        confirmed_samples=None if credit is None else credit.confirmed_samples,
+        pending_samples=None if credit is None else credit.pending_samples)
 
 
 def _config_for_machine(config: RunConfig, settings: AgentSettings) -> RunConfig:

@@ -83,6 +83,10 @@ class Panel:
                 (_("Speed"), _("you {you:.1f} samples/s, the swarm {swarm} samples/s with {peers} peers").format(
                     you=snap.local_samples_per_second, swarm=swarm, peers=snap.num_peers)),
             ]
+            if snap.confirmed_samples is not None:
+                rows.append((_("Credit"), _("{confirmed} samples confirmed and {pending} waiting for their epochs' "
+                                            "checks, on this machine in this run").format(
+                    confirmed=snap.confirmed_samples, pending=snap.pending_samples)))
             if snap.loss is not None:
                 rows.append((_("Loss"), f"{snap.loss:.3f}"))
         if self.problem:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from peer_agent import __version__
-from peer_agent.protocol import JoinRequest, JoinResponse, RefreshResponse
+from peer_agent.protocol import JoinRequest, JoinResponse, MachineCredit, RefreshResponse
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +133,11 @@ class PortalClient:
         """A fresh ``hivemind_access`` object for the session (the JSON hivemind's authorizer takes)."""
         response = self._request("POST", f"/api/v1/sessions/{session_id}/refresh", authorize=True)
         return RefreshResponse.model_validate_json(response.content).hivemind_access.model_dump(mode="json")
+
+    def credit(self, session_id: int) -> MachineCredit:
+        """What this machine (the session's agent token) earned in the session's run: confirmed, pending, lost."""
+        response = self._request("GET", f"/api/v1/sessions/{session_id}/credit", authorize=True)
+        return MachineCredit.model_validate_json(response.content)
 
     def download(self, url: str, dest: Path, *, authorize: bool = False,
                  progress: Callable[[int, int | None], None] | None = None) -> Download:
@@ -295,3 +300,29 @@ class RunWatcher:
                     self.reason = StopReason("run_paused", f"run “{self.slug}” was paused by its organizer")
                 elif status == "finished":
                     self.reason = StopReason("run_finished", f"run “{self.slug}” has finished; thank you for contributing")
+
+
+class CreditWatcher:
+    """Reads the machine's credit every ``interval`` seconds (the first time soon after joining), for the
+    display: ``latest`` is None until a read succeeds. Credit is confirmed epochs after the work, when an
+    epoch's checks pass, so a minute's delay shows nothing late."""
+
+    def __init__(self, portal_url: str, token: str, session_id: int, interval: float = 60.0, first_after: float = 5.0):
+        self.portal_url, self.token, self.session_id = portal_url, token, session_id
+        self.interval, self.first_after = interval, first_after
+        self.latest: MachineCredit | None = None
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="credit-watcher", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _watch(self) -> None:
+        with PortalClient(self.portal_url, self.token, timeout=15.0, attempts=1) as portal:
+            wait = self.first_after
+            while not self._closed.wait(wait):
+                wait = self.interval
+                try:
+                    self.latest = portal.credit(self.session_id)
+                except (PortalError, ValueError) as exc:  # an older portal, or away: the display shows no credit
+                    logger.debug("Could not read this machine's credit: %s", exc)

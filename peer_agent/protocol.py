@@ -563,6 +563,18 @@ class RefreshResponse(_Schema):
     hivemind_access: HivemindAccess = Field(description="A fresh access token.")
 
 
+class MachineCredit(_Schema):
+    """Answer to ``GET /api/v1/sessions/{id}/credit``: what this machine (the session's agent token) earned
+    in the session's run, its earlier sessions included, as the volunteer's page shows it."""
+
+    samples: int = Field(ge=0, description="Samples the machine reported in the run.")
+    confirmed_samples: int = Field(ge=0, description="Of those, in epochs whose checks passed: they earn credit.")
+    pending_samples: int = Field(ge=0, description="Not judged yet, or flagged for an organizer.")
+    lost_samples: int = Field(ge=0, description="In epochs that earned nothing (the volunteer's page says why).")
+    credit: float = Field(ge=0, description="The confirmed samples' credit.")
+    credit_pending: float = Field(ge=0, description="What the pending samples earn if confirmed.")
+
+
 class StepCommitment(_Schema):
     """One micro-batch as the agent commits to it: its place in the session's stream, its samples,
     and the fingerprint of the gradient its loss gave (peer_agent.spotcheck)."""

@@ -14,7 +14,7 @@ from pydantic import field_validator
 from accounts.auth import AgentBearer
 from accounts.models import AgentToken
 from accounts.services import token_check_scope
-from peer_agent.protocol import JoinRequest, JoinResponse, LeaderboardRow, RefreshResponse
+from peer_agent.protocol import JoinRequest, JoinResponse, LeaderboardRow, MachineCredit, RefreshResponse
 from portal.errors import ApiError, answers
 from portal.ratelimit import rate_limit_hit
 from runs.access.rules import (
@@ -28,7 +28,7 @@ from runs.access.rules import (
 from runs.access.sessions import session_link_target, session_link_token, session_open, session_refresh
 from runs.credit.boards import PAGE_MAX, leaderboard_rows
 from runs.credit.exports import stats_dumps
-from runs.credit.volunteers import volunteer_daily, volunteer_for_profile
+from runs.credit.volunteers import machine_credit, volunteer_daily, volunteer_for_profile
 from runs.evaluation.probe_scores import probe_score_rows
 from runs.evaluation.selectors import evaluation_row, evaluations_of
 from runs.models import Checkpoint, Run, TrainingSession
@@ -149,6 +149,17 @@ def session_refresh_endpoint(request: HttpRequest, session_id: int):
         return {"hivemind_access": session_refresh(session=session, token=request.auth)}
     except JoinRefused as refusal:
         raise _refused(refusal) from None
+
+
+@router.get("/sessions/{session_id}/credit", response=answers(MachineCredit, 400, *AGENT_AUTH, 404),
+            auth=AgentBearer(), summary="What this machine earned in the run")
+def session_credit(request: HttpRequest, session_id: int):
+    """The agent's own figures for its display: its machine's confirmed, pending and lost samples in the run."""
+    session = TrainingSession.objects.select_related("run", "user").filter(pk=session_id, user=request.auth.user).first()
+    if session is None:
+        raise ApiError(404, "session_not_found", f"there is no training session {session_id} of yours")
+    token_check_scope(token=request.auth, run=session.run)
+    return machine_credit(session=session)
 
 
 @router.get("/runs/{slug}/tokenizer.json", auth=AgentBearer(), summary="The run's tokenizer",

@@ -103,7 +103,7 @@ def volunteer_machines(*, user: User) -> list[dict]:
         else:
             state = "stopped"
         machines.append({
-            "name": row["session__token__name"] or _("a deleted token"), "run": run, "state": state,
+            "token_id": key[0], "name": row["session__token__name"] or _("a deleted token"), "run": run, "state": state,
             "suspension_reason": session.suspension_reason if state == "suspended" else "",
             "samples": row["samples"], "confirmed": confirmed, "lost": lost,
             "pending": pending, "credit": confirmed * per_sample, "credit_pending": pending * per_sample,
@@ -111,6 +111,18 @@ def volunteer_machines(*, user: User) -> list[dict]:
             "days": _bars([(day, daily.get(key, {}).get(day, 0)) for day in days]),
         })
     return machines
+
+
+def machine_credit(*, session: TrainingSession) -> dict:
+    """What the session's machine (its agent token) earned in its run, as :func:`volunteer_machines` counts
+    it: for the agent's own display (``GET /api/v1/sessions/{id}/credit``). All zero before a report."""
+    for machine in volunteer_machines(user=session.user):
+        if machine["token_id"] == session.token_id and machine["run"].pk == session.run_id:
+            return {"samples": machine["samples"], "confirmed_samples": machine["confirmed"],
+                    "pending_samples": machine["pending"], "lost_samples": machine["lost"],
+                    "credit": machine["credit"], "credit_pending": machine["credit_pending"]}
+    return {"samples": 0, "confirmed_samples": 0, "pending_samples": 0, "lost_samples": 0, "credit": 0.0,
+            "credit_pending": 0.0}
 
 
 MACHINE_DAYS = 14  # the days of each machine's contribution the owner's page draws

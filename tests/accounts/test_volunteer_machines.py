@@ -110,3 +110,26 @@ def test_nobody_else_sees_a_volunteers_machines_or_lost_epochs(client, amina_mac
     assert page.context["machines"] is None and page.context["lost_epochs"] is None
     html = page.content.decode()
     assert "volunteer-machines" not in html and "volunteer-lost" not in html and "laptop" not in html
+
+
+def test_the_agent_reads_its_machines_figures_as_the_page_shows_them(client, amina_machines):
+    """The agent's display (peer_agent.portal.CreditWatcher) shows confirmed and pending credit from
+    ``GET /api/v1/sessions/{id}/credit``: the machine of the asking session, its earlier sessions included.
+    Another volunteer's session is not found; who may ask at all is tests/security/matrix.py's."""
+    from accounts.services import token_create
+
+    amina, run = amina_machines
+    restarted = TrainingSession.objects.filter(user=amina, token__name="laptop", ended_at=None).get()
+    secret = token_create(user=amina, name="reader")[1]
+    answer = client.get(f"/api/v1/sessions/{restarted.pk}/credit", HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert answer.status_code == 200
+    figures = answer.json()
+    per_sample = run_credit_per_sample(run)
+    assert figures == {"samples": 352, "confirmed_samples": 112, "pending_samples": 32, "lost_samples": 208,
+                       "credit": pytest.approx(112 * per_sample), "credit_pending": pytest.approx(32 * per_sample)}
+    suspended = TrainingSession.objects.get(user=amina, token__name="cloud")
+    assert client.get(f"/api/v1/sessions/{suspended.pk}/credit",
+                      HTTP_AUTHORIZATION=f"Bearer {secret}").json()["pending_samples"] == 64
+    outsider = token_create(user=UserFactory(username="mallory"), name="laptop")[1]
+    refused = client.get(f"/api/v1/sessions/{restarted.pk}/credit", HTTP_AUTHORIZATION=f"Bearer {outsider}")
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "session_not_found"

@@ -16,7 +16,8 @@ from peer_agent.notebook import Panel
 
 SNAPSHOT = ProgressSnapshot(local_samples_per_second=12.5, global_epoch=7, collaboration_samples_per_second=40.0,
                             session_samples=320, acked_samples=256, num_peers=3, eta_next_epoch_s=4.0,
-                            samples_accumulated=96, target_batch_size=256, loss=2.5)
+                            samples_accumulated=96, target_batch_size=256, loss=2.5, confirmed_samples=4096,
+                            pending_samples=512)
 
 
 def test_the_panel_shows_the_progress_and_the_last_refusal_the_agent_wrote_as_json_lines():
@@ -39,6 +40,8 @@ def test_the_panel_shows_the_progress_and_the_last_refusal_the_agent_wrote_as_js
     shown = dict(panel.rows())
     assert shown["Your samples"].startswith("320 this session, 256 acknowledged by the portal")
     assert shown["Epoch"] == "7 (96/256)" and shown["Loss"] == "2.500"
+    assert shown["Credit"].startswith("4096 samples confirmed and 512 waiting")
+    assert "(256 acknowledged) │ this machine: 4096 confirmed, 512 pending │" in panel.text(), "the terminal's line"
     assert "<b>" not in panel.html() and "run &lt;b&gt;paused&lt;/b&gt;" in panel.html()
     assert "a line that is not JSON" in panel.html()
 

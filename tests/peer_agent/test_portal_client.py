@@ -3,6 +3,7 @@
 import datetime
 import json
 import multiprocessing
+import time
 
 import httpx
 import pytest
@@ -10,7 +11,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent import __version__
 from peer_agent.bandwidth import client_mode_choose
-from peer_agent.portal import AccessRefresher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
+from peer_agent import portal as portal_module
+from peer_agent.portal import AccessRefresher, CreditWatcher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
 from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
 from peer_agent.reachability import Reachability
 
@@ -145,6 +147,31 @@ def test_refresh_returns_the_hivemind_access_object():
 
     with client(handler) as portal:
         assert portal.refresh(7) == ACCESS
+
+
+def test_the_credit_watcher_reads_the_machines_credit_for_the_display(monkeypatch):
+    """``CreditWatcher.latest`` stays None while the portal cannot answer (an older portal: 404), and holds
+    the machine's figures once it does; the endpoint itself is tests/accounts/test_volunteer_machines.py's."""
+    figures = {"samples": 640, "confirmed_samples": 512, "pending_samples": 64, "lost_samples": 64,
+               "credit": 5.12, "credit_pending": 0.64}
+    answers = [error(404, "not_found", "no such route"), httpx.Response(200, json=figures)]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/sessions/7/credit" and request.headers["authorization"] == f"Bearer {TOKEN}"
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    real_client = PortalClient
+    monkeypatch.setattr(portal_module, "PortalClient", lambda *args, **kwargs: real_client(
+        *args, transport=httpx.MockTransport(handler), backoff_s=0.001, **kwargs))
+    watcher = CreditWatcher(PORTAL, TOKEN, 7, interval=0.05, first_after=0.0)
+    try:
+        deadline = time.monotonic() + 10
+        while watcher.latest is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watcher.close()
+    assert watcher.latest is not None and watcher.latest.model_dump() == figures
+    assert len(answers) == 1, "the 404 was read first, and showed nothing"
 
 
 def test_download_sends_the_token_only_when_asked_and_only_to_the_portal(tmp_path):

@@ -25,4 +25,4 @@ def test_schemathesis_finds_no_failure_with_every_check_against_a_running_portal
         capture_output=True, text=True, timeout=240, cwd=tmp_path,  # its cache folder goes there
     )
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-2000:]
-    assert "18 selected / 18 total" in result.stdout, result.stdout[-3000:]
+    assert "19 selected / 19 total" in result.stdout, result.stdout[-3000:]

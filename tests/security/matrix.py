@@ -155,6 +155,8 @@ API = [
     ("/api/v1/runs/{invite}/join?role=aggregator",   "POST", 401, 403,  403, 403,  200, 403, 403,   401,    403),
     ("/api/v1/sessions/{public_session}/refresh",    "POST", 401, 404,  200, 404,  404, 404, 404,   401,    403),
     ("/api/v1/sessions/{invite_session}/refresh",    "POST", 401, 404,  200, 404,  404, 404, 404,   401,    403),
+    ("/api/v1/sessions/{public_session}/credit",     "GET",  401, 404,  200, 404,  404, 404, 404,   401,    403),
+    ("/api/v1/sessions/{invite_session}/credit",     "GET",  401, 404,  200, 404,  404, 404, 404,   401,    403),
     ("/api/v1/runs/{public}/tokenizer.json",         "GET",  401, 200,  200, 403,  200, 200, 200,   401,    403),
     ("/api/v1/runs/{invite}/tokenizer.json",         "GET",  401, 403,  200, 403,  200, 403, 403,   401,    403),
     ("/api/v1/data/{invite_data_link}",              "GET",  200, 200,  200, 200,  200, 200, 200,   200,    200),
