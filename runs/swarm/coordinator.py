@@ -236,7 +236,7 @@ class BackbonePeer:
 
     def _monitor_poll(self) -> None:
         try:
-            self.validator.median_epoch = self.monitor.poll().median_epoch
+            self.monitor.poll()
         except Exception:  # a failed poll must not stop the heartbeat; the health page sees no new sample
             logger.exception("run %s: monitor poll failed", self.slug)
 

@@ -70,9 +70,6 @@ class SwarmReading:
     """The collaboration at one poll, as the run's series records it."""
 
     global_epoch: int | None  # None while no peer publishes progress
-    # The upper median of the full peers' epochs: one liar's record cannot move it while honest peers are the
-    # more (the global epoch is the highest any peer claims, as hivemind's tracker reads it).
-    median_epoch: int | None
     samples_per_second: float
     alive_peers: int
     client_peers: int
@@ -91,10 +88,8 @@ def swarm_reading(progress: dict[bytes, LocalTrainingProgress], metrics: dict[by
     present = [record for subkey, record in metrics.items() if subkey in progress]
     latest_step = max((m.step for m in present), default=None)
     losses = [m.loss for m in present if m.step == latest_step]
-    counted = sorted(full or [record.epoch for record in records])
     return SwarmReading(
         global_epoch=epoch,
-        median_epoch=counted[len(counted) // 2] if counted else None,
         samples_per_second=sum(record.samples_per_second for record in records),
         alive_peers=len(records),
         client_peers=sum(record.client_mode for record in records),

@@ -128,8 +128,6 @@ class Validator:
         self._sketches: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its sketch
         self._asked: dict[tuple[int, str], None] = {}  # (epoch, sketch) of kept states asked for, oldest first
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
-        # The monitor's latest reading of the peers' median epoch (runs/swarm/monitor.py), set by the coordinator.
-        self.median_epoch: int | None = None
         self._dialed: dict[str, tuple[float, bool]] = {}  # source -> when it was last dialed (monotonic), reached
         self._hold_spent = 0.0  # seconds the last try at holding a state took
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
@@ -225,7 +223,7 @@ class Validator:
             return
         started = time.monotonic()
         # The reading may be a few heartbeats behind the peers on a loaded host (three epochs were seen).
-        self._hold(swarm_epoch + READING_LAG_EPOCHS, reading=self.median_epoch)
+        self._hold(swarm_epoch + READING_LAG_EPOCHS, reading=swarm_epoch)
         self._hold_spent = time.monotonic() - started
 
     def check_once(self) -> int:
@@ -389,9 +387,11 @@ class Validator:
             peer, epoch, parameters = max(answers, key=lambda answer: answer[1])
             others = [served_epochs.get(other) for other in sources if other != peer]
             gone = all(served == -1 for served in others)
-            # Others far behind leave the peer alone only in an epoch the median of the peers' own signed counts
-            # has reached (``reading``): a liar serving epochs ahead of the honest peers, its progress record
-            # ahead too, would otherwise be alone in each.
+            # Others far behind leave the peer alone only in an epoch the monitor's reading has reached: a liar
+            # serving epochs ahead of the honest peers' records would otherwise be alone in each. The reading is
+            # the highest epoch a full peer's record claims, as hivemind reads it, so a liar whose own record runs
+            # ahead too is not stopped here (docs/trust.md, "Not defended yet"). The median would not do: a killed
+            # peer's record lingers for a minute and would hold it back while its partner trains on alone.
             behind = reading is not None and epoch <= reading + 1 and all(
                 served is not None and served <= epoch - ABSENT_BEHIND_EPOCHS for served in others)
             if gone or behind:

@@ -85,6 +85,17 @@ def test_samples_beyond_run_pace_allows_what_the_session_computes_while_its_view
     assert refusal(make(2, at=60.0, samples=lagging + 1, speed=1e5), session_pace) == "samples_beyond_run_pace"
 
 
+def test_a_sessions_first_report_is_allowed_what_its_own_speed_computes_while_the_round_is_arranged():
+    """An agent's first 2 s at 68 samples/s, all in one epoch of a run of 32 per epoch: accepted. With no accepted
+    speed yet, its own claimed speed stands in, no further than its device could train."""
+    first = pace(target_batch_size=32)
+    assert refusal(make(1, samples=136, speed=68.0, epoch=1), first) is None
+    assert refusal(make(1, samples=int(68.0 * reports.PROGRESS_LAG) + 65, speed=68.0, epoch=1),
+                   first) == "samples_beyond_run_pace"
+    slow_device = pace(target_batch_size=32, samples_ceiling=10.0)
+    assert refusal(make(1, samples=136 + 10 * 60, speed=1e4, epoch=1), slow_device) == "samples_beyond_run_pace"
+
+
 def test_a_sudden_speed_up_is_accepted_and_raises_the_sessions_best_by_at_most_the_jump():
     """An honest agent on a loaded host that the load leaves speeds up 8× (tests/e2e/test_preemption.py):
     its report is accepted; the best speed, which widens the pace's allowance, grows step by step."""

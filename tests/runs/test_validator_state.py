@@ -136,7 +136,7 @@ def test_a_peer_alone_in_its_epoch_while_another_joins_has_its_state_held():
 ], ids=["a-liar-ahead-of-the-swarm", "one-epoch-behind", "no-reading"])
 def test_a_peer_ahead_of_the_others_is_not_alone_in_its_epoch(peers, reading):
     """A liar serving epochs ahead of the honest peers would be alone in each, and have its own parameters held:
-    the lone peer's epoch must be one the monitor's reading (the median of the peers' own counts) has reached."""
+    the lone peer's epoch must be one the monitor's reading has reached."""
     checks = validator(**peers)
     for _ in range(10):
         checks._hold((reading or 0) + READING_LAG_EPOCHS, reading=reading)

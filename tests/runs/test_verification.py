@@ -221,16 +221,6 @@ def test_the_swarm_reading_follows_hivemind_client_peers_do_not_decide_the_epoch
     assert swarm_reading({}, {}).global_epoch is None
 
 
-def test_one_peer_ahead_moves_the_swarms_epoch_but_not_its_median():
-    """The global epoch is the highest any full peer claims, as hivemind reads it; the validator's rule for a
-    peer alone in its epoch (runs/swarm/spotcheck.py) takes the median, which one liar's record cannot move."""
-    honest = {b"a": progress(5, 16), b"b": progress(5, 8), b"c": progress(4, 8)}
-    reading = swarm_reading({**honest, b"liar": progress(9, 8), b"client": progress(12, 8, client_mode=True)}, {})
-    assert (reading.global_epoch, reading.median_epoch) == (9, 5)
-    assert swarm_reading({b"a": progress(7, 8), b"joining": progress(2, 0)}, {}).median_epoch == 7
-    assert swarm_reading({}, {}).median_epoch is None
-
-
 def test_the_swarm_reading_s_loss_is_that_of_the_peers_in_the_swarm_now():
     """A peer that left keeps its metrics record for 10 minutes, its progress record goes: after a pause
     the old session's last loss (at a later step) is not the swarm's."""
