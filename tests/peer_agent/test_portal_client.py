@@ -10,8 +10,8 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent import __version__
-from peer_agent.bandwidth import client_mode_choose
 from peer_agent import portal as portal_module
+from peer_agent.bandwidth import client_mode_choose
 from peer_agent.portal import AccessRefresher, CreditWatcher, PortalClient, PortalRefused, PortalUnavailable, backoff_delay
 from peer_agent.protocol import DeviceInfo, JoinRequest, RunConfig
 from peer_agent.reachability import Reachability
