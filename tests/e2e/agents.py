@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 
+from harness.processes import hivemind_locks_held
 from runs.setup import services
 from runs.setup.corpus import corpus_lines
 from runs.setup.forms import preset_config
@@ -75,8 +76,9 @@ def backbone_kill(coordinator) -> None:
     nothing withdraws their addresses."""
     for peer in coordinator.peers.values():
         family = [psutil.Process(peer.dht.pid), *psutil.Process(peer.dht.pid).children(recursive=True)]
-        for process in family:
-            with suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(family, timeout=10)
+        with hivemind_locks_held():  # the peers were forked from this process: harness/processes.py says why
+            for process in family:
+                with suppress(psutil.NoSuchProcess):
+                    process.kill()
+            psutil.wait_procs(family, timeout=10)
     coordinator.peers.clear()
