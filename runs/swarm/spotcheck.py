@@ -29,11 +29,12 @@ import zlib
 from typing import TYPE_CHECKING
 
 from django.db import close_old_connections
+from django.db.models import Q
 
 from peer_agent.metrics import dht_result
 from peer_agent.protocol import RunConfig
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
-from runs.models import Run, RunSample, StepCommitment
+from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, StepCommitment
 from runs.swarm import verification
 from runs.swarm.checkpoints import UNREACHABLE, Checkpointer, state_epoch_trusted
 
@@ -247,25 +248,26 @@ class Validator:
             # parameters under the next one. A step that recomputes at any state the swarm served was
             # computed, and at the swarm's parameters.
             epoch, near = commitment.epoch, (commitment.epoch - 1, commitment.epoch, commitment.epoch + 1)
-            states, waiting = self._references(run, commitment,
-                                               held=[state for each in near for state in held.get(each, [])],
-                                               served=[state for each in near for state in served.get(each, [])])
-            if not states or (waiting and epoch >= newest - CORROBORATION_WAIT_EPOCHS):
+            states, waiting, unsettled = self._references(
+                run, commitment, held=[state for each in near for state in held.get(each, [])],
+                served=[state for each in near for state in served.get(each, [])])
+            if not states or (waiting and (epoch >= newest - CORROBORATION_WAIT_EPOCHS or unsettled)):
                 continue  # unchecked once the epoch leaves the window, if no state is ever held for it
             self._check(run, config, commitment, states)
             checked += 1
         return checked
 
     def _references(self, run: Run, commitment: StepCommitment, *, held: list[list],
-                    served: list[list]) -> tuple[list[list], bool]:
+                    served: list[list]) -> tuple[list[list], bool, bool]:
         """The states ``commitment``'s steps are checked against: those two distinct peers served alike
         (``held``), and those one peer served (under the epoch, or a neighbour: under the next before its optimizer
         step) that the steps of two distinct volunteers' commitments for the epoch claim to be computed
         at. Those volunteers ran their steps there, so it is the swarm's state, not one peer's: a peer
         that serves parameters of its own, or whose averaging round failed, is the only one to claim
-        them. Returns the states and whether a step of ``commitment`` claims a state that is neither
-        (a second volunteer's commitment may still come, or the holder may still fetch it from a peer
-        that kept it: :meth:`claimed_fetch`)."""
+        them. A volunteer alone in the epoch is the swarm: its claim alone corroborates (:meth:`_alone_in`).
+        Returns the states; whether a step of ``commitment`` claims a state that is neither (a second
+        volunteer's commitment may still come, or the holder may still fetch it from a peer that kept it:
+        :meth:`claimed_fetch`); and whether the volunteer is alone in an epoch the swarm is not past yet."""
         from peer_agent.spotcheck import fingerprint_distance
 
         epoch = commitment.epoch
@@ -284,12 +286,17 @@ class Validator:
                 "session__user_id", "steps"):
             claims.setdefault(user, set()).update(step[3] for step in steps if len(step) > 3)
 
+        # A volunteer alone in the epoch is its own second witness once the swarm is past it (_alone_in); till
+        # then it waits, however old the epoch, while the window holds it.
+        alone = len(claims) == 1 and self._alone_in(epoch, next(iter(claims)))
+        settled = alone and self._swarm_past(epoch)
+        witnesses = 1 if settled else 2
         corroborated = [(state, sketch) for state, sketch in candidates
-                        if sum(alike(sketch, list(user_claims)) for user_claims in claims.values()) >= 2]
+                        if sum(alike(sketch, list(user_claims)) for user_claims in claims.values()) >= witnesses]
         sketches = held_sketches + [sketch for _, sketch in corroborated]
         own = {step[3] for step in commitment.steps if len(step) > 3}
         waiting = any(not alike(claim, sketches) for claim in own)
-        return held + [state for state, _ in corroborated], waiting
+        return held + [state for state, _ in corroborated], waiting, alone and not settled
 
     def _sketch(self, epoch: int, state: list) -> str:
         """The parameters' sketch of ``state`` for ``epoch``'s cells, computed once per state. It reads the
@@ -425,10 +432,15 @@ class Validator:
         for epoch, sketches in sorted(claims.items()):
             known = [self._sketch(epoch, state) for near in (epoch - 1, epoch, epoch + 1)
                      for state in self.held.get(near, []) + self.served.get(near, [])]
+            claimants = set().union(*sketches.values())
+            # A volunteer alone in its epoch is its own second witness (_alone_in); a few states per epoch at
+            # most, so that a liar's commitments naming many states cannot keep the holder dialing.
+            alone = (len(claimants) == 1 and len(sketches) <= STATES_PER_EPOCH
+                     and self._alone_in(epoch, next(iter(claimants))))
             for sketch in sketches:
                 alike = [other for other in sketches if fingerprint_distance(sketch, other) <= STATE_AGREEMENT]
                 if (any(fingerprint_distance(sketch, other) <= STATE_AGREEMENT for other in known)
-                        or len(set().union(*(sketches[other] for other in alike))) < 2
+                        or (len(set().union(*(sketches[other] for other in alike))) < 2 and not alone)
                         or any((epoch, other) in self._asked for other in alike)):
                     continue
                 self._asked[(epoch, sketch)] = None
@@ -439,6 +451,27 @@ class Validator:
                     known.append(self._sketch(epoch, state))
                     fetched += 1
         return fetched
+
+    def _alone_in(self, epoch: int, volunteer: int) -> bool:
+        """Whether ``volunteer`` is the only one the portal holds any evidence of at ``epoch``: no other
+        volunteer's session reported samples for it, committed to steps of it, or had its peer's record of it
+        read. Then its sessions were the swarm in that epoch, their state was the swarm's, and the volunteer's
+        claim is the second witness the rule of two asks for, once the swarm is past the epoch
+        (:meth:`_swarm_past`). The holder misses a lone peer's epoch when a look is held up (CI: a second
+        agent, still joining, kept a look waiting 15 s while the first trained through three epochs, and its
+        epoch 3 earned nothing)."""
+        others = Q(session__run_id=self.run_pk) & ~Q(session__user_id=volunteer)
+        return not (ContributionEvent.objects.filter(others, local_epoch=epoch).exists()
+                    or StepCommitment.objects.filter(others, epoch=epoch).exists()
+                    or SessionEpoch.objects.filter(others, epoch=epoch).exists())
+
+    def _swarm_past(self, epoch: int) -> bool:
+        """Whether the monitor's reading is ``CORROBORATION_WAIT_EPOCHS`` past ``epoch``: another volunteer
+        that trained in it has reported it by then (an honest agent reports every few seconds), and a liar
+        alone in an epoch ahead of the swarm is not alone in it once the swarm gets there."""
+        reading = RunSample.objects.filter(run_id=self.run_pk).order_by("-at").values_list("global_epoch", flat=True)
+        swarm_epoch = reading.first()
+        return swarm_epoch is not None and swarm_epoch >= epoch + CORROBORATION_WAIT_EPOCHS
 
     def _kept_fetch(self, epoch: int, sketch: str) -> list | None:
         """The state a peer kept for ``epoch`` and ``sketch``, from the first of a few peers picked at random
@@ -455,7 +488,7 @@ class Validator:
                 logger.info("run %s: peer %s served a kept state of epoch %d %.4f away from the sketch asked for",
                             self.slug, peer, epoch, apart)
                 continue
-            logger.info("run %s: fetched the state of epoch %d two volunteers' steps claim, kept by peer %s",
+            logger.info("run %s: fetched the state of epoch %d that volunteers' steps claim, kept by peer %s",
                         self.slug, epoch, peer)
             self._served_keep(epoch, served[1])
             return served[1]

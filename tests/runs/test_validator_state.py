@@ -327,6 +327,19 @@ def test_an_epochs_steps_are_checked_against_its_state_held_under_the_next_epoch
     assert checked == [("amina", [True])]
 
 
+def session_of(username: str):
+    from runs.models import TrainingSession
+
+    return TrainingSession.objects.get(user__username=username)
+
+
+def rahim_reports(epoch: int) -> None:
+    """A report of rahim's session for ``epoch``: it trained there too."""
+    from tests.runs.epochs import report
+
+    report(session_of("rahim"), 8, epoch, checked=False)
+
+
 def test_a_state_the_holder_missed_is_fetched_from_a_peer_that_kept_it_once_two_volunteers_claim_it(corroboration):
     """On a loaded machine the holder looked before both peers stepped into epoch 7 and again after they
     had left it: it never saw the state epoch 7's steps were computed at, and both volunteers' steps
@@ -338,8 +351,9 @@ def test_a_state_the_holder_missed_is_fetched_from_a_peer_that_kept_it_once_two_
     peers.kept = {peer: {(7, sketch_of(NEW, 7)): NEW} for peer in checks._sources}
     checks._served_keep(6, OLD)
     checks._served_keep(8, OWN)  # the holder saw epochs 6 and 8, not 7
+    rahim_reports(7)
     commit("amina", NEW)
-    assert checks.claimed_fetch() == 0 and peers.asked_kept == [], "one volunteer's claim is no reason to ask"
+    assert checks.claimed_fetch() == 0 and peers.asked_kept == [], "one of two volunteers' claims is no reason to ask"
     assert checks.check_once() == 0, "amina's steps claim a state no peer served yet: they wait"
     commit("rahim", NEW)
     assert checks.claimed_fetch() == 1 and len(peers.asked_kept) == 1, "asked once, from one of the peers"
@@ -360,3 +374,63 @@ def test_a_peer_serving_a_kept_state_unlike_the_sketch_asked_for_is_counted_and_
     assert checks.disagreements == {"liar": 1}
     assert checks.served.get(7) is None
     assert checks.check_once() == 0, "still waiting, within its epochs"
+
+
+def swarm_reading(epoch: int) -> None:
+    """The monitor's reading of the corroboration run's swarm at ``epoch``."""
+    from runs.models import Run, RunSample
+
+    RunSample.objects.create(run=Run.objects.get(), global_epoch=epoch, samples_per_second=10.0, alive_peers=1,
+                             client_peers=0, samples_accumulated=0)
+
+
+def test_a_volunteer_alone_in_an_epoch_the_holder_missed_has_it_fetched_and_checked_once_the_swarm_is_past(
+        corroboration):
+    """CI: a second agent, still joining, held a look up for 15 s while the first trained through three
+    epochs alone; no two volunteers claimed its epoch 3 and it earned nothing. With no other volunteer's
+    report, commitment or record of the epoch, the one volunteer's sessions were the swarm."""
+    checks, commit, checked = corroboration
+    peers = checks.checkpointer
+    checks._sources = ["amina", "rahim"]
+    peers.kept = {"amina": {(7, sketch_of(NEW, 7)): NEW}}
+    checks._served_keep(6, OLD)
+    checks._served_keep(11, OWN)  # the holder saw epochs 6 and 11, not 7
+    commit("amina", NEW)
+    swarm_reading(8)
+    assert checks.claimed_fetch() == 1 and ("amina", 7) in peers.asked_kept, "asked at once: peers keep a few epochs"
+    assert checks.check_once() == 0 and checked == [], "it waits until the swarm is past the epoch"
+    swarm_reading(10)
+    assert checks.check_once() == 1 and checked == [("amina", [True])]
+
+
+def test_a_volunteer_is_not_alone_in_an_epoch_another_reported(corroboration):
+    """A liar's own parameters, claimed by its steps alone, are no reference while another volunteer
+    trained in the epoch: its report is evidence enough, whether or not it committed yet."""
+    checks, commit, checked = corroboration
+    peers = checks.checkpointer
+    checks._sources = ["liar", "rahim"]
+    peers.kept = {"liar": {(7, sketch_of(OWN, 7)): OWN}}
+    checks._served_keep(7, OWN)
+    checks._served_keep(11, NEW)
+    rahim_reports(7)
+    commit("liar", OWN)
+    swarm_reading(12)
+    assert checks.claimed_fetch() == 0 and peers.asked_kept == []
+    checks.check_once()
+    assert checked == [], "no state held or corroborated for its epoch: nothing to check it against"
+
+
+def test_a_volunteer_claiming_many_states_in_one_epoch_is_not_fetched_for(corroboration):
+    """A liar alone whose steps each name another state would keep the holder dialing, and the holder
+    would miss the honest peers' epochs."""
+    from runs.models import StepCommitment
+
+    checks, commit, checked = corroboration
+    checks._sources = ["liar"]
+    checks._served_keep(6, OLD)
+    checks._served_keep(11, OWN)
+    made_up = [[index * 8, 8, "AA==", sketch_of([parameter * (1 + index / 10) for parameter in NEW], 7)]
+               for index in range(6)]
+    StepCommitment.objects.create(session=session_of("liar"), epoch=7, micro_batch_size=8,
+                                  shuffle_buffer=1000, samples=48, steps=made_up)
+    assert checks.claimed_fetch() == 0 and checks.checkpointer.asked_kept == []
