@@ -461,9 +461,10 @@ class Validator:
         agent, still joining, kept a look waiting 15 s while the first trained through three epochs, and its
         epoch 3 earned nothing)."""
         others = Q(session__run_id=self.run_pk) & ~Q(session__user_id=volunteer)
-        return not (ContributionEvent.objects.filter(others, local_epoch=epoch).exists()
-                    or StepCommitment.objects.filter(others, epoch=epoch).exists()
-                    or SessionEpoch.objects.filter(others, epoch=epoch).exists())
+        # The cheapest first: a run with many volunteers has other commitments for nearly every epoch.
+        return not (StepCommitment.objects.filter(others, epoch=epoch).exists()
+                    or SessionEpoch.objects.filter(others, epoch=epoch).exists()
+                    or ContributionEvent.objects.filter(others, local_epoch=epoch).exists())
 
     def _swarm_past(self, epoch: int) -> bool:
         """Whether the monitor's reading is ``CORROBORATION_WAIT_EPOCHS`` past ``epoch``: another volunteer
