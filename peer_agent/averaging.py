@@ -29,7 +29,8 @@ import base64
 import logging
 import math
 import multiprocessing
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 # typing's, not collections.abc's: hivemind 1.1.12 tells a streaming handler by the hint's ``_name``
 # (hivemind/p2p/servicer.py, ``_strip_iterator_hint``), which only typing's generic alias has.
@@ -245,6 +246,8 @@ class StateSourceChoice:
             del self.dht.get
 
 
+PROGRESS_EVERY_S = 1.0  # how often a state download's progress is passed on
+
 # Epochs in a row a peer whose gradient rounds fail skips its optimizer step (MembersOnlyOptimizer); then it
 # steps alone, as hivemind does, so that a peer whose rounds keep failing still trains.
 LONE_STEPS_SKIPPED_MAX = 2
@@ -402,6 +405,8 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
                                      for group in kwargs["params"]]
         # The swarm's epoch as the optimizer's tracker last read it, for the state download's choice of sources.
         self.swarm_epoch = multiprocessing.Value("q", -1, lock=False)
+        # Bytes of the swarm's state received so far from the peer a download asks: the volunteer's progress bar.
+        self.state_received = multiprocessing.Value("q", 0, lock=False)
         # An aggregator (auxiliary) computes no steps: it keeps nothing.
         self.epoch_states = None if kwargs.get("auxiliary") else EpochStates(
             [parameter.shape for group in groups for parameter in (group["params"] if isinstance(group, dict) else [group])])
@@ -416,6 +421,44 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
 
     def state_sources_choose(self, declared: dict) -> dict:
         return state_sources(self.peer_id.to_bytes(), declared, swarm_epoch=self.swarm_epoch.value)
+
+    async def _load_state_from_peers(self, future, timeout=None):
+        # Runs in the averager's process: hivemind 1.1.12 asks each source through a stub of get_stub's
+        # (hivemind/averaging/averager.py); this one counts what its download stream brings.
+        self.get_stub = lambda *args, **kwargs: _CountingStub(type(self).get_stub(*args, **kwargs), self.state_received)
+        try:
+            return await super()._load_state_from_peers(future, timeout)
+        finally:
+            del self.get_stub
+
+    def state_size_estimate(self) -> int:
+        """About how many bytes a peer sends for this state: the same tensors as this peer's, compressed as the
+        run says (hivemind's own estimate of each tensor's compression)."""
+        _, tensors, infos = self.get_current_state()
+        return int(sum(tensor.numel() * tensor.element_size() * self.state_compression.estimate_compression_ratio(info)
+                       for tensor, info in zip(tensors, infos, strict=True)))
+
+
+class _CountingStub:
+    """A state averager's stub whose ``rpc_download_state`` stream adds the bytes of each part to ``received``
+    (from 0 for each peer asked)."""
+
+    def __init__(self, stub, received) -> None:
+        self._stub, self._received = stub, received
+
+    def __getattr__(self, name: str):
+        return getattr(self._stub, name)
+
+    async def rpc_download_state(self, request):
+        self._received.value = 0
+        stream = await self._stub.rpc_download_state(request)
+
+        async def counted():
+            async for message in stream:
+                self._received.value += len(message.tensor_part.buffer)
+                yield message
+
+        return counted()
 
 
 class MembersOnlyOptimizer(Optimizer):
@@ -436,6 +479,9 @@ class MembersOnlyOptimizer(Optimizer):
     def __init__(self, *args, authorizer: PortalAuthorizer | None = None, aggregation: str = "mean", **kwargs):
         self._authorizer, self._aggregation = authorizer, aggregation
         self.state_loads = 0  # downloads of the swarm's state so far: a step that caused one was dropped
+        # Called with the bytes received and the expected total while the swarm's state downloads (the agent's
+        # progress bar, peer_agent.display.DownloadProgress); None shows nothing.
+        self.state_download_progress: Callable[[int, int], None] | None = None
         super().__init__(*args, **kwargs)
         if authorizer is not None:
             # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
@@ -447,7 +493,30 @@ class MembersOnlyOptimizer(Optimizer):
         peer out of sync, instead of accumulating that step's gradients (``state_loads`` counts both)."""
         self.state_loads += 1
         self.state_averager.swarm_epoch.value = self.tracker.global_epoch
-        super().load_state_from_peers(**kwargs)
+        if self.state_download_progress is None:
+            super().load_state_from_peers(**kwargs)
+            return
+        progress, received = self.state_download_progress, self.state_averager.state_received
+        received.value = 0
+        total = self.state_averager.state_size_estimate()
+        done = threading.Event()
+
+        def watch() -> None:
+            shown = 0
+            while not done.wait(PROGRESS_EVERY_S):
+                if received.value != shown:
+                    shown = received.value
+                    progress(shown, max(total, shown))
+
+        watcher = threading.Thread(target=watch, daemon=True, name="state download progress")
+        watcher.start()
+        try:
+            super().load_state_from_peers(**kwargs)
+        finally:
+            done.set()
+            watcher.join()
+        if received.value:  # the last line says 100% whatever the estimate missed by
+            progress(received.value, received.value)
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         began = super()._begin_averaging_gradients(grad_scaler)

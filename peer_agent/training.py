@@ -45,6 +45,8 @@ from peer_agent.checkpoint import (
     checkpoint_write,
 )
 from peer_agent.data import batches, dataset_stream
+from peer_agent.display import DownloadProgress
+from peer_agent.i18n import _
 from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
 from peer_agent.model import model_build, precision_choose
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
@@ -227,6 +229,8 @@ class Trainer(SwarmPeer):
         except BaseException:
             self.dht.shutdown()
             raise
+        # A joining volunteer waits on this download (parameters and optimizer moments): it sees a bar.
+        self.optimizer.state_download_progress = DownloadProgress(_("The swarm's state"))
         try:
             logger.info("Loading the collaboration's state from peers (if any)")
             with warnings.catch_warnings():
@@ -272,7 +276,7 @@ class Trainer(SwarmPeer):
         # made to the accumulated gradients' sketch (peer_agent/spotcheck.py).
         sketches = [torch.zeros(FINGERPRINT_WIDTH)]
         drawn = []
-        for _ in range(training.gradient_accumulation_steps):
+        for _micro_batch in range(training.gradient_accumulation_steps):
             drawn.append(self._returned.pop(0) if self._returned else next(self._batches))
             batch = {key: value.to(self.setup.device, non_blocking=True) for key, value in drawn[-1].items()}
             self._cursor += 1

@@ -1,5 +1,6 @@
 """Real hivemind peers on loopback training a tiny ALBERT together."""
 
+import logging
 import math
 import threading
 import time
@@ -48,12 +49,18 @@ def test_two_peers_average_to_the_same_parameters_and_their_loss_falls(make_trai
     assert_same_parameters([first, second])
 
 
-def test_a_latecomer_starts_from_the_swarms_state_and_every_peer_signs_its_metrics(make_trainer):
+def test_a_latecomer_starts_from_the_swarms_state_and_every_peer_signs_its_metrics(make_trainer, caplog):
+    caplog.set_level(logging.INFO, logger="peer_agent.display")
     first = make_trainer(seed=1)
     train_together([first], epochs=2)
     second = make_trainer(seed=2, joins=first)
     assert second.optimizer.local_epoch == first.optimizer.local_epoch >= 2
     assert torch.equal(_flat(second.model), _flat(first.model))
+    # The volunteer watched the download: its last line says all of it came, and the bar's total was near.
+    shown = [record.download for record in caplog.records if getattr(record, "download", None)]
+    assert shown and shown[-1]["what"] == "The swarm's state" and shown[-1]["done"] == shown[-1]["total"] > 0
+    estimate = second.optimizer.state_averager.state_size_estimate()
+    assert abs(estimate - shown[-1]["done"]) <= 0.1 * shown[-1]["done"], (estimate, shown[-1])
 
     train_together([first, second], epochs=second.optimizer.local_epoch + 2)
 
