@@ -499,14 +499,13 @@ class MembersOnlyOptimizer(Optimizer):
         progress, received = self.state_download_progress, self.state_averager.state_received
         received.value = 0
         total = self.state_averager.state_size_estimate()
-        done = threading.Event()
+        done, shown = threading.Event(), [0, 0]  # the bytes and the total the bar last showed
 
         def watch() -> None:
-            shown = 0
             while not done.wait(PROGRESS_EVERY_S):
-                if received.value != shown:
-                    shown = received.value
-                    progress(shown, max(total, shown))
+                if received.value != shown[0]:
+                    shown[:] = received.value, max(total, received.value)
+                    progress(*shown)
 
         watcher = threading.Thread(target=watch, daemon=True, name="state download progress")
         watcher.start()
@@ -515,7 +514,7 @@ class MembersOnlyOptimizer(Optimizer):
         finally:
             done.set()
             watcher.join()
-        if received.value:  # the last line says 100% whatever the estimate missed by
+        if received.value and shown != [received.value, received.value]:  # the last line says 100%, once
             progress(received.value, received.value)
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:

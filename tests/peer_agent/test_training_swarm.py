@@ -59,6 +59,7 @@ def test_a_latecomer_starts_from_the_swarms_state_and_every_peer_signs_its_metri
     # The volunteer watched the download: its last line says all of it came, and the bar's total was near.
     shown = [record.download for record in caplog.records if getattr(record, "download", None)]
     assert shown and shown[-1]["what"] == "The swarm's state" and shown[-1]["done"] == shown[-1]["total"] > 0
+    assert [line["done"] == line["total"] for line in shown].count(True) == 1, "one line says it is done"
     estimate = second.optimizer.state_averager.state_size_estimate()
     assert abs(estimate - shown[-1]["done"]) <= 0.1 * shown[-1]["done"], (estimate, shown[-1])
 
