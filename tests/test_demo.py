@@ -116,6 +116,8 @@ def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_run
         banner = first_log.read_text(errors="replace")
         assert f"{url}/runs/{RUN_SLUG}/" in banner and repr(ORGANIZER[1]) in banner
         assert all(repr(password) in banner for _, password in VOLUNTEERS[:2])
+        # The e-mails printed so far (a milestone's) link to this demo, not to the default port.
+        assert all(link == url for link in re.findall(r"http://127\.0\.0\.1:\d+", banner)), banner[-4000:]
         saved = [checkpoint["epoch"] for checkpoint in httpx.get(f"{url}/api/v1/runs/{RUN_SLUG}/checkpoints", timeout=10).json()]
         ctrl_c(demo, first_log, tmp_path / "var")
 

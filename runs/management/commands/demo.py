@@ -180,6 +180,9 @@ class Command(BaseCommand):
         run = demo_run_ensure(organizer=organizer, preset=preset)
         call_command("agent_wheel", verbosity=0)
         url = f"http://{host}:{port}"
+        # The links of the e-mails the web server and the worker send (a sign-up's, a milestone's) lead to this
+        # demo, on whatever port it was given, unless the operator named the site's address.
+        os.environ.setdefault("SITE_URL", url)
         self.processes: list[tuple[str, subprocess.Popen]] = []
         # Stop on Ctrl-C and SIGTERM alike, even when started with SIGINT ignored (as a background
         # job of a script is, or a child of a process whose hivemind averagers ignored it).
