@@ -191,11 +191,11 @@
         y: { range: (plot, min, max) => [0, Math.max(max, 1) * 1.1] },
         credit: { range: (plot, min, max) => [0, Math.max(max, 1) * 1.1] },
       },
-      axes: [{}, { size: 64, label: "samples" }, { scale: "credit", side: 1, grid: { show: false }, label: "credit" }],
+      axes: [{}, { size: 64, label: gettext("samples") }, { scale: "credit", side: 1, grid: { show: false }, label: gettext("credit") }],
       series: [
-        { label: "day" },
-        { label: "samples", stroke: COLORS.samples_per_second, fill: "rgba(43,108,176,.35)", paths: uPlot.paths.bars({ size: [0.7, 40] }) },
-        { label: "credit", scale: "credit", stroke: COLORS.global_epoch, width: 2 },
+        { label: gettext("day") },
+        { label: gettext("samples"), stroke: COLORS.samples_per_second, fill: "rgba(43,108,176,.35)", paths: uPlot.paths.bars({ size: [0.7, 40] }) },
+        { label: gettext("credit"), scale: "credit", stroke: COLORS.global_epoch, width: 2 },
       ],
     }, data, plotElement);
     new ResizeObserver(() => plot.setSize({ width: widthOf(plotElement), height: HEIGHT })).observe(plotElement);

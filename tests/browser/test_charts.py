@@ -123,3 +123,25 @@ def test_the_contribution_chart_draws_a_volunteers_days_from_its_url(browser, as
     )
     assert problems == []
     page.close()
+
+
+def test_the_contribution_chart_names_its_axes_and_series_in_the_pages_language(browser, asgi_server):
+    """A newcomer on a Bengali page read "samples" and "credit" in English on the chart's axes and legend."""
+    days = [{"day": "2026-11-01", "samples": 1000, "credit": 10.5}]
+    page = browser.new_page(base_url=asgi_server, locale="bn")
+    page.route("**/api/v1/volunteers/7/contributions", lambda route: route.fulfill(json=days))
+    page.goto("/static/vendor/README.md")
+    page.set_content(
+        '<html lang="bn"><body><div id="contributions" data-contribution-url="/api/v1/volunteers/7/contributions"'
+        ' style="width: 640px"></div>'
+        f'<script src="{asgi_server}/jsi18n/"></script>'
+        f'<script src="{asgi_server}/static/vendor/uplot/uPlot.iife.min.js"></script>'
+        f'<script src="{asgi_server}/static/js/charts.js"></script></body></html>'
+    )
+    expect(page.locator("#contributions canvas")).to_have_count(1)
+    legend = page.locator("#contributions .u-legend")
+    expect(legend).to_contain_text("নমুনা")
+    expect(legend).to_contain_text("ক্রেডিট")
+    axes = page.locator("#contributions .u-label").all_inner_texts()
+    assert axes == ["নমুনা", "ক্রেডিট"], axes
+    page.close()
