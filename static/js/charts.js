@@ -148,7 +148,7 @@
 
   // A volunteer's samples (bars) and credit (line) per day from `url`, which answers
   // [{"day": "YYYY-MM-DD", "samples": n, "credit": x}, ...]. Draws into `element` with a caption
-  // and the totals as text; returns the uPlot instance.
+  // and the totals as text; returns the uPlot instance (null when there are no days to draw).
   async function contributionChart(element, url) {
     const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
     if (!response.ok) throw new Error(`contributions could not be loaded (HTTP ${response.status})`);
@@ -177,8 +177,10 @@
     caption.id = `contribution-caption-${Math.random().toString(36).slice(2)}`;
     summary.id = `${caption.id}-summary`;
     plotElement.setAttribute("aria-labelledby", `${caption.id} ${summary.id}`);
-    figure.append(caption, plotElement, summary);
+    // No days: the words alone. An empty plot had axes of 1 January 1970, where uPlot's time scale starts.
+    figure.append(...(days.length ? [caption, plotElement, summary] : [caption, summary]));
     element.replaceChildren(figure);
+    if (!days.length) return null;
     const data = [days.map((day) => Date.parse(`${day.day}T00:00:00Z`) / 1000), days.map((day) => day.samples), days.map((day) => day.credit)];
     const plot = new uPlot({
       width: widthOf(plotElement),

@@ -7,7 +7,8 @@ import pytest
 from playwright.sync_api import expect
 
 from accounts.models import AgentToken
-from tests.browser.steps import log_in, open_mailed_link
+from tests.accounts.test_volunteer_machines import amina_machines  # noqa: F401  (a fixture)
+from tests.browser.steps import PHONE, log_in, open_mailed_link, page_problems
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -60,3 +61,25 @@ def test_a_team_is_founded_and_shows_its_history(page, volunteer, screenshot):
     expect(page.locator(".lead")).to_contain_text("<script>alert('x')</script>")
     expect(page.locator("table")).to_contain_text("Founded")
     screenshot(page, "team")
+
+
+@pytest.mark.usefixtures("amina_machines")
+def test_a_volunteer_reads_why_each_epoch_lost_samples_on_a_phone(browser, live_server, screenshot):
+    """A newcomer's check at 360 px in Bengali: as table columns, each lost epoch's reason was a word wide and
+    the page some 3,700 px tall. Each epoch is now a block of labelled lines, its reason the block's width."""
+    context = browser.new_context(base_url=live_server.url, viewport=PHONE, is_mobile=True)
+    page = context.new_page()
+    log_in(page, "amina")
+    page.select_option("#language", "bn")
+    page.get_by_role("button", name="Change language").click()
+    page.goto("/volunteers/amina/")
+    expect(page.locator("html")).to_have_attribute("lang", "bn")
+    rows = page.locator("#volunteer-lost tbody tr")
+    expect(rows).to_have_count(5)
+    table = page.locator("#volunteer-lost").bounding_box()
+    for why in rows.locator("td:last-child").all():
+        assert why.bounding_box()["width"] >= 0.9 * table["width"], (why.bounding_box(), table)
+    expect(rows.first.locator("td").first).to_be_visible()
+    assert page_problems(page, "volunteer") == []
+    screenshot(page, "phone-volunteer-lost-epochs")
+    context.close()

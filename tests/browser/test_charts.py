@@ -145,3 +145,22 @@ def test_the_contribution_chart_names_its_axes_and_series_in_the_pages_language(
     axes = page.locator("#contributions .u-label").all_inner_texts()
     assert axes == ["নমুনা", "ক্রেডিট"], axes
     page.close()
+
+
+def test_a_volunteer_with_no_contributions_sees_words_not_an_empty_plot(browser, asgi_server):
+    """The empty plot's time axis read 12/31/69 to 1/1/70: where uPlot's time scale starts."""
+    page = browser.new_page(base_url=asgi_server)
+    problems = watch_console(page)
+    page.route("**/api/v1/volunteers/7/contributions", lambda route: route.fulfill(json=[]))
+    page.goto("/static/vendor/README.md")
+    page.set_content(
+        '<div id="contributions" data-contribution-url="/api/v1/volunteers/7/contributions" style="width: 640px"></div>'
+        f'<script src="{asgi_server}/jsi18n/"></script>'
+        f'<script src="{asgi_server}/static/vendor/uplot/uPlot.iife.min.js"></script>'
+        f'<script src="{asgi_server}/static/js/charts.js"></script>'
+    )
+    expect(page.locator("#contributions .chart-latest")).to_have_text("No contributions yet.")
+    expect(page.locator("#contributions figcaption")).to_have_text("Samples and credit per day")
+    expect(page.locator("#contributions canvas")).to_have_count(0)
+    assert problems == []
+    page.close()
