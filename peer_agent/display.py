@@ -68,6 +68,28 @@ class _LogFields(logging.Filter):
         return True
 
 
+class _RequestOfAGoneProcess(logging.Filter):
+    """Leaves out hivemind's error for a request to its DHT whose sender has exited: the request carries its
+    reply channel, which the receiver fetches from the sender (``rebuild_connection``, multiprocessing). At every
+    stop the averagers' processes exit with requests still in the DHT's pipe, and each volunteer's Ctrl-C
+    ended in a screen of traceback ("[Errno 2] No such file or directory"). Nothing is lost: the sender
+    wanted no answer any more. Kept with ``--verbose``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, FileNotFoundError | ConnectionRefusedError):
+            return True
+        frame = error.__traceback__
+        while frame is not None:
+            if frame.tb_frame.f_code.co_name == "rebuild_connection":
+                return False
+            frame = frame.tb_next
+        return True
+
+
+DHT_LOGGER = "hivemind.dht.dht"
+
+
 def logging_setup(console: Console, verbose: bool = False, log_format: str = "text") -> None:
     """Log through rich so messages print above the live progress line, or (``log_format="json"``, for
     a service's log collector) one JSON object a line on stderr; hivemind's chatter stays at WARNING."""
@@ -89,6 +111,11 @@ def logging_setup(console: Console, verbose: bool = False, log_format: str = "te
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     for noisy in ("hivemind", "httpx", "httpcore", "websockets", "datasets", "fsspec", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
+    dht = logging.getLogger(DHT_LOGGER)  # its processes fork later, with this filter in place
+    for previous in [f for f in dht.filters if isinstance(f, _RequestOfAGoneProcess)]:
+        dht.removeFilter(previous)
+    if not verbose:
+        dht.addFilter(_RequestOfAGoneProcess())
 
 
 class ProgressDisplay:

@@ -4,6 +4,7 @@ in tests/e2e/test_join_notebook.py."""
 
 import io
 import logging
+import multiprocessing
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ import time
 
 from rich.console import Console
 
-from peer_agent.display import DownloadProgress, ProgressDisplay, ProgressSnapshot, logging_setup
+from peer_agent.display import DHT_LOGGER, DownloadProgress, ProgressDisplay, ProgressSnapshot, logging_setup
 from peer_agent.notebook import Panel
 
 SNAPSHOT = ProgressSnapshot(local_samples_per_second=12.5, global_epoch=7, collaboration_samples_per_second=40.0,
@@ -74,6 +75,41 @@ def test_a_download_shows_as_one_bar_redrawn_in_place_in_the_panel_and_as_lines_
         logging_setup(Console(file=io.StringIO()), log_format="text")
     assert "Data file corpus.txt: █████░░░░░░░░░░░░░░░ 25% (12.5 of 50.0 MB)" in terminal.getvalue()
     assert "Data file other.txt: 2.0 MB so far" in terminal.getvalue()
+
+
+def request_of_a_gone_process() -> FileNotFoundError:
+    """The error hivemind's DHT meets reading a request whose sender has exited, made for real: a process sends
+    a connection (its reply channel) and exits before it is read."""
+    fork = multiprocessing.get_context("fork")
+    reader, writer = fork.Pipe(duplex=False)
+    sender = fork.Process(target=writer.send, args=(fork.Pipe()[1],))
+    sender.start()
+    sender.join()
+    assert reader.poll(10)
+    try:
+        reader.recv()
+    except FileNotFoundError as gone:
+        return gone
+    raise AssertionError("the connection was read although its sender had exited")
+
+
+def test_a_dht_request_whose_sender_exited_prints_no_traceback_at_a_stop():
+    """Every Ctrl-C ended in hivemind's traceback "[Errno 2] No such file or directory": the averagers' processes
+    exit with requests in the DHT's pipe, whose reply channel the DHT then fetches from a process that is gone."""
+    dht = logging.getLogger(DHT_LOGGER)
+    quiet, verbose = io.StringIO(), io.StringIO()
+    try:
+        logging_setup(Console(file=quiet, force_terminal=False, width=200), log_format="text")
+        dht.error("a DHT error of another kind")
+        gone = request_of_a_gone_process()
+        dht.exception(gone, exc_info=gone)  # as hivemind/dht/dht.py's _run logs it, within its except
+        logging_setup(Console(file=verbose, force_terminal=False, width=200), log_format="text", verbose=True)
+        gone = request_of_a_gone_process()
+        dht.exception(gone, exc_info=gone)
+    finally:
+        logging_setup(Console(file=io.StringIO()), log_format="text")
+    assert "a DHT error of another kind" in quiet.getvalue() and "No such file" not in quiet.getvalue()
+    assert "No such file or directory" in verbose.getvalue(), "kept for whoever asked for everything"
 
 
 def test_an_agent_whose_parent_is_gone_stops_as_sigterm_stops_it(tmp_path):
