@@ -102,7 +102,7 @@ def test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_run
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # The embedded defaults, whatever the suite itself runs on; both demos in the same folder.
-    env = {name: value for name, value in os.environ.items() if name not in {"DATABASE_URL", "REDIS_URL"}}
+    env = {name: value for name, value in os.environ.items() if name not in {"DATABASE_URL", "REDIS_URL", "SITE_URL"}}
     env.update(PORTAL_VAR_DIR=str(tmp_path / "var"), DEMO_PORT=str(port))
     first_log, second_log = tmp_path / "demo.log", tmp_path / "demo-again.log"
     demo = demo_start(env, first_log)
