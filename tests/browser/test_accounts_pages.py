@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from accounts.models import AgentToken
-from tests.accounts.test_volunteer_machines import amina_machines  # noqa: F401  (a fixture)
+from tests.accounts.machines import amina_machines_make
 from tests.browser.steps import PHONE, log_in, open_mailed_link, page_problems
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -63,10 +63,10 @@ def test_a_team_is_founded_and_shows_its_history(page, volunteer, screenshot):
     screenshot(page, "team")
 
 
-@pytest.mark.usefixtures("amina_machines")
 def test_a_volunteer_reads_why_each_epoch_lost_samples_on_a_phone(browser, live_server, screenshot):
     """A newcomer's check at 360 px in Bengali: as table columns, each lost epoch's reason was a word wide and
     the page some 3,700 px tall. Each epoch is now a block of labelled lines, its reason the block's width."""
+    amina_machines_make()
     context = browser.new_context(base_url=live_server.url, viewport=PHONE, is_mobile=True)
     page = context.new_page()
     log_in(page, "amina")
