@@ -218,8 +218,7 @@ class Validator:
         large state), and an epoch whose state is missed earns nothing."""
         if self._spot_checks_on() is None:
             return
-        reading = RunSample.objects.filter(run_id=self.run_pk).order_by("-at").values_list("global_epoch", flat=True)
-        swarm_epoch = reading.first()
+        swarm_epoch = self._swarm_reading()
         if swarm_epoch is None:
             return
         started = time.monotonic()
@@ -470,9 +469,13 @@ class Validator:
         """Whether the monitor's reading is ``CORROBORATION_WAIT_EPOCHS`` past ``epoch``: another volunteer
         that trained in it has reported it by then (an honest agent reports every few seconds), and a liar
         alone in an epoch ahead of the swarm is not alone in it once the swarm gets there."""
-        reading = RunSample.objects.filter(run_id=self.run_pk).order_by("-at").values_list("global_epoch", flat=True)
-        swarm_epoch = reading.first()
+        swarm_epoch = self._swarm_reading()
         return swarm_epoch is not None and swarm_epoch >= epoch + CORROBORATION_WAIT_EPOCHS
+
+    def _swarm_reading(self) -> int | None:
+        """The swarm's epoch in the monitor's latest reading of the run, None before the first."""
+        reading = RunSample.objects.filter(run_id=self.run_pk).order_by("-at").values_list("global_epoch", flat=True)
+        return reading.first()
 
     def _kept_fetch(self, epoch: int, sketch: str) -> list | None:
         """The state a peer kept for ``epoch`` and ``sketch``, from the first of a few peers picked at random
