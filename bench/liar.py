@@ -4,7 +4,8 @@ The same processes as ``manage.py demo`` (web server, Celery worker with beat, c
 peer agents through the real CLI and token flow) on a fresh var directory (SQLite unless DATABASE_URL is
 set). Beside the honest agents, one liar at a time joins as a volunteer of its own for ``--seconds``: the
 real agent with ``Trainer`` methods replaced (tests/security/liar_agent.py, tests/e2e/lazy_agent.py),
-playing one strategy (docs/trust.md, "The economics of lying"). Between two liars, and after the last,
+playing one strategy (docs/trust.md, "The economics of lying"), or, as the control, a third honest agent
+(``honest``): what a third peer alone costs the two honest agents on these cores. Between two liars, and after the last,
 the honest agents train on for ``--drain`` seconds, so that the liar's last epochs are judged.
 
 Each liar writes the samples it really computed; an honest agent computed what it reported. The return
@@ -27,6 +28,8 @@ from bench.demo_lab import demo_lab, process_start, process_stop, services_stop,
 
 # name -> (the agent's module, its environment): one row of docs/trust.md's economics each
 STRATEGIES = {
+    # the control: a third honest volunteer, the same load on the machine and the swarm as a liar's, no lie
+    "honest": ("peer_agent", {}),
     "lazy": ("tests.e2e.lazy_agent", {}),  # fakes nine steps in ten, claimed at the swarm's state
     "shield": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "shield", "LIAR_CAPTURE": "off"}),
     "dark": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "dark", "LIAR_CAPTURE": "off"}),
@@ -69,7 +72,7 @@ def main() -> None:
     services = [process_start(command, {}, log) for _, command, log in lab.services]
     agents = []
     # strategy -> the liar, its home, and the swarm's epochs as it joined, left, and the drain after it ended
-    liars: dict[str, tuple[User, Path, tuple[int, int, int]]] = {}
+    liars: dict[str, tuple[User, Path, str, tuple[int, int, int]]] = {}
 
     def swarm_epoch() -> int:
         return RunSample.objects.filter(run=run).order_by("-at").values_list("global_epoch", flat=True).first() or 0
@@ -82,7 +85,8 @@ def main() -> None:
             agents.append(process_start(command, env, logs / f"{volunteer.username}.log"))
         for strategy in args.strategies.split(","):
             module, strategy_env = STRATEGIES[strategy]
-            liar = User.objects.create_user(username=f"liar-{strategy}", email=f"liar-{strategy}@demo.invalid",
+            name = "third-honest" if module == "peer_agent" else f"liar-{strategy}"
+            liar = User.objects.create_user(username=name, email=f"{name}@demo.invalid",
                                             email_verified_at=timezone.now())
             home = var_dir / "agents" / liar.username
             command, env = agent_launch(liar, url, home)
@@ -96,7 +100,7 @@ def main() -> None:
             print(f"{time.monotonic() - started:6.0f} s  {liar.username} left (exit {process.returncode}); "
                   f"the honest agents train on {args.drain:g} s", flush=True)
             time.sleep(args.drain)
-            liars[strategy] = (liar, home, (joined, left, swarm_epoch()))
+            liars[strategy] = (liar, home, module, (joined, left, swarm_epoch()))
     finally:
         for process in agents:
             process_stop(process)
@@ -120,10 +124,13 @@ def main() -> None:
         print(f"{volunteer.username:<16} {reported:>9} {reported:>9} {confirmed:>9} {confirmed / max(reported, 1):7.3f} "
               f"{'':>8}  {dict(sorted(statuses.items()))}")
     baseline = baseline_confirmed / max(baseline_computed, 1)
-    for liar, home, _ in liars.values():
+    for liar, home, module, _ in liars.values():
         confirmed, reported, statuses = standing(liar)
         computed_file = home / "computed"
-        computed = int(computed_file.read_text()) if computed_file.exists() else 0
+        if module == "peer_agent":  # the honest control computed what it reported
+            computed = reported
+        else:
+            computed = int(computed_file.read_text()) if computed_file.exists() else 0
         ratio = confirmed / max(computed, 1)
         print(f"{liar.username:<16} {computed:>9} {reported:>9} {confirmed:>9} {ratio:7.3f} {ratio / baseline:8.2f}  "
               f"{dict(sorted(statuses.items()))}")
@@ -142,7 +149,7 @@ def main() -> None:
 
     print(f"\nhonest agents' epochs rejected or flagged, after the first {args.warmup_epochs}:")
     print(f"{'whole run':<22} {honest_lost(args.warmup_epochs, 2**31)}")
-    for strategy, (_, _, (joined, left, drained)) in liars.items():
+    for strategy, (_, _, _, (joined, left, drained)) in liars.items():
         print(f"{'with ' + strategy:<22} epochs {joined}-{left}: {honest_lost(max(joined, args.warmup_epochs), left)}")
         print(f"{'after ' + strategy:<22} epochs {left + 1}-{drained}: {honest_lost(left + 1, drained)}")
 
