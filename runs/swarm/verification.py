@@ -226,6 +226,13 @@ def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announce
                                   announced_final=counted or give_up)
     if suspended and status == _Status.VERIFIED:  # as session_suspend did to the epochs judged before it
         status, detail = _Status.FLAGGED, f"epoch {epoch}: session suspended by spot checks"
+    if status == _Status.REJECTED:
+        # The evidence decides, even for an epoch flagged before it came (a suspension flags every epoch of
+        # the session): steps computed off the swarm's state, or committed to too late to be checked, earn
+        # nothing, and an organizer accepting the flag would have credited them (seen in CI: a liar's dark
+        # epoch, flagged by its suspension, then committed to late).
+        epoch_reject_unseen(row=row, reported=reported, detail=detail)
+        return row.status
     if status == _Status.PROVISIONAL and row.status != _Status.PROVISIONAL:
         return row.status  # judged on a record that has since expired from memory: keep the verdict
     if (row.status, row.reported_samples, row.announced_samples) == (status, reported, announced) and row.checked_at:
@@ -238,8 +245,6 @@ def _session_epoch_judge(*, session_id: int, epoch: int, reported: int, announce
         epoch_flag(row=row, reported=reported, announced=announced, detail=detail or row.detail, notice=not suspended)
     elif status == _Status.VERIFIED:
         epoch_verify(row=row, reported=reported, announced=announced)
-    elif status == _Status.REJECTED:
-        epoch_reject_unseen(row=row, reported=reported, detail=detail)
     elif give_up and reported and detail in (NOT_SEEN_YET, NO_COMMITMENT):
         epoch_reject_unseen(row=row, reported=reported, detail=NEVER_SEEN if detail == NOT_SEEN_YET else NO_COMMITMENT)
     elif (row.reported_samples, row.detail) != (reported, detail):
@@ -282,8 +287,9 @@ def epoch_reject_unseen(*, row: SessionEpoch, reported: int, detail: str = NEVER
     """Provisional → rejected: the session's peer never appeared in the DHT for the epoch, it never
     committed to the epoch's steps, it computed them away from the collaboration's parameters, or their
     commitment could not be checked. Verified → rejected too: an epoch verified while it held nothing
-    to check (no samples reported yet) whose samples and commitment came later."""
-    if row.status not in (_Status.PROVISIONAL, _Status.VERIFIED):
+    to check (no samples reported yet) whose samples and commitment came later. Flagged → rejected for
+    the last two: no organizer's decision can make such steps the swarm's."""
+    if row.status not in (_Status.PROVISIONAL, _Status.VERIFIED, _Status.FLAGGED):
         raise CreditError(f"a {row.status} epoch cannot be rejected as never seen")
     _save(row, status=_Status.REJECTED, reported_samples=reported, detail=detail, checked_at=timezone.now())
 

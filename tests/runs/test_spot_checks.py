@@ -157,6 +157,37 @@ def test_a_failed_check_flags_the_epoch_and_a_second_suspends_the_session_and_se
     assert judge(run, 8) == {rahim.pk: "flagged"}
 
 
+def test_an_epoch_flagged_before_its_commitment_is_judged_off_the_swarm_is_rejected_not_left_to_an_organizer(run):
+    """A suspension flags every epoch of the session for its organizer, and a figures flag waits for one too;
+    a commitment judged after the flag, too late to be checked or computed off the swarm's state, rejects the
+    epoch: accepting the flag would credit work that is not the swarm's (seen in CI: the liar of
+    tests/security/test_liar_agents.py, suspended, then sending a dark epoch's commitment late)."""
+    rahim = session_for(run, username="rahim")
+    for epoch in (4, 5, 6):
+        reported(rahim, 32, epoch=epoch, checked=False)
+        verification.announced_record(session_id=rahim.pk, epoch=epoch, announced=32)
+    judge(run, 6)
+    assert status(rahim, 6).status == "provisional", "no commitment yet: the dark epoch's is held back"
+    check(committed(rahim, 4, 32), 0.93)
+    check(committed(rahim, 5, 32), 0.71)
+    assert status(rahim, 6).status == "flagged", "the suspension flagged it"
+
+    committed(rahim, 6, 32)
+    assert verification.commitments_uncheckable(run=run, before_epoch=7) == 1
+    assert status(rahim, 6).status == "rejected"
+    assert "no state of epoch 6 was held" in status(rahim, 6).detail
+    assert status(rahim, 5).status == "flagged", "a failed check is still the organizer's to decide"
+
+    amina = session_for(run)
+    reported(amina, 48, epoch=8, checked=False)
+    verification.announced_record(session_id=amina.pk, epoch=8, announced=48)
+    stored = committed(amina, 8, 16)
+    judge(run, 8)
+    assert status(amina, 8).status == "flagged", "reported more than it committed to"
+    assert check(stored, None, diverged=0.05) == "diverged"
+    assert status(amina, 8).status == "rejected"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_suspended_session_is_refused_until_its_organizer_lifts_it(keyed_session):
     session = keyed_session
