@@ -67,7 +67,7 @@ import torch
 from bench.workload import Workload, dropout_off, workload_build
 from harness.pretraining import loss_evaluate
 from harness.processes import children_reap
-from harness.swarm import optimizer_watch, train_together
+from harness.swarm import PartialRounds, optimizer_watch, partial_rounds_watch, train_together
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
 from peer_agent.training import Trainer
 
@@ -226,6 +226,7 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
     more, at most ``RESYNCS`` times (once with delayed updates).
     """
     pool = BatchPool(workload.batch_stream(seed))
+    partial_rounds = partial_rounds_watch()  # before the averagers fork
     trainers: list[Trainer] = []
     record = SwarmRecord(pool=pool, snapshots=[{}, {}])
     lags: list[Callable[[], bool]] = []
@@ -240,7 +241,7 @@ def swarm_train(workload: Workload, *, run_id: str, seed: int, settle: int, step
             lag_of[peer] = UpdateLag(trainers[peer])
             if not dropout:
                 dropout_off(trainers[peer].model)
-            _watch(trainers[peer], peer, record)
+            _watch(trainers[peer], peer, record, partial_rounds)
         for peer, trainer in enumerate(trainers):
             record.snapshots[peer][trainer.optimizer.local_epoch] = PeerState.of(trainer)
 
@@ -314,7 +315,7 @@ def _parameters_gap(trainers: list[Trainer]) -> float:
     return max((a.detach() - b.detach()).abs().max().item() for a, b in pairs)
 
 
-def _watch(trainer: Trainer, peer: int, record: SwarmRecord) -> None:
+def _watch(trainer: Trainer, peer: int, record: SwarmRecord, partial_rounds: PartialRounds) -> None:
     """Note every global step that did not average this peer's gradients with the other's."""
 
     def anomaly(what: str, epoch: int) -> None:
@@ -323,7 +324,7 @@ def _watch(trainer: Trainer, peer: int, record: SwarmRecord) -> None:
     def group(peer_ids: list, epoch: int) -> None:
         record.group_sizes[peer, epoch] = len(peer_ids)
 
-    optimizer_watch(trainer, on_anomaly=anomaly, on_group=group)
+    optimizer_watch(trainer, on_anomaly=anomaly, on_group=group, partial_rounds=partial_rounds)
 
 
 def reference_train(workload: Workload, *, run_id: str, start: PeerState, start_step: int, batches: list[Batch],

@@ -2,6 +2,8 @@
 (tests/peer_agent/) and the benchmarks (bench/equivalence.py) do."""
 
 import json
+import logging
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -85,12 +87,47 @@ STEP_ANOMALIES = {
 }
 
 
+class PartialRounds(logging.Handler):
+    """Counts the averaging rounds hivemind finished with parts missing, in every averager's process.
+
+    A round whose part did not arrive in time on a loaded machine still succeeds: hivemind 1.1.12's
+    reducer averages what it received ("Reducer: received 58.0% of input tensors") and a peer missing a
+    result keeps its own values for it ("Averaging: received 88.0% results", hivemind/averaging/partition.py),
+    so its group is whole and nothing else tells that the step was not an average of every peer's
+    gradients (a CI run's equivalence test read one such step 2e-4 off the single-process curve). The
+    averagers log in processes forked from this one: the handler, installed before they fork, counts in
+    shared memory."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = multiprocessing.Value("q", 0)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "received" in record.getMessage():
+            with self.count.get_lock():
+                self.count.value += 1
+
+
+def partial_rounds_watch() -> PartialRounds:
+    """This process's :class:`PartialRounds`, installed on hivemind's partition logger (once): call it before
+    the trainers it should watch are made."""
+    logger = logging.getLogger("hivemind.averaging.partition")
+    for handler in logger.handlers:
+        if isinstance(handler, PartialRounds):
+            return handler
+    handler = PartialRounds()
+    logger.addHandler(handler)
+    return handler
+
+
 def optimizer_watch(trainer, *, on_anomaly: Callable[[str, int], None],
-                    on_group: Callable[[list, int], None]) -> None:
+                    on_group: Callable[[list, int], None], partial_rounds: PartialRounds | None = None) -> None:
     """Observe how ``trainer``'s global steps go: ``on_anomaly(what, epoch)`` for each step that did not
-    average its gradients with others (:data:`STEP_ANOMALIES`), ``on_group(peer_ids, epoch)`` with the
-    group of each gradient round that succeeded. These wrap private hivemind 1.1.12 methods of the
-    Optimizer (hivemind/optim/optimizer.py) on this one instance; they only observe."""
+    average its gradients with others (:data:`STEP_ANOMALIES`, and with ``partial_rounds``, a round
+    finished with parts missing anywhere in this process's swarm since this peer's last one),
+    ``on_group(peer_ids, epoch)`` with the group of each gradient round that succeeded. These wrap
+    private hivemind 1.1.12 methods of the Optimizer (hivemind/optim/optimizer.py) on this one
+    instance; they only observe."""
     optimizer = trainer.optimizer
 
     def noting(name: str, what: str) -> None:
@@ -106,11 +143,16 @@ def optimizer_watch(trainer, *, on_anomaly: Callable[[str, int], None],
         noting(name, what)
     average = optimizer._average_gradients_and_load_into_optimizer
 
+    partial_seen = [partial_rounds.count.value if partial_rounds else 0]
+
     def averaged(control):
         epoch = optimizer.local_epoch
         average(control)
         if control is not None and control.done() and not control.cancelled() and control.exception() is None:
             on_group(list(control.result()), epoch)
+        if partial_rounds is not None and partial_rounds.count.value != partial_seen[0]:
+            partial_seen[0] = partial_rounds.count.value
+            on_anomaly("averaged with parts missing", epoch)
 
     optimizer._average_gradients_and_load_into_optimizer = averaged
 
