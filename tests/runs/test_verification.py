@@ -157,15 +157,17 @@ def test_judging_again_changes_nothing_and_late_reports_are_judged_on_the_new_su
 
 
 def test_a_flag_stays_as_it_was_when_its_figures_do_not_change(run):
-    """A restarted coordinator's validator holds only epochs from its start on and marks older
-    commitments unchecked: a flagged epoch's figures are the same, so its flag is not judged again."""
+    """A restarted coordinator's monitor judges the epochs it finds again: a flagged epoch's figures are the
+    same, so its flag is not judged again; new figures update it. A commitment then judged unchecked (a
+    restarted validator holds only epochs from its start on) rejects it, as it rejects an epoch not flagged:
+    work that could not be checked earns nothing, and accepting the flag would credit it
+    (tests/runs/test_spot_checks.py)."""
     amina = session_for(run)
     report(amina, 64, epoch=2)
     verification.announced_record(session_id=amina.pk, epoch=2, announced=32)
     assert judge(run, 2) == {amina.pk: "flagged"}
     first = row(amina, 2)
 
-    StepCommitment.objects.filter(session=amina, epoch=2).update(outcome=StepCommitment.Outcome.UNCHECKED)
     assert judge(run, 2) == {amina.pk: "flagged"}
     assert (row(amina, 2).checked_at, row(amina, 2).detail) == (first.checked_at, first.detail)
 
@@ -173,6 +175,9 @@ def test_a_flag_stays_as_it_was_when_its_figures_do_not_change(run):
     judge(run, 2)
     assert (row(amina, 2).status, row(amina, 2).reported_samples) == ("flagged", 72)
     assert row(amina, 2).checked_at > first.checked_at
+
+    StepCommitment.objects.filter(session=amina, epoch=2).update(outcome=StepCommitment.Outcome.UNCHECKED)
+    assert judge(run, 2) == {amina.pk: "rejected"}
 
 
 def test_an_organizers_decision_is_final_and_in_the_audit_log(run, organizer):
