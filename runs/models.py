@@ -241,6 +241,11 @@ class TrainingSession(models.Model):
     suspended_at = models.DateTimeField(null=True, blank=True, help_text=(
         "When spot checks suspended the session (its reports are refused); an organizer can lift it."))
     suspension_reason = models.CharField(max_length=500, blank=True)
+    states_served = models.PositiveIntegerField(default=0, help_text=(
+        "States of the swarm the validator downloaded from the session's peer (runs/swarm/spotcheck.py)."))
+    states_disagreed = models.PositiveIntegerField(default=0, help_text=(
+        "Of those, states unlike any two peers agreed on for their epoch: its own parameters served as the "
+        "swarm's, or an averaging round it missed."))
 
     class Meta:
         ordering = ["-started_at", "-id"]

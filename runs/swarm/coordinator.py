@@ -158,7 +158,7 @@ class BackbonePeer:
         self.monitor = Monitor(dht=self.dht, run_pk=self.run_pk, run_id=self.run_id)
         self.checkpointer = Checkpointer(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht)
         self.validator = Validator(run_pk=self.run_pk, run_id=self.run_id, slug=self.slug, dht=self.dht,
-                                   checkpointer=self.checkpointer)
+                                   checkpointer=self.checkpointer, session_of_peer=self.monitor.peer_session)
         self.aggregator: BackboneAggregator | None = None
         self._rounds_before = 0  # rounds of the aggregators this peer ran before the current one
 

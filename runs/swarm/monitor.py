@@ -30,6 +30,7 @@ from django.utils import timezone
 from hivemind.dht import DHT
 from hivemind.dht.schema import SchemaValidator
 from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
+from hivemind.p2p import PeerID
 
 from peer_agent.metrics import LocalMetrics, metrics_read, signed_records_read
 from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, TrainingSession
@@ -137,6 +138,9 @@ class Monitor:
         self.counted: set[tuple[bytes, int]] = set()  # (peer subkey, epoch) whose figure is the peer's own count
         self.stored: dict[tuple[int, int], tuple[int, bool]] = {}  # (session, epoch) → the row's figure, and final
         self.sessions: dict[bytes, int | None] = {}
+        # A peer's libp2p id (base58) -> its session, from the peer id its signed progress records name; None
+        # when two sessions name it. Replaced whole on each poll: the validator's holder thread reads it.
+        self.peer_sessions: dict[str, int | None] = {}
         self.global_epoch: int | None = None
         # Closed epochs not judged for good: when they closed and when to judge them.
         self.closed_at: dict[int, datetime.datetime] = {}
@@ -159,6 +163,7 @@ class Monitor:
             samples_per_second=reading.samples_per_second, alive_peers=reading.alive_peers,
             client_peers=reading.client_peers, samples_accumulated=reading.samples_accumulated, loss=reading.loss)
         self._announcements_add(progress, metrics)
+        self._peer_sessions_add(progress)
         if reading.global_epoch is not None:
             self._epochs_close(reading.global_epoch)
         self._store_closed()
@@ -186,6 +191,24 @@ class Monitor:
         for epoch in closing - set(self.closed_at):
             self.closed_at[epoch], self.due[epoch] = timezone.now(), time.monotonic() + self.grace_s
         self.global_epoch = max(global_epoch, self.global_epoch or 0)
+
+    def _peer_sessions_add(self, progress: dict[bytes, LocalTrainingProgress]) -> None:
+        peer_sessions = dict(self.peer_sessions)
+        for subkey, record in progress.items():
+            try:
+                peer = PeerID(record.peer_id).to_base58()
+            except Exception:  # a record naming no valid peer id names no peer
+                continue
+            session = self._session_of(subkey)
+            if session is None:
+                continue
+            # A session may name another's peer id in its own record: then neither is told apart by it.
+            peer_sessions[peer] = session if peer_sessions.get(peer, session) == session else None
+        self.peer_sessions = peer_sessions
+
+    def peer_session(self, peer: str) -> int | None:
+        """The session whose signed progress records name the libp2p ``peer`` (base58), if exactly one does."""
+        return self.peer_sessions.get(peer)
 
     def _session_of(self, subkey: bytes) -> int | None:
         if subkey not in self.sessions:

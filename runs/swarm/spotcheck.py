@@ -26,15 +26,16 @@ import secrets
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.db import close_old_connections
-from django.db.models import Q
+from django.db.models import F, Q
 
 from peer_agent.metrics import dht_result
 from peer_agent.protocol import RunConfig
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
-from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, StepCommitment
+from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, StepCommitment, TrainingSession
 from runs.swarm import verification
 from runs.swarm.checkpoints import UNREACHABLE, Checkpointer, state_epoch_trusted
 
@@ -63,6 +64,9 @@ READING_LAG_EPOCHS = 3  # how far the swarm may be past the monitor's last readi
 # States of one epoch kept at most: the one the peers compute at, the previous epoch's served for a moment
 # under the new epoch, one averaged in the background.
 STATES_PER_EPOCH = 4
+# Peers whose judged states wait for a session to be named theirs: a peer that never publishes a record
+# is named by none, and its tallies are dropped oldest first.
+TALLIES_UNSAVED_MAX = 1000
 # Epochs whose parameters are kept: every epoch the ingest still takes commitments for, and two more for
 # a monitor reading that lags the swarm. Each state is a copy of the parameters (72 MB at sahajBERT's size).
 HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
@@ -114,15 +118,21 @@ class Validator:
     highest priority, a number the peer sets, so a peer could have its own parameters held and the
     others checked against them. The validator asks peers of its own choosing, at random, by name,
     and holds an epoch's parameters only when two distinct peers served the same; a peer that serves
-    parameters other than those held for its epoch is logged and counted in ``disagreements``."""
+    parameters other than those held for its epoch is logged and counted in ``disagreements``, and on
+    its session (``TrainingSession.states_disagreed``, of ``states_served``) for the run's organizers,
+    once ``session_of_peer`` names it (the monitor's, from the peer id its signed records name)."""
 
     def __init__(self, *, run_pk: int, run_id: str, slug: str, dht: DHT, checkpointer: Checkpointer,
-                 check_period: float = CHECK_PERIOD_S, hold_period: float = HOLD_PERIOD_S) -> None:
+                 check_period: float = CHECK_PERIOD_S, hold_period: float = HOLD_PERIOD_S,
+                 session_of_peer: Callable[[str], int | None] = lambda peer: None) -> None:
         self.run_pk, self.run_id, self.slug, self.dht = run_pk, run_id, slug, dht
         self.checkpointer, self.check_period, self.hold_period = checkpointer, check_period, hold_period
+        self.session_of_peer = session_of_peer
         # epoch -> the states two distinct peers served alike in that epoch (most often one; see _hold)
         self.held: dict[int, list[list]] = {}
         self.disagreements: dict[str, int] = {}  # peer -> states it served unlike those held for their epoch
+        # peer -> [states judged, of which disagreeing] not yet added to its session's row
+        self._tallies_unsaved: dict[str, list[int]] = {}
         self._served: dict[int, dict[str, list]] = {}  # epoch not held yet -> peer -> the parameters it served
         # epoch -> the distinct states any one peer served under it: held once two volunteers' steps claim one
         self.served: dict[int, list[list]] = {}
@@ -178,6 +188,7 @@ class Validator:
                 close_old_connections()
                 self.hold_once()
                 self.claimed_fetch()
+                self.tallies_save()
             except Run.DoesNotExist:
                 logger.info("run %s: the run is gone; spot checks stop holding its state", self.slug)
                 return
@@ -487,8 +498,8 @@ class Validator:
             if served is None or self._closed:
                 continue
             apart = fingerprint_distance(sketch, self._sketch(epoch, served[1]))
+            self._state_judged(peer, disagrees=apart > STATE_EXACT)
             if apart > STATE_EXACT:
-                self.disagreements[peer] = self.disagreements.get(peer, 0) + 1
                 logger.info("run %s: peer %s served a kept state of epoch %d %.4f away from the sketch asked for",
                             self.slug, peer, epoch, apart)
                 continue
@@ -526,10 +537,29 @@ class Validator:
         if epoch not in self.held:
             return
         for peer, parameters in served.items():
-            if not state_among(parameters, self.held[epoch] + self.held.get(epoch - 1, [])):
-                self.disagreements[peer] = self.disagreements.get(peer, 0) + 1
+            disagrees = not state_among(parameters, self.held[epoch] + self.held.get(epoch - 1, []))
+            self._state_judged(peer, disagrees=disagrees)
+            if disagrees:
                 logger.info("run %s: peer %s served a state of epoch %d unlike any two peers agreed on", self.slug,
                             peer, epoch)
+
+    def _state_judged(self, peer: str, *, disagrees: bool) -> None:
+        if disagrees:
+            self.disagreements[peer] = self.disagreements.get(peer, 0) + 1
+        tally = self._tallies_unsaved.setdefault(peer, [0, 0])
+        tally[0], tally[1] = tally[0] + 1, tally[1] + disagrees
+        while len(self._tallies_unsaved) > TALLIES_UNSAVED_MAX:  # peers no session ever named
+            del self._tallies_unsaved[next(iter(self._tallies_unsaved))]
+
+    def tallies_save(self) -> None:
+        """Add each peer's judged states to its session's row, once a session is known to be that peer's."""
+        for peer in list(self._tallies_unsaved):
+            session = self.session_of_peer(peer)
+            if session is None:
+                continue
+            served, disagreed = self._tallies_unsaved.pop(peer)
+            TrainingSession.objects.filter(pk=session).update(states_served=F("states_served") + served,
+                                                              states_disagreed=F("states_disagreed") + disagreed)
 
     def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: list[list]) -> None:
         from peer_agent.spotcheck import BatchReplay, data_seed, fingerprint_distance, step_fingerprint

@@ -294,6 +294,13 @@ def epoch_reject_unseen(*, row: SessionEpoch, reported: int, detail: str = NEVER
     _save(row, status=_Status.REJECTED, reported_samples=reported, detail=detail, checked_at=timezone.now())
 
 
+def disagreeing_sessions(*, run: Run) -> list[TrainingSession]:
+    """The run's sessions whose peer served the validator a state unlike the one two peers agreed on
+    (runs/swarm/spotcheck.py), the most such states first."""
+    return list(run.sessions.filter(states_disagreed__gt=0).select_related("user")
+                .order_by("-states_disagreed", "-started_at")[:500])
+
+
 def suspended_sessions(*, run: Run) -> list[TrainingSession]:
     """The run's sessions that spot checks suspended, waiting for an organizer."""
     return list(run.sessions.filter(suspended_at__isnull=False).select_related("user").order_by("suspended_at")[:500])

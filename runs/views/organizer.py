@@ -240,7 +240,8 @@ def _credit_reviewer_run(request: HttpRequest, slug: str) -> Run:
 def run_flags(request: HttpRequest, slug: str) -> HttpResponse:
     run = _credit_reviewer_run(request, slug)
     return render(request, "runs/flags.html", {"run": run, "flags": verification.flags_for_run(run=run),
-                                               "suspended": verification.suspended_sessions(run=run)})
+                                               "suspended": verification.suspended_sessions(run=run),
+                                               "disagreeing": verification.disagreeing_sessions(run=run)})
 
 
 @require_POST

@@ -42,6 +42,21 @@ def test_the_organizer_sees_the_flag_with_its_figures_and_rejects_it(client_for,
     assert flagged.status == "rejected", "a decided epoch cannot be decided again"
 
 
+def test_the_organizer_sees_the_peers_that_served_states_unlike_the_swarms_most_first(client_for, organizer, flagged):
+    """The validator counts them on their sessions (runs/swarm/spotcheck.py, ``Validator.tallies_save``)."""
+    run = flagged.session.run
+    page = client_for(organizer).get(reverse("run-flags", args=["the-run"])).content.decode()
+    assert 'id="disagreeing"' not in page, "no such peer: no table"
+    for name, served, disagreed in (("rahim", 40, 2), ("mallory", 38, 37), ("salma", 40, 0)):
+        session = session_for(run, name)
+        session.states_served, session.states_disagreed = served, disagreed
+        session.save(update_fields=["states_served", "states_disagreed"])
+    page = client_for(organizer).get(reverse("run-flags", args=["the-run"])).content.decode()
+    table = page[page.index('id="disagreeing"'):]
+    assert table.index("mallory") < table.index("rahim") and "salma" not in table
+    assert "<td>37</td><td>38</td>" in table and 'href="/runs/the-run/participants/"' in page
+
+
 def test_staff_may_accept(client_for, staff, flagged):
     assert client_for(staff).get(reverse("run-flags", args=["the-run"])).status_code == 200
     client_for(staff).post(decide_url(flagged, "accept"))

@@ -83,6 +83,9 @@ def test_the_monitor_judges_closed_epochs_from_signed_records_and_a_restart_judg
     reading = monitor.poll()
     assert (reading.global_epoch, reading.alive_peers, reading.samples_accumulated) == (0, 1, 16)
     assert statuses(amina) == {}, "an open epoch is not judged"
+    # The validator names a peer by its libp2p id; the signed record names the session's (runs/swarm/spotcheck.py).
+    assert monitor.peer_session(str(peer.dht.peer_id)) == amina.pk
+    assert monitor.peer_session(str(backbone.peer_id)) is None
 
     peer.progress(1, 8)  # the monitor misses the last progress of epoch 1: the metrics record has it
     monitor.poll()

@@ -208,6 +208,42 @@ def test_a_peer_that_serves_its_own_parameters_is_outvoted_and_counted_whatever_
     assert checks.disagreements == {"liar": 1}, "the liar's last state of epoch 7, once"
 
 
+@pytest.mark.django_db
+def test_the_states_a_peer_served_unlike_the_swarms_are_counted_on_its_session_for_the_organizers():
+    """The flagged-credit page lists them (runs.swarm.verification.disagreeing_sessions): an honest peer that
+    missed a round serves such a state now and then, the capturer nearly every time. A tally waits until
+    the monitor names the peer's session (from the peer id its signed records name), and is added once."""
+    from runs.models import TrainingSession
+    from runs.swarm.verification import disagreeing_sessions
+    from tests.factories import RunFactory
+    from tests.runs.epochs import session_for
+
+    run = RunFactory()
+    sessions = {name: session_for(run, username=name) for name in ("mallory", "amina", "rahim")}
+    own = [parameter * 1.05 for parameter in NEW]
+    checks = validator(mallory=(7, own), amina=(7, NEW), rahim=(7, NEW))
+    named: dict[str, int] = {}
+    checks.session_of_peer = named.get
+    looks(checks, 10)
+    checks.checkpointer.states = {"mallory": [(8, own)], "amina": [(8, OLD)], "rahim": [(8, OLD)]}
+    looks(checks, 10, swarm_epoch=8)
+    checks.tallies_save()
+    assert disagreeing_sessions(run=run) == [], "no session named the peers yet"
+
+    unsaved = dict(checks._tallies_unsaved)
+    assert unsaved["mallory"] == [1, 1], "its last state of epoch 7, judged once the swarm left it"
+    named.update(mallory=sessions["mallory"].pk, amina=sessions["amina"].pk)
+    checks.tallies_save()
+    checks.tallies_save()
+    tallies = {name: (served, disagreed) for name, served, disagreed in TrainingSession.objects.values_list(
+        "user__username", "states_served", "states_disagreed")}
+    assert tallies["mallory"] == (1, 1), "added once"
+    assert tallies["amina"] == (unsaved.get("amina", [0, 0])[0], 0)
+    assert tallies["rahim"] == (0, 0) and checks._tallies_unsaved.get("rahim") == unsaved.get("rahim"), \
+        "rahim's tally waits for a session named his"
+    assert [session.user.username for session in disagreeing_sessions(run=run)] == ["mallory"]
+
+
 def test_a_new_epoch_is_held_when_the_peers_step_into_it_one_after_the_other():
     checks = validator(amina=[(7, OLD), (8, NEW)], rahim=[(7, OLD), (7, OLD), (8, NEW)])
     looks(checks, 10, swarm_epoch=8)

@@ -60,11 +60,9 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
         return sum(liar_agent.strategy_of(epoch) == strategy for epoch in epochs)
 
     def liar_disagreements() -> int:
-        """States the liar served unlike those two peers agreed on, as the validator counted them."""
-        peer = tmp_path / "mallory" / "peer_id"
-        peers = coordinator.peers.get(run.pk)
-        validator = getattr(peers, "validator", None)
-        return validator.disagreements.get(peer.read_text(), 0) if peer.exists() and validator else 0
+        """States the liar served unlike those two peers agreed on, as its organizers see them counted on its
+        session (the flagged-credit page): the validator names its peer by the id its signed records name."""
+        return sum(TrainingSession.objects.filter(user=liar).values_list("states_disagreed", flat=True))
 
     def suspended() -> bool:
         return TrainingSession.objects.filter(user=liar, suspended_at__isnull=False).exists()
@@ -119,6 +117,9 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
     liar_peer = (tmp_path / "mallory" / "peer_id").read_text()
     assert disagreements.get(liar_peer, 0) >= (1 if suspended() else 3), (liar_peer, disagreements)
     assert disagreements[liar_peer] == max(disagreements.values()), (liar_peer, disagreements)
+    tallied = {user.username: sum(TrainingSession.objects.filter(user=user).values_list("states_disagreed", flat=True))
+               for user in (honest, second, liar)}
+    assert tallied["mallory"] >= 1 and tallied["mallory"] == max(tallied.values()), tallied
     credit_rollup()
     liar_credit = RunCredit.objects.filter(run=run, user=liar).values_list("credit", flat=True).first() or 0
     for user in (honest, second):
