@@ -79,7 +79,9 @@ BAD_STEPS_BEFORE_RELOAD = 3
 # state_compression. This doubles the parameter averaging's traffic, which runs in the background.
 AVERAGED_OPTIMIZER_STATISTICS = ("exp_avg",)
 SWARM_READ_PERIOD_S = 5.0
-PROGRESS_WITHDRAW_TIMEOUT_S = 2.0  # one DHT store; the whole leave has SHUTDOWN_RESERVE_S (peer_agent/join.py)
+# The tracker's last report, then one DHT store; the whole leave has SHUTDOWN_RESERVE_S (peer_agent/join.py).
+TRACKER_STOP_TIMEOUT_S = 1.5
+PROGRESS_WITHDRAW_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -174,9 +176,16 @@ class SwarmPeer:
         store, before the rest of the goodbye. hivemind's tracker clears the record without waiting, after
         waiting up to its shutdown_timeout for its loops; on a busy machine the agent's leave ran out of
         SHUTDOWN_RESERVE_S (peer_agent/join.py) first, and the swarm counted a peer that had left until
-        its record expired a minute later (a CI run of tests/e2e/test_preemption.py)."""
+        its record expired a minute later (a CI run of tests/e2e/test_preemption.py).
+
+        The clearing is stamped after the tracker's loops end: woken by the shutdown, its reporter stores
+        one more record before it sees the shutdown, and a DHT keeps the value that expires last, so a
+        clearing stamped before that record (a loaded machine wakes the reporter's thread late) lost to it
+        (another CI run of that test: the peer counted 20 s after it left)."""
         tracker = self.optimizer.tracker
         tracker.shutdown(timeout=0)
+        if not tracker.shutdown_complete.wait(TRACKER_STOP_TIMEOUT_S):
+            logger.debug("hivemind's progress tracker did not stop within %.0f s", TRACKER_STOP_TIMEOUT_S)
         try:
             stored = self.dht.store(tracker.training_progress_key, subkey=tracker._local_public_key, value=None,
                                     expiration_time=get_dht_time() + tracker.metadata_expiration,
