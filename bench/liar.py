@@ -135,6 +135,16 @@ def main() -> None:
         print(f"{liar.username:<16} {computed:>9} {reported:>9} {confirmed:>9} {ratio:7.3f} {ratio / baseline:8.2f}  "
               f"{dict(sorted(statuses.items()))}")
 
+    def logged(user: User, text: str) -> int:
+        path = logs / f"{user.username}.log"
+        return path.read_text(errors="replace").count(text) if path.exists() else 0
+
+    # A round whose results for some parts came too late leaves the peer its own values there
+    # (hivemind/averaging/partition.py): it steps off the others' parameters (docs/benchmarks.md, section 17).
+    print(f"\n{'who':<16} {'partial rounds':>14}")
+    for user in [*honest, *(liar for liar, *_ in liars.values())]:
+        print(f"{user.username:<16} {logged(user, 'Averaging: received'):>14}")
+
     lost_statuses = (SessionEpoch.Status.REJECTED, SessionEpoch.Status.FLAGGED)
 
     def honest_lost(first: int, last: int) -> str:
