@@ -44,7 +44,7 @@ import datetime
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Min, Sum
+from django.db.models import Min, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -452,8 +452,13 @@ def session_suspend(*, session: TrainingSession, reason: str) -> None:
     newly = TrainingSession.objects.filter(pk=session.pk, suspended_at=None).exists()
     TrainingSession.objects.filter(pk=session.pk).update(suspended_at=timezone.now(), suspension_reason=reason[:500])
     session.refresh_from_db()
+    off_swarm = dict(StepCommitment.objects.filter(session=session, outcome__in=(_Outcome.DIVERGED, _Outcome.UNCHECKED))
+                     .values_list("epoch", "check_detail"))
     for row in SessionEpoch.objects.select_for_update().filter(
             session=session, status__in=(_Status.PROVISIONAL, _Status.VERIFIED)):
+        if row.epoch in off_swarm:  # its evidence is in: it earns nothing, and no organizer can change that
+            epoch_reject_unseen(row=row, reported=row.reported_samples, detail=off_swarm[row.epoch])
+            continue
         epoch_flag(row=row, reported=row.reported_samples, announced=row.announced_samples,
                    detail=f"epoch {row.epoch}: session suspended by spot checks: {reason}", notice=False)
     if newly:  # suspended again with a new reason: the volunteer was told already
@@ -486,8 +491,9 @@ def _outcome_save(commitment: StepCommitment, outcome: str, *, detail: str, chec
 
 def _rejudge(*, run: Run, session_id: int, epochs: list[int]) -> None:
     """Judge a session's epochs again now that a check changed what they rest on; an epoch the
-    monitor has not closed yet waits for it."""
+    monitor has not closed yet waits for it, unless a suspension flagged it: a commitment judged off the
+    swarm rejects it now (CI44: a suspended liar's dark epoch, never closed, stayed flagged)."""
     closed = SessionEpoch.objects.filter(session_id=session_id, epoch__in=epochs).exclude(
-        announced_samples__isnull=True).values_list("epoch", flat=True)
+        Q(announced_samples__isnull=True) & ~Q(status=_Status.FLAGGED)).values_list("epoch", flat=True)
     for epoch in sorted(set(closed)):
         epoch_judge(run=run, epoch=epoch, closed_at=timezone.now(), session_ids=[session_id])

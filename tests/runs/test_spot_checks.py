@@ -419,3 +419,31 @@ def test_a_suspended_volunteer_cannot_start_a_clean_session_and_only_an_organize
     assert TrainingSession.objects.get(pk=rahim.pk).suspended_at is None
     assert run_join_refusal(run=run, user=rahim.user) is None
     assert RunEvent.objects.filter(run=run, kind="unsuspended", actor=organizer).exists()
+
+
+def test_a_suspended_sessions_epoch_judged_off_the_swarm_is_rejected_before_the_monitor_closes_it(run):
+    """An epoch the monitor has not closed (no record of it read yet) and that a suspension flags is rejected
+    when its commitment is then judged off the swarm, and one whose commitment was judged so before the
+    suspension is rejected, not flagged: either way an organizer accepting the flags would have credited work
+    nobody checked (CI44: the liar of tests/security/test_liar_agents.py, suspended, its dark epoch flagged)."""
+    rahim = session_for(run, username="rahim")
+    for epoch in (4, 5):
+        reported(rahim, 32, epoch=epoch, checked=False)
+        verification.announced_record(session_id=rahim.pk, epoch=epoch, announced=32)
+    for epoch in (6, 8):  # reported, judged, no record of it read yet: the monitor has not closed it
+        reported(rahim, 24, epoch=epoch, checked=False)
+        judge(run, epoch)
+        assert status(rahim, epoch).status == "provisional"
+    committed(rahim, 6, 24)
+    assert verification.commitments_uncheckable(run=run, before_epoch=7) == 1
+    assert status(rahim, 6).status == "provisional", "not closed: it waits for the monitor"
+    committed(rahim, 8, 24)
+
+    check(committed(rahim, 4, 32), 0.93)
+    check(committed(rahim, 5, 32), 0.71)
+    assert status(rahim, 6).status == "rejected", "judged off the swarm before the suspension"
+    assert "no state of epoch 6 was held" in status(rahim, 6).detail
+    assert status(rahim, 8).status == "flagged", "the suspension flagged it"
+    assert verification.commitments_uncheckable(run=run, before_epoch=9) == 1
+    assert status(rahim, 8).status == "rejected"
+    assert "no state of epoch 8 was held" in status(rahim, 8).detail
