@@ -452,15 +452,13 @@ def session_suspend(*, session: TrainingSession, reason: str) -> None:
     newly = TrainingSession.objects.filter(pk=session.pk, suspended_at=None).exists()
     TrainingSession.objects.filter(pk=session.pk).update(suspended_at=timezone.now(), suspension_reason=reason[:500])
     session.refresh_from_db()
-    off_swarm = dict(StepCommitment.objects.filter(session=session, outcome__in=(_Outcome.DIVERGED, _Outcome.UNCHECKED))
-                     .values_list("epoch", "check_detail"))
     for row in SessionEpoch.objects.select_for_update().filter(
             session=session, status__in=(_Status.PROVISIONAL, _Status.VERIFIED)):
-        if row.epoch in off_swarm:  # its evidence is in: it earns nothing, and no organizer can change that
-            epoch_reject_unseen(row=row, reported=row.reported_samples, detail=off_swarm[row.epoch])
-            continue
         epoch_flag(row=row, reported=row.reported_samples, announced=row.announced_samples,
                    detail=f"epoch {row.epoch}: session suspended by spot checks: {reason}", notice=False)
+    # An epoch whose commitment was judged off the swarm before the suspension earns nothing, flagged or not.
+    _rejudge(run=session.run, session_id=session.pk, epochs=list(StepCommitment.objects.filter(
+        session=session, outcome__in=(_Outcome.DIVERGED, _Outcome.UNCHECKED)).values_list("epoch", flat=True)))
     if newly:  # suspended again with a new reason: the volunteer was told already
         _credit_notice(session.pk, Notification.Kind.SESSION_SUSPENDED,
                        f"session-suspended:{session.pk}:{session.suspended_at.isoformat()}", session=session.pk)
