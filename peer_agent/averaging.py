@@ -39,6 +39,7 @@ from typing import AsyncIterator  # noqa: UP035
 import torch
 from hivemind.averaging.allreduce import AllreduceException, AveragingMode
 from hivemind.averaging.averager import DecentralizedAverager
+from hivemind.averaging.control import StepControl
 from hivemind.averaging.load_balancing import hagenbach_bishoff
 from hivemind.compression import serialize_torch_tensor
 from hivemind.optim.grad_averager import GradientAverager
@@ -167,7 +168,13 @@ class MembersOnlyAverager(DecentralizedAverager):
         # Runs in the caller's thread; hivemind serializes ``gather`` here and sends it to the group.
         if self._authorizer is not None:
             gather = [gather, self._proof()]
-        return super().step(gather=gather, **kwargs)
+        control = super().step(gather=gather, **kwargs)
+        if isinstance(control, StepControl):
+            self._round_watch(control)
+        return control
+
+    def _round_watch(self, control: StepControl) -> None:
+        """Called with each round this averager begins (in the caller's process, which may add callbacks)."""
 
     def _proof(self) -> list[bytes] | None:
         try:
@@ -398,6 +405,19 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
         self.optimizer_step_skip = False
         return super().step(*args, optimizer_step=optimizer_step, delay_optimizer_step=delay_optimizer_step, **kwargs)
 
+    def _round_watch(self, control: StepControl) -> None:
+        # hivemind logs a failed parameter averaging at its status level, hidden unless verbose; the peer then
+        # keeps its own parameters, and if they were apart from the others' (a gradient round that came back
+        # partial, a state loaded mid-epoch) its next steps are computed off the swarm's state and earn nothing.
+        epoch = self.local_epoch
+
+        def told(round_: StepControl) -> None:
+            if not round_.cancelled() and round_.exception() is not None:
+                logger.warning("Parameter averaging at epoch %d failed (%r); this peer keeps its own parameters",
+                               epoch, round_.exception())
+
+        control.add_done_callback(told)
+
     def __init__(self, *args, **kwargs):
         # Shared memory, made before hivemind forks the averager's process, which serves from it.
         # In hivemind's order of the main parameters (the groups'), in which states are served.
@@ -493,6 +513,9 @@ class MembersOnlyOptimizer(Optimizer):
         peer out of sync, instead of accumulating that step's gradients (``state_loads`` counts both)."""
         self.state_loads += 1
         self.state_averager.swarm_epoch.value = self.tracker.global_epoch
+        if self.state_loads > 1:  # the first is the join's (peer_agent.training says so)
+            logger.info("Out of step with the swarm (epoch %d here, %d there): downloading its state",
+                        self.local_epoch, self.tracker.global_epoch)
         if self.state_download_progress is None:
             super().load_state_from_peers(**kwargs)
             return

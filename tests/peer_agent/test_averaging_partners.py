@@ -492,3 +492,25 @@ def test_two_agents_with_tokens_average_gradients_together(authority, tiny_confi
     finally:
         for trainer in trainers:
             trainer.shutdown()
+
+
+def test_a_failed_parameter_averaging_is_told_to_the_volunteer(caplog, reap_children):
+    """An agent alone in its parameter averaging round keeps its own parameters, and says so: hivemind logs
+    it at a level the agent hides (docs/benchmarks.md, section 17, counts these warnings)."""
+    (dht,) = loopback_dhts(1)
+    averager = MembersOnlyStateAverager(dht=dht, params=[torch.nn.Parameter(torch.ones(8))], prefix="test_alone",
+                                        start=True, min_matchmaking_time=1.0, request_timeout=0.5,
+                                        optimizer=partial(torch.optim.SGD, lr=0.1))
+    try:
+        averager.local_epoch = 7
+        with caplog.at_level("WARNING", logger="peer_agent.averaging"):
+            averager.step(averaging_round=True, averaging_opts=dict(timeout=3))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not caplog.records:
+                time.sleep(0.2)
+        (record,) = caplog.records
+        assert record.getMessage().startswith("Parameter averaging at epoch 7 failed"), record.getMessage()
+        assert torch.equal(averager.main_parameters[0], torch.ones(8)), "its own parameters, kept"
+    finally:
+        averager.shutdown()
+        dht.shutdown()
