@@ -47,6 +47,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--drain", type=float, default=60.0, help="seconds the honest agents go on after each liar")
     parser.add_argument("--warmup-epochs", type=int, default=12, help="honest epochs left out of the coverage")
     parser.add_argument("--port", type=int, default=8019)
+    parser.add_argument("--agents-verbose", action="store_true",
+                        help="agents log hivemind's rounds too, one JSON object a line (logs kept in --var-dir)")
     parser.add_argument("--var-dir", default=None, help="where the portal keeps its files (default: a fresh temp dir)")
     args = parser.parse_args()
     unknown = set(args.strategies.split(",")) - set(STRATEGIES)
@@ -77,11 +79,13 @@ def main() -> None:
     def swarm_epoch() -> int:
         return RunSample.objects.filter(run=run).order_by("-at").values_list("global_epoch", flat=True).first() or 0
 
+    verbose = ["--verbose", "--log-format", "json"] if args.agents_verbose else []
     started = time.monotonic()
     try:
         backbone_wait(run, since=launched)
         for volunteer in honest:
             command, env = agent_launch(volunteer, url, var_dir / "agents" / volunteer.username)
+            command += verbose
             agents.append(process_start(command, env, logs / f"{volunteer.username}.log"))
         for strategy in args.strategies.split(","):
             module, strategy_env = STRATEGIES[strategy]
@@ -90,6 +94,7 @@ def main() -> None:
                                             email_verified_at=timezone.now())
             home = var_dir / "agents" / liar.username
             command, env = agent_launch(liar, url, home)
+            command += verbose
             command[command.index("peer_agent")] = module
             print(f"{time.monotonic() - started:6.0f} s  {liar.username} joins", flush=True)
             joined = swarm_epoch()

@@ -30,6 +30,7 @@ import logging
 import math
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 # typing's, not collections.abc's: hivemind 1.1.12 tells a streaming handler by the hint's ``_name``
@@ -164,8 +165,14 @@ class MembersOnlyAverager(DecentralizedAverager):
         self._membership = MembershipCheck(authorizer) if authorizer is not None else None
         super().__init__(*args, **kwargs)
 
+    # Called at each round this averager begins, for what it gathers when the caller gives nothing (hivemind's
+    # Optimizer gives its gradient rounds nothing): MembersOnlyOptimizer gathers its epoch so.
+    gather_default: Callable[[], object] | None = None
+
     def step(self, gather=None, **kwargs):
         # Runs in the caller's thread; hivemind serializes ``gather`` here and sends it to the group.
+        if gather is None and self.gather_default is not None:
+            gather = self.gather_default()
         if self._authorizer is not None:
             gather = [gather, self._proof()]
         control = super().step(gather=gather, **kwargs)
@@ -254,6 +261,11 @@ class StateSourceChoice:
 
 
 PROGRESS_EVERY_S = 1.0  # how often a state download's progress is passed on
+
+# How long a peer whose gradient round held peers of a later epoch waits for one of them to declare the state it
+# stepped to before downloading the swarm's state anyway (MembersOnlyOptimizer._resync): they step at once.
+RESYNC_WAIT_S = 5.0
+RESYNC_POLL_S = 0.2
 
 # Epochs in a row a peer whose gradient rounds fail skips its optimizer step (MembersOnlyOptimizer); then it
 # steps alone, as hivemind does, so that a peer whose rounds keep failing still trains.
@@ -345,6 +357,13 @@ class EpochStateServing:
             for part in split_for_streaming(serialize_torch_tensor(tensor)):
                 yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
                 metadata = b""
+
+
+def _ahead_in_round(gathered: dict, epoch: int) -> int | None:
+    """The latest epoch a gradient round's members (``gathered``: peer -> the epoch each gathered) were at, if
+    past ``epoch``; None otherwise. An aggregator gathers no epoch."""
+    epochs = [value for value in gathered.values() if isinstance(value, int) and not isinstance(value, bool)]
+    return max(epochs) if epochs and max(epochs) > epoch else None
 
 
 def declared_epochs(declared: dict) -> dict:
@@ -502,7 +521,11 @@ class MembersOnlyOptimizer(Optimizer):
         # Called with the bytes received and the expected total while the swarm's state downloads (the agent's
         # progress bar, peer_agent.display.DownloadProgress); None shows nothing.
         self.state_download_progress: Callable[[int, int], None] | None = None
+        self._resync_epoch: int | None = None  # set by a gradient round that held peers of a later epoch
         super().__init__(*args, **kwargs)
+        if self.grad_averager is not None and not self.auxiliary:  # an aggregator's epoch is only its guess
+            # Each gradient round gathers the epoch its members' gradients are of (_ahead_in_round).
+            self.grad_averager.gather_default = lambda: self.local_epoch
         if authorizer is not None:
             # Only now: hivemind has forked the averagers' processes, which need no refresh thread.
             authorizer.token_refresh_start()
@@ -512,10 +535,13 @@ class MembersOnlyOptimizer(Optimizer):
         tracker reads it (:func:`state_sources`). hivemind calls it from ``step`` too, when it finds this
         peer out of sync, instead of accumulating that step's gradients (``state_loads`` counts both)."""
         self.state_loads += 1
-        self.state_averager.swarm_epoch.value = self.tracker.global_epoch
         if self.state_loads > 1:  # the first is the join's (peer_agent.training says so)
             logger.info("Out of step with the swarm (epoch %d here, %d there): downloading its state",
                         self.local_epoch, self.tracker.global_epoch)
+        self._state_download(**kwargs)
+
+    def _state_download(self, **kwargs) -> None:
+        self.state_averager.swarm_epoch.value = self.tracker.global_epoch
         if self.state_download_progress is None:
             super().load_state_from_peers(**kwargs)
             return
@@ -553,8 +579,43 @@ class MembersOnlyOptimizer(Optimizer):
             self._lone_steps_skipped = 0
         elif maybe_step_control.done() and not maybe_step_control.cancelled() and maybe_step_control.exception() is None:
             self._lone_steps_skipped = 0
+            ahead = _ahead_in_round(maybe_step_control.result(), self.local_epoch)
+            if ahead is not None:
+                self._resync_epoch = ahead
         else:
             self._lone_step_skip("its gradient round failed")
+
+    def _update_global_epoch(self, grad_scaler) -> None:
+        super()._update_global_epoch(grad_scaler)
+        ahead, self._resync_epoch = self._resync_epoch, None
+        if ahead is not None and not self.auxiliary:
+            self._resync(ahead)
+
+    def _resync(self, ahead: int) -> None:
+        """Download the swarm's state after a gradient round that held peers of a later epoch (``ahead``).
+
+        hivemind matches gradient rounds by time, not by epoch: a peer that entered its epoch a few seconds late
+        meets the others' round of the next epoch. All step on the same average, so its parameters stay the
+        group's, but its epoch stays one behind theirs for good; hivemind's check of the epoch runs once, right after
+        each step, when the others have not stepped yet. Every step it computes is then labelled an epoch whose
+        state the others left (docs/benchmarks.md, section 17: two honest agents lost eight epochs in a row so), and
+        earns nothing (runs/swarm/spotcheck.py). The download waits, briefly, for one of them to declare the state
+        it stepped to. Not counted in ``state_loads``: the step that ended the epoch went into the round, and its
+        samples count."""
+        deadline = time.monotonic() + RESYNC_WAIT_S
+        while not self._stepped_source(ahead + 1) and time.monotonic() < deadline:
+            time.sleep(RESYNC_POLL_S)
+        logger.warning("Epoch %d: this peer's gradient round held peers already at epoch %d; downloading the swarm's "
+                       "state, so that its next steps are labelled the swarm's epoch", self.local_epoch, ahead + 1)
+        self._state_download()
+
+    def _stepped_source(self, epoch: int) -> bool:
+        """Whether another peer declares itself a state source at ``epoch`` or later (hivemind declares a peer's
+        epoch again once it has stepped)."""
+        own = self.state_averager.peer_id.to_bytes()
+        found = self.dht.get(f"{self.state_averager.prefix}.all_averagers", latest=True)
+        declared = found.value if found is not None and isinstance(found.value, dict) else {}
+        return any(peer != own and served >= epoch for peer, served in declared_epochs(declared).items())
 
     def _lone_step_skip(self, why: str) -> None:
         skipped = getattr(self, "_lone_steps_skipped", 0)

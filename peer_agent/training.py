@@ -572,7 +572,8 @@ def optimizer_build(setup: TrainerSetup, dht: DHT, model: torch.nn.Module, *, au
                                       aggregation=averaging.aggregation, **averager_opts),
         averager_opts=averager_opts,
         tracker_opts=dict(private_key=setup.private_key, max_refresh_period=setup.progress_refresh_s),
-        load_state_timeout=state_download_timeout(model), verbose=False,
+        # hivemind's round-by-round status at INFO: shown when the agent's --verbose lets hivemind's INFO through.
+        load_state_timeout=state_download_timeout(model), verbose=True,
     )
 
 

@@ -265,3 +265,38 @@ def test_a_peer_alone_in_the_swarm_steps_every_epoch(make_trainer):
     train_together([first], epochs=4, after_step=after_step)
     moved = [not torch.equal(at_epoch[epoch], at_epoch[epoch - 1]) for epoch in sorted(at_epoch)[1:]]
     assert moved and all(moved), moved
+
+
+def test_a_peer_whose_gradient_round_held_a_later_epoch_takes_the_swarms_epoch(make_trainer, caplog):
+    """hivemind matches gradient rounds by time, not epoch: a peer that entered its epoch late meets the others'
+    round of the next one, steps on the same average and stays one epoch behind them for good (hivemind checks
+    the epoch once, right after a peer's step, before the others have stepped), so each of its steps is
+    labelled an epoch whose state the others left and earns nothing (issue 29: two honest agents lost eight
+    epochs in a row so, docs/benchmarks.md, section 17). Each round gathers its members' epochs, and a peer
+    that finds itself behind downloads the swarm's state. Here the first peer's epoch is put one ahead by hand,
+    at the same parameters and with the same progress records, so that both meet in the next round."""
+    caplog.set_level(logging.INFO, logger="peer_agent.averaging")
+    first = make_trainer(seed=1)
+    second = make_trainer(seed=2, joins=first)
+    train_together([first, second], epochs=2)
+    if first.optimizer.local_epoch != second.optimizer.local_epoch:  # one may have stepped into the next epoch
+        min(first, second, key=lambda trainer: trainer.optimizer.local_epoch).optimizer.load_state_from_peers()
+    assert first.optimizer.local_epoch == second.optimizer.local_epoch
+    for trainer in (first, second):  # each has run its once-an-epoch check already
+        trainer.optimizer._should_check_synchronization_on_update = False
+    first.optimizer.state_averager.local_epoch += 1
+    ahead = first.optimizer.local_epoch
+    caplog.clear()
+    labelled: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    def after_step(index, trainer, result):
+        # The parameters each peer holds for its next step, by the epoch that step is labelled.
+        labelled.setdefault((index, trainer.optimizer.local_epoch), []).append(_flat(trainer.model))
+
+    train_together([first, second], epochs=ahead + 1, after_step=after_step)
+
+    assert f"gradient round held peers already at epoch {ahead + 1}; downloading" in caplog.text, caplog.text
+    assert (1, ahead) not in labelled, f"a step of the second peer labelled the epoch the first had left: {sorted(labelled)}"
+    # fp16 on the wire (runs/swarm/spotcheck.py, STATE_AGREEMENT); a step of this tiny model moves it by ~0.1.
+    apart = min(relative_apart(one, other) for one in labelled[1, ahead + 1] for other in labelled[0, ahead + 1])
+    assert apart <= 1e-2, apart
