@@ -146,12 +146,13 @@ def main() -> None:
 
     # A round whose results for some parts came too late leaves the peer its own values there
     # (hivemind/averaging/partition.py): it steps off the others' parameters (docs/benchmarks.md, section 17).
-    # A failed parameter averaging leaves the peer its own parameters, and an out-of-step peer downloads the
-    # swarm's state (peer_agent/averaging.py says both).
-    print(f"\n{'who':<16} {'partial rounds':>14} {'failed param. rounds':>20} {'state downloads':>15}")
+    # A failed parameter averaging leaves the peer its own parameters; an out-of-step peer downloads the swarm's
+    # state, and so does one whose gradient round held a later epoch (peer_agent/averaging.py says each).
+    print(f"\n{'who':<16} {'partial rounds':>14} {'failed param. rounds':>20} {'state downloads':>15} {'resyncs':>8}")
     for user in [*honest, *(liar for liar, *_ in liars.values())]:
         print(f"{user.username:<16} {logged(user, 'Averaging: received'):>14} "
-              f"{logged(user, 'Parameter averaging at epoch'):>20} {logged(user, 'Out of step with the swarm'):>15}")
+              f"{logged(user, 'Parameter averaging at epoch'):>20} {logged(user, 'Out of step with the swarm'):>15} "
+              f"{logged(user, 'gradient round held peers already'):>8}")
 
     lost_statuses = (SessionEpoch.Status.REJECTED, SessionEpoch.Status.FLAGGED)
 
