@@ -47,6 +47,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--drain", type=float, default=60.0, help="seconds the honest agents go on after each liar")
     parser.add_argument("--warmup-epochs", type=int, default=12, help="honest epochs left out of the coverage")
     parser.add_argument("--port", type=int, default=8019)
+    parser.add_argument("--judge-wait", type=float, default=60.0,
+                        help="seconds the portal goes on judging after the agents stop (a live portal would)")
     parser.add_argument("--agents-verbose", action="store_true",
                         help="agents log hivemind's rounds too, one JSON object a line (logs kept in --var-dir)")
     parser.add_argument("--var-dir", default=None, help="where the portal keeps its files (default: a fresh temp dir)")
@@ -109,7 +111,17 @@ def main() -> None:
     finally:
         for process in agents:
             process_stop(process)
-        services_stop(services)
+        try:
+            # The monitor judges an epoch some seconds after it closes; the agents' last epochs would otherwise count
+            # as unconfirmed credit that a portal left running confirms.
+            deadline = time.monotonic() + args.judge_wait
+            while time.monotonic() < deadline and SessionEpoch.objects.filter(
+                    session__run=run, status=SessionEpoch.Status.PROVISIONAL).exists():
+                time.sleep(2)
+            unjudged = SessionEpoch.objects.filter(session__run=run, status=SessionEpoch.Status.PROVISIONAL).count()
+            print(f"epochs still provisional {args.judge_wait:g} s after the agents stopped, at most: {unjudged}")
+        finally:
+            services_stop(services)
 
     def standing(user: User) -> tuple[int, int, Counter]:
         """Confirmed samples, samples reported, and how many epochs have each status."""
