@@ -44,6 +44,11 @@ DIALBACK_HANDLER = "dedloc.dialback"
 DIAL_TIMEOUT_S = 10.0
 PROBE_STARTUP_S = 60.0
 RELAY_WAIT_S = 20.0
+# The p2p daemon exits when it reaches none of its initial peers within its own short dial timeout:
+# on a loaded machine (a CI run beside a demo) a natted host's first dial through its router once
+# missed it and the whole check answered "none". A peer that is really down fails every try.
+PROBE_START_TRIES = 3
+PROBE_RETRY_PAUSE_S = 2.0
 CALL_TIMEOUT_S = DIAL_TIMEOUT_S + PROBE_STARTUP_S
 ELSEWHERE = "not the IP address the request came from"
 # What one relayed connection carries, each way, before the relay resets it: the p2p daemon of
@@ -344,11 +349,19 @@ def _dialable(maddrs: list[str], *, relayed: bool) -> list[str]:
 
 async def _probe_path(initial_peers: list[str], *, relayed: bool, host_maddrs: list[str],
                       announce_maddrs: list[str] | None) -> tuple[DialBackAnswer, list[str]]:
-    from hivemind.p2p import P2P
+    from hivemind.p2p import P2P, P2PDaemonError
 
-    p2p = await P2P.create(initial_peers=initial_peers, host_maddrs=host_maddrs,
-                           announce_maddrs=None if relayed else announce_maddrs, dht_mode="client",
-                           startup_timeout=PROBE_STARTUP_S, **relay_options(initial_peers, relayed=relayed))
+    for attempt in range(1, PROBE_START_TRIES + 1):
+        try:
+            p2p = await P2P.create(initial_peers=initial_peers, host_maddrs=host_maddrs,
+                                   announce_maddrs=None if relayed else announce_maddrs, dht_mode="client",
+                                   startup_timeout=PROBE_STARTUP_S, **relay_options(initial_peers, relayed=relayed))
+            break
+        except P2PDaemonError as exc:
+            if "bootstrap" not in str(exc) or attempt == PROBE_START_TRIES:
+                raise
+            logger.debug("dial-back: the p2p daemon reached no backbone peer (try %d): %s", attempt, exc)
+            await asyncio.sleep(PROBE_RETRY_PAUSE_S)
     try:
         deadline = time.monotonic() + (RELAY_WAIT_S if relayed else 0)
         while True:  # a relayed address appears once a backbone peer granted a reservation

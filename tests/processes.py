@@ -45,7 +45,8 @@ def running_dht(**kwargs):
     """A DHT peer on loopback, shut down afterwards with its p2pd and any other child it left."""
     from hivemind.dht import DHT
 
-    dht = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], startup_timeout=60, **kwargs)
+    kwargs.setdefault("host_maddrs", ["/ip4/127.0.0.1/tcp/0"])
+    dht = DHT(start=True, startup_timeout=60, **kwargs)
     process = psutil.Process(dht.pid)
     descendants = [process, *process.children(recursive=True)]
     try:
