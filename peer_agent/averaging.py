@@ -360,10 +360,17 @@ class EpochStateServing:
 
 
 def _ahead_in_round(gathered: dict, epoch: int) -> int | None:
-    """The latest epoch a gradient round's members (``gathered``: peer -> the epoch each gathered) were at, if
-    past ``epoch``; None otherwise. An aggregator gathers no epoch."""
+    """``epoch + 1`` if at least half of the other members of a gradient round (``gathered``: peer -> the epoch
+    each gathered, this peer's ``epoch`` among them) gathered it; None otherwise. An aggregator gathers no epoch.
+
+    A gathered epoch is a member's claim. Rounds of two epochs meet only the next one; a peer further behind is
+    hivemind's tracker's to find, so a claim of a far epoch moves nobody. A claim of the next epoch in every round
+    would make every peer of its rounds download the swarm's state each epoch: one member's claim moves no peer
+    whose round holds two others, and in a round of three the liar is outvoted only by the truth (an honest
+    member at the next epoch counts as much as a liar, since this peer cannot tell which is which)."""
     epochs = [value for value in gathered.values() if isinstance(value, int) and not isinstance(value, bool)]
-    return max(epochs) if epochs and max(epochs) > epoch else None
+    ahead = epochs.count(epoch + 1)
+    return epoch + 1 if ahead and 2 * ahead >= len(epochs) - 1 else None
 
 
 def declared_epochs(declared: dict) -> dict:

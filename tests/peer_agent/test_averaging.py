@@ -9,7 +9,7 @@ from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.load_balancing import load_balance_peers
 
 from peer_agent import aggregation
-from peer_agent.averaging import MIN_SHARE, FlooredGradientAverager, shares_with_floor
+from peer_agent.averaging import MIN_SHARE, FlooredGradientAverager, _ahead_in_round, shares_with_floor
 from tests.processes import loopback_dhts
 
 pytestmark = pytest.mark.timeout(180)
@@ -138,3 +138,19 @@ def test_an_auxiliary_peer_reduces_the_largest_part_and_adds_nothing_to_the_mean
             averager.shutdown()
         for dht in dhts:
             dht.shutdown()
+
+
+@pytest.mark.parametrize(("gathered", "ahead"), [
+    ([7, 8], 8),  # a round of two epochs: the peer behind takes the swarm's
+    ([7, 8, 8], 8),
+    ([7, 7, 8], 8),  # half the others: a liar in a round of three is as good as an honest member
+    ([7, 8, 1007], 8),  # a liar's far claim does not hide an honest member's
+    ([7, 7, 7, 8], None),  # one member's claim moves no peer whose round holds two others
+    ([7, 7, 1007], None),  # a far epoch is hivemind's tracker's to find
+    ([7, 1007], None),
+    ([7, 7], None),
+    ([7, None, 8], 8),  # an aggregator gathers no epoch
+    ([7, True, 8], 8),
+])
+def test_a_round_moves_a_peer_to_the_next_epoch_only_when_half_the_others_are_there(gathered, ahead):
+    assert _ahead_in_round({f"peer{index}": value for index, value in enumerate(gathered)}, 7) == ahead
