@@ -29,6 +29,7 @@ import base64
 import logging
 import math
 import multiprocessing
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -507,6 +508,35 @@ class _CountingStub:
         return counted()
 
 
+class SwarmProgressTracker(ProgressTracker):
+    """hivemind's progress tracker, which takes the swarm's epoch from the peers' progress records without
+    believing a record more than one epoch past the others'.
+
+    hivemind takes the highest epoch any record claims. A member whose record claims a far epoch makes every
+    other peer find itself out of sync after each step: it drops the step, downloads the swarm's state (from
+    sources at the swarm's epoch, :func:`state_sources`, so it stays where it was) and does it again at the next
+    step; the run stops training. A record is left out when it claims more than one epoch past the median of the
+    non-client records (this peer's own among them), as soon as there are three: the first peer to end an epoch
+    is one past the others, and a peer that fell behind a swarm of two or more still finds the swarm's epoch
+    (theirs is the median). Between two peers nothing tells the liar from the truth."""
+
+    def _parse_swarm_progress_data(self, metadata):
+        epochs = [entry.value["epoch"] for entry in metadata.values() if _progress_record(entry)] \
+            if isinstance(metadata, dict) else []
+        if len(epochs) >= 3:
+            bound = statistics.median_low(epochs) + 1
+            metadata = {subkey: entry for subkey, entry in metadata.items()
+                        if not _progress_record(entry) or entry.value["epoch"] <= bound}
+        return super()._parse_swarm_progress_data(metadata)
+
+
+def _progress_record(entry) -> bool:
+    """Whether a progress record (a ``ValueWithExpiration`` of hivemind's schema) is a non-client peer's."""
+    value = getattr(entry, "value", None)
+    return isinstance(value, dict) and not value.get("client_mode") and isinstance(value.get("epoch"), int) \
+        and not isinstance(value.get("epoch"), bool)
+
+
 class MembersOnlyOptimizer(Optimizer):
     """``hivemind.Optimizer`` whose state averager, given the agent's ``authorizer``, averages
     parameters only among token holders and by the run's ``aggregation`` (pass a
@@ -634,15 +664,17 @@ class MembersOnlyOptimizer(Optimizer):
         logger.warning("Epoch %d: %s; not stepping alone on this peer's own gradients", self.local_epoch, why)
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
-        if not self.auxiliary:
-            return super()._make_progress_tracker(target_batch_size, **kwargs)
+        if not self.auxiliary:  # hivemind 1.1.12's Optimizer._make_progress_tracker, with the class below
+            return SwarmProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
+                                        client_mode=self.client_mode, status_loglevel=self.status_loglevel,
+                                        start=True, **kwargs)
         # hivemind 1.1.12's Optimizer._make_progress_tracker, with client_mode=True. An aggregator's
         # progress record says "client": hivemind takes the swarm's epoch from the non-client records, and
         # an aggregator's own guess of when an epoch ends (it computes nothing, so it extrapolates the
         # others' records) would otherwise lead the swarm: every early epoch it announced made the
         # trainers end theirs at once, with a fraction of the batch.
-        return ProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size, client_mode=True,
-                               status_loglevel=self.status_loglevel, start=True, **kwargs)
+        return SwarmProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
+                                    client_mode=True, status_loglevel=self.status_loglevel, start=True, **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         # hivemind's own method names its class inline: the same arguments as hivemind 1.1.12's

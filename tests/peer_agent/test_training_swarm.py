@@ -336,3 +336,28 @@ def test_a_member_claiming_a_far_epoch_in_every_round_moves_no_honest_peer(make_
              and epoch + 1 not in [value for peer, value in gathered.items() if peer != liar_id]]
     assert not moved, f"the liar's claim alone moved an honest peer: {moved}"
     assert max(trainer.optimizer.local_epoch for trainer in (first, second)) < 100
+
+
+def test_a_member_whose_progress_record_claims_a_far_epoch_does_not_stop_the_others(make_trainer):
+    """hivemind takes the swarm's epoch from the highest epoch any progress record claims: a member claiming a
+    thousand epochs past its own would make every other peer drop each step and download the swarm's state,
+    for good (peer_agent/averaging.py, SwarmProgressTracker). Here it changes one method of its tracker."""
+    first = make_trainer(seed=1)
+    second = make_trainer(seed=2, joins=first)
+    liar = make_trainer(seed=3, joins=first)
+    tracker = liar.optimizer.tracker
+    honest_progress = tracker._get_local_progress
+    tracker._get_local_progress = lambda epoch, samples: honest_progress(epoch + 1000, samples)
+    tracker.report_local_progress(liar.optimizer.local_epoch, 0)
+    downloads = [trainer.optimizer.state_loads for trainer in (first, second)]
+
+    def liar_seen(index, trainer, _result):
+        read = trainer.optimizer.tracker.global_progress
+        assert index == 2 or read.epoch < 1000, f"an honest peer took the liar's epoch: {read}"
+
+    train_together([first, second, liar], epochs=4, after_step=liar_seen)
+
+    assert min(trainer.optimizer.local_epoch for trainer in (first, second)) >= 4
+    # Believing the liar, each would download at every step; a peer out of step now and then, for its own reasons.
+    assert all(trainer.optimizer.state_loads <= loads + 2 for trainer, loads in zip((first, second), downloads,
+                                                                                    strict=True))
