@@ -516,17 +516,20 @@ class SwarmProgressTracker(ProgressTracker):
     other peer find itself out of sync after each step: it drops the step, downloads the swarm's state (from
     sources at the swarm's epoch, :func:`state_sources`, so it stays where it was) and does it again at the next
     step; the run stops training. A record is left out when it claims more than one epoch past the median of the
-    non-client records (this peer's own among them), as soon as there are three: the first peer to end an epoch
-    is one past the others, and a peer that fell behind a swarm of two or more still finds the swarm's epoch
-    (theirs is the median). Between two peers nothing tells the liar from the truth."""
+    non-client records (this peer's own among them), as soon as there are three, by a peer at the median: the
+    first peer to end an epoch is one past the others. A peer far from the median believes the highest record,
+    as hivemind does: one that fell behind, or a restarted agent whose killed self's record lingers for a minute
+    beside its partner's (tests/e2e/test_preemption.py), must find the swarm's epoch; it downloads the state from
+    sources at the swarm's epoch (:func:`state_sources`), and is at the median then. Between two peers nothing
+    tells the liar from the truth."""
 
     def _parse_swarm_progress_data(self, metadata):
         epochs = [entry.value["epoch"] for entry in metadata.values() if _progress_record(entry)] \
             if isinstance(metadata, dict) else []
-        if len(epochs) >= 3:
-            bound = statistics.median_low(epochs) + 1
+        median = statistics.median_low(epochs) if len(epochs) >= 3 else None
+        if median is not None and abs(self.local_progress.epoch - median) <= 1:
             metadata = {subkey: entry for subkey, entry in metadata.items()
-                        if not _progress_record(entry) or entry.value["epoch"] <= bound}
+                        if not _progress_record(entry) or entry.value["epoch"] <= median + 1}
         return super()._parse_swarm_progress_data(metadata)
 
 
