@@ -261,6 +261,11 @@ class StateSourceChoice:
             del self.dht.get
 
 
+class EpochsApart(Exception):
+    """A parameter averaging group whose members are at different epochs (MembersOnlyStateAverager). Not one of
+    the exceptions hivemind retries a round on (hivemind/averaging/averager.py, ``_step``)."""
+
+
 PROGRESS_EVERY_S = 1.0  # how often a state download's progress is passed on
 
 # How long a peer whose gradient round held peers of a later epoch waits for one of them to declare the state it
@@ -445,7 +450,49 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
 
         control.add_done_callback(told)
 
-    def __init__(self, *args, **kwargs):
+    def schedule_step(self, scheduled_time=None, **kwargs):
+        if self._epochs_agree:
+            # hivemind's Optimizer gathers max(its epoch + 1, the swarm's): a peer a step behind the swarm would
+            # gather the epoch of parameters it does not hold. This is the epoch its parameters are at when the
+            # round runs, after its step (its epoch is the state averager's).
+            kwargs["gather"] = self.local_epoch + 1
+        return super().schedule_step(scheduled_time, **kwargs)
+
+    def _epochs_apart(self, group_info) -> list | None:
+        """The epochs a group's members gathered, if not all one (an aggregator's left out: it sends no
+        parameters); None when they agree or a member's data cannot be read (the membership check refuses it)."""
+        epochs = set()
+        for gathered in group_info.gathered:
+            try:
+                _, mode, user_gathered = MSGPackSerializer.loads(gathered)
+                gather = MSGPackSerializer.loads(user_gathered)
+                if mode != AveragingMode.AUX.value:
+                    epochs.add(gather[0] if self._membership is not None else gather)
+            except Exception:  # anyone's bytes, and msgpack raises many kinds of errors on garbage
+                return None
+        return sorted(epochs, key=str) if len(epochs) > 1 else None
+
+    async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
+        apart = self._epochs_apart(group_info) if self._epochs_agree else None
+        if apart is not None:
+            # Members' streams to this peer wait on the group's future: cancelling it ends them now. Every member
+            # reads the same epochs, and refuses alike.
+            self._running_groups[group_info.group_id].cancel()
+            raise EpochsApart(f"not averaging parameters with this group: its members are at epochs {apart}")
+        return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+
+    async def _step(self, **kwargs):
+        try:
+            await super()._step(**kwargs)
+        except EpochsApart:
+            pass  # hivemind's _step gave the round this exception: it ends now, where a retry would meet the same
+
+    def __init__(self, *args, epochs_agree: bool = False, **kwargs):
+        # Only with members at one epoch (MembersOnlyOptimizer sets it for a trainer): hivemind matches rounds by
+        # time, and a round that mixed a member a step behind with the others moved every member to parameters
+        # between the two steps, mid-epoch, while the steps the others had already computed were at their own
+        # (docs/benchmarks.md, section 17). Read in the averager's process: set before it forks.
+        self._epochs_agree = epochs_agree
         # Shared memory, made before hivemind forks the averager's process, which serves from it.
         # In hivemind's order of the main parameters (the groups'), in which states are served.
         groups = kwargs["params"] = [dict(group, params=list(group["params"])) if isinstance(group, dict) else group
@@ -563,7 +610,8 @@ class MembersOnlyOptimizer(Optimizer):
         self.state_download_progress: Callable[[int, int], None] | None = None
         self._resync_epoch: int | None = None  # set by a gradient round that held peers of a later epoch
         super().__init__(*args, **kwargs)
-        if self.grad_averager is not None and not self.auxiliary:  # an aggregator's epoch is only its guess
+        # An aggregator's epoch is only its guess; with delayed updates a round's gradients are an epoch old by design.
+        if self.grad_averager is not None and not self.auxiliary and not self.delay_grad_averaging:
             # Each gradient round gathers the epoch its members' gradients are of (_ahead_in_round).
             self.grad_averager.gather_default = lambda: self.local_epoch
         if authorizer is not None:
@@ -697,6 +745,8 @@ class MembersOnlyOptimizer(Optimizer):
             start=True,
             authorizer=self._authorizer,
             aggregation=self._aggregation,
+            # Delayed updates step one epoch late by design (peer_agent.training.optimizer_build): not there.
+            epochs_agree=not self.auxiliary and not self.delay_optimizer_step,
             **kwargs,
         )
 

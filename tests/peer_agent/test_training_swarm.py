@@ -164,6 +164,11 @@ def test_a_parameter_averaging_round_averages_the_optimizer_moments_too(make_tra
     first = make_trainer(seed=1)
     second = make_trainer(seed=2, joins=first)
     train_together([first, second], epochs=2)
+    # One may have stepped into the next epoch; parameters are averaged only among members at one epoch
+    # (peer_agent/averaging.py, MembersOnlyStateAverager).
+    epoch = max(trainer.optimizer.local_epoch for trainer in (first, second))
+    for trainer in (first, second):
+        trainer.optimizer.state_averager.local_epoch = epoch
     with torch.no_grad():  # what a step alone leaves behind: moments unlike the other peer's
         for state in second.optimizer.opt.state.values():
             state["exp_avg"].mul_(3.0)
