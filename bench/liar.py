@@ -81,7 +81,9 @@ def main() -> None:
     def swarm_epoch() -> int:
         return RunSample.objects.filter(run=run).order_by("-at").values_list("global_epoch", flat=True).first() or 0
 
-    verbose = ["--verbose", "--log-format", "json"] if args.agents_verbose else []
+    # JSON logs, one line a record, whatever the verbosity: the console format wraps a message across lines,
+    # and the counts below read the messages' texts.
+    verbose = ["--log-format", "json", *(["--verbose"] if args.agents_verbose else [])]
     started = time.monotonic()
     try:
         backbone_wait(run, since=launched)
