@@ -50,7 +50,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--judge-wait", type=float, default=60.0,
                         help="seconds the portal goes on judging after the agents stop (a live portal would)")
     parser.add_argument("--agents-verbose", action="store_true",
-                        help="agents log hivemind's rounds too, one JSON object a line (logs kept in --var-dir)")
+                        help="agents log hivemind's rounds too (every agent logs one JSON object a line, kept in --var-dir)")
     parser.add_argument("--var-dir", default=None, help="where the portal keeps its files (default: a fresh temp dir)")
     args = parser.parse_args()
     unknown = set(args.strategies.split(",")) - set(STRATEGIES)
