@@ -19,6 +19,7 @@ It reports no samples to the portal, and earns no credit.
 from __future__ import annotations
 
 import logging
+import threading
 import zlib
 
 from hivemind.averaging.control import AveragingStage, StepControl
@@ -46,7 +47,7 @@ class Aggregator(SwarmPeer):
         except BaseException:
             self.dht.shutdown()
             raise
-        self._shut_down = False
+        self._shut_down, self._withdrawing = False, threading.Lock()
         self._round: StepControl | None = None  # the gradient round being arranged or run
         self._round_epoch = -1  # the swarm's epoch whose closing round it last joined
         self._state_round: StepControl | None = None  # the parameter averaging that follows it

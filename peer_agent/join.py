@@ -358,6 +358,8 @@ def _session_train(settings: AgentSettings, portal: PortalClient, console: Conso
                 _state_keep(trainer, kept)
             return reason
         finally:
+            # The swarm stops counting this peer now, while the last reports go out.
+            threading.Thread(target=trainer.progress_withdraw, name="progress-withdraw", daemon=True).start()
             watcher.close()
             credit.close()
             flush_timeout = min(FLUSH_TIMEOUT_S, max(1.0, stop.time_left() - SHUTDOWN_RESERVE_S))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 import warnings
 import zlib
@@ -158,6 +159,8 @@ class SwarmPeer:
     optimizer: Optimizer
     dht: DHT
     _shut_down = False
+    _withdrawn = False
+    _withdrawing: threading.Lock  # set by each subclass's __init__, with _shut_down
 
     def shutdown(self) -> None:
         """Say goodbye to the swarm: finish background averaging, stop the optimizer's averagers and
@@ -166,10 +169,20 @@ class SwarmPeer:
             return
         self._shut_down = True
         try:
-            self._progress_withdraw()
+            self.progress_withdraw()
             self.optimizer.shutdown()
         finally:
             self.dht.shutdown()
+
+    def progress_withdraw(self) -> None:
+        """Stop reporting progress and clear this peer's record (once; :meth:`shutdown` does it first). The agent
+        calls it as soon as it stops training, beside sending its last reports (peer_agent/join.py): on a loaded
+        machine (a CI run of tests/e2e/test_preemption.py) the whole leave once ran out of its time before the
+        clearing was done, and the swarm counted the peer for a minute more."""
+        with self._withdrawing:
+            if not self._withdrawn:
+                self._withdrawn = True
+                self._progress_withdraw()
 
     def _progress_withdraw(self) -> None:
         """Stop reporting progress and clear this peer's record, waiting until the DHT has the clearing
@@ -231,7 +244,7 @@ class Trainer(SwarmPeer):
         # gradients every step) it would feed still-scaled gradients to LAMB.
         self.scaler = torch.amp.GradScaler(setup.device.type) if self.precision == "fp16" else None
 
-        self._shut_down = False
+        self._shut_down, self._withdrawing = False, threading.Lock()
         self.dht = dht_start(setup)
         try:
             self.optimizer = optimizer_build(setup, self.dht, self.model)

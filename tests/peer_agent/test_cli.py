@@ -272,6 +272,9 @@ class StandInTrainer:
     def commitments_take(self):
         return []  # its steps stay in epoch 0, which never closes
 
+    def progress_withdraw(self):
+        self.withdrawn = True
+
     def shutdown(self):
         self.shut_down = True
 
