@@ -18,7 +18,12 @@ def free_port() -> int:
 
 def _sleep_when_ready(ready) -> None:
     ready.set()
-    time.sleep(60)
+    # In short sleeps, as a real process's main thread wakes often: Python runs a signal's handler in the main
+    # thread, and a signal the kernel gave to another thread (had a library started one) would wait out one long
+    # sleep. A child outlived SIGTERM by 10 s once (CI49), cause not found; tests/peer_agent/test_stop_request.py
+    # prints the child's threads and signal masks should it happen again.
+    for _ in range(600):
+        time.sleep(0.1)
 
 
 def forked_child() -> multiprocessing.Process:
