@@ -98,8 +98,10 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
     assert confirmed(liar) <= LIAR_BAR * computed, (confirmed(liar), computed, [
         (row.epoch, row.status, row.reported_samples, row.detail[:80]) for row in SessionEpoch.objects.filter(
             session__user=liar)])
-    assert ReportRejection.objects.filter(session__user=liar, code="invalid_commitment",
-                                          detail__contains="further than").exists(), "the stalling commitment"
+    if not suspended():  # then it played every strategy twice (the wait above); a liar suspended early may have
+        # closed no stall epoch yet (CI50: suspended in its ninth epoch). The rule alone: tests/runs/test_spot_checks.py.
+        assert ReportRejection.objects.filter(session__user=liar, code="invalid_commitment",
+                                              detail__contains="further than").exists(), "the stalling commitment"
     assert all(step[0] < 2**40 for stored in commitments for step in stored.steps)
     # Nothing it claimed off the swarm's state, or committed late, earned anything (an epoch it reported
     # nothing in is verified with nothing, before its late commitment comes; one it never reported in has no row).
