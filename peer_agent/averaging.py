@@ -372,8 +372,8 @@ def _ahead_in_round(gathered: dict, epoch: int) -> int | None:
     A gathered epoch is a member's claim. Rounds of two epochs meet only the next one; a peer further behind is
     hivemind's tracker's to find, so a claim of a far epoch moves nobody. A claim of the next epoch in every round
     would make every peer of its rounds download the swarm's state each epoch: one member's claim moves no peer
-    whose round holds two others, and in a round of three the liar is outvoted only by the truth (an honest
-    member at the next epoch counts as much as a liar, since this peer cannot tell which is which)."""
+    whose round holds two others. In a round of three it still does: this peer cannot tell a liar at the next
+    epoch from an honest member there (docs/trust.md)."""
     epochs = [value for value in gathered.values() if isinstance(value, int) and not isinstance(value, bool)]
     ahead = epochs.count(epoch + 1)
     return epoch + 1 if ahead and 2 * ahead >= len(epochs) - 1 else None
