@@ -442,8 +442,13 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
         # keeps its own parameters, and if they were apart from the others' (a gradient round that came back
         # partial, a state loaded mid-epoch) its next steps are computed off the swarm's state and earn nothing.
         epoch = self.local_epoch
+        # hivemind's futures are held only weakly by the process that waits on them (_active_futures in
+        # hivemind/utils/mpfuture.py): once the step stops waiting (its timeout), the round's failure arrives
+        # for a future already collected, and is never told. Held here until it ends.
+        self._rounds_watched.add(control)
 
         def told(round_: StepControl) -> None:
+            self._rounds_watched.discard(round_)
             if not round_.cancelled() and round_.exception() is not None:
                 logger.warning("Parameter averaging at epoch %d failed (%r); this peer keeps its own parameters",
                                epoch, round_.exception())
@@ -493,6 +498,7 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
         # between the two steps, mid-epoch, while the steps the others had already computed were at their own
         # (docs/benchmarks.md, section 17). Read in the averager's process: set before it forks.
         self._epochs_agree = epochs_agree
+        self._rounds_watched: set[StepControl] = set()
         # Shared memory, made before hivemind forks the averager's process, which serves from it.
         # In hivemind's order of the main parameters (the groups'), in which states are served.
         groups = kwargs["params"] = [dict(group, params=list(group["params"])) if isinstance(group, dict) else group
