@@ -31,7 +31,9 @@ whose partition may leave a slow peer no share. ``tcp`` is the wire's ceiling fo
 partition, without hivemind: every host sends every other host, over plain TCP and all at once,
 the bytes the all-reduce would (its vector part to each owner, and its own averaged part back), so
 ``tcp``'s round over the bound is what this lab's links and TCP allow, and ``declared`` over ``tcp``
-is what hivemind's all-reduce protocol itself costs. The bound is the time of the optimal partition (hivemind's own
+is what hivemind's all-reduce protocol itself costs. ``bench.averaging_c1`` adds the modes ``ring``
+and ``server``, the baselines DeDLOC compared with, really averaging over TCP (``bench.allreduce_tcp``),
+and checks every mode's result against the exact mean. The bound is the time of the optimal partition (hivemind's own
 ``load_balance_peers`` given the true rates, clients at 0): peer i with share f_i sends
 S(1 - f_i) as a client and (n - 1) f_i S as an aggregator and receives as much, so a round takes at
 least max_i S (1 + (n - 2) f_i) / B_i; at equal rates that is 2(n-1)/n * S/B. The same formula gives
@@ -67,6 +69,7 @@ LAB_PREFIX = "avg"  # the namespaces avg0..avg3 and avgbr
 LAB_ADDRESS_PREFIX = "/ip4/10.77.0.1/"
 CASES = ("homogeneous", "slow", "client", "hybrid", "volunteers")
 MODES = ("declared", "equal", "hivemind", "tcp")
+TCP_MODES = ("tcp", "ring", "server")  # no hivemind, no DHT: the hosts' addresses are known
 TCP_PORT = 47123
 
 
@@ -102,6 +105,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--n-peers", type=int, default=N_PEERS, help=argparse.SUPPRESS)
     parser.add_argument("--hivemind-averager", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tcp", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tcp-strategy", choices=("ring", "server"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--initial-peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--total-rounds", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -169,6 +173,63 @@ def tcp_peer_main(args: argparse.Namespace) -> None:
     listener.close()
 
 
+def gradients(shapes: list[list[int]], index: int) -> list:
+    """Host ``index``'s gradients, the same in every process that asks (the exact mean is computed from
+    them)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(index)
+    return [torch.randn(shape, generator=generator) for shape in shapes]
+
+
+def _mean_load(work: Path):
+    """The exact mean of the senders' gradients, flat, if the coordinator wrote it (``mean.npy``)."""
+    import numpy as np
+    import torch
+
+    path = work / "mean.npy"
+    return torch.from_numpy(np.load(path)) if path.exists() else None
+
+
+def tcp_average_peer_main(args: argparse.Namespace) -> None:
+    """The ``ring`` and ``server`` modes' peer: averages its gradients with the others by ring all-reduce or
+    through host 0, over plain TCP (``bench.allreduce_tcp``), and checks the result against the exact mean."""
+    import socket
+
+    import torch
+
+    from bench.allreduce_tcp import connect, ring_average, server_average
+
+    work = Path(args.workdir)
+    shapes = json.loads((work / "shapes.json").read_text())
+    plan = json.loads((work / "links.json").read_text())
+    n, out = len(plan["addresses"]), work / f"peer{args.index}.jsonl"
+    vector = torch.cat([gradient.flatten() for gradient in gradients(shapes, args.index)]).numpy()
+    mean = _mean_load(work).numpy()
+    listener = socket.create_server(("0.0.0.0", TCP_PORT), backlog=n * 2)
+    (work / f"ready{args.index}").touch()
+    while not (work / "go").exists():
+        time.sleep(0.05)
+    addresses = [(address, TCP_PORT) for address in plan["addresses"]]
+    links = connect(args.index, addresses, listener, strategy=args.tcp_strategy, order=plan["order"],
+                    server=plan["server"], firewalled=plan["firewalled"], timeout=args.averaging_timeout)
+    try:
+        for round_number in range(args.total_rounds):
+            started = time.time()
+            if args.tcp_strategy == "ring":
+                result = ring_average(vector, args.index, plan["order"], links)
+            else:
+                result = server_average(vector, args.index, plan["server"], n, links)
+            ended = time.time()
+            with out.open("a") as file:
+                file.write(json.dumps(dict(round=round_number, triggered=started, started=started, ended=ended,
+                                           group=n, problem="", error=float(abs(result - mean).max()))) + "\n")
+            _barrier(work, round_number, args.index, args.averaging_timeout, n)
+    finally:
+        links.close()
+        listener.close()
+
+
 def _tcp_bytes(size: int, shares: list[float], auxiliary: list[bool], sender: int, receiver: int) -> int:
     """Bytes host ``sender`` sends ``receiver`` in a round: its slice of the receiver's part (unless the
     sender is auxiliary) and the averaged part it owns (unless the receiver is auxiliary)."""
@@ -197,8 +258,9 @@ def peer_main(args: argparse.Namespace) -> None:
             (work / "maddr.tmp").write_text(maddrs[0])
             (work / "maddr.tmp").rename(work / "maddr")
         parameters = [torch.zeros(shape, requires_grad=True) for shape in shapes]
-        for parameter in parameters:
-            parameter.grad = torch.randn_like(parameter)
+        for parameter, gradient in zip(parameters, gradients(shapes, args.index)):
+            parameter.grad = gradient
+        mean = _mean_load(work)
         mm = args.matchmaking_time
         averager_class = GradientAverager if args.hivemind_averager else FlooredGradientAverager
         averager = averager_class(
@@ -228,8 +290,12 @@ def peer_main(args: argparse.Namespace) -> None:
             else:
                 problem = ""
             ended = time.time()
+            error = None
+            if mean is not None and gathered and not args.auxiliary:
+                with averager.get_tensors() as averaged:
+                    error = float((torch.cat([tensor.flatten() for tensor in averaged]) - mean).abs().max())
             record = dict(round=round_number, triggered=triggered, started=started, ended=ended,
-                          group=len(gathered) if gathered else 0, problem=problem)
+                          group=len(gathered) if gathered else 0, problem=problem, error=error)
             with out.open("a") as file:
                 file.write(json.dumps(record) + "\n")
             _barrier(work, round_number, args.index, args.averaging_timeout, args.n_peers)
@@ -332,7 +398,7 @@ def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, ra
                       clients: list[bool], auxiliary: list[bool], total_rounds: int) -> list[dict]:
     """Start the peers for one configuration, let them average, and return per-round records."""
     for stale in work.glob("*"):
-        if stale.name not in ("shapes.json", "tcp.json"):
+        if stale.name not in ("shapes.json", "tcp.json", "links.json", "mean.npy"):
             stale.unlink()
     n = len(rates)
     declared = _declared(args, case, mode, rates)
@@ -355,13 +421,15 @@ def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, ra
             command.append("--hivemind-averager")
         if mode == "tcp":
             command.append("--tcp")
+        if mode in ("ring", "server"):
+            command += ["--tcp-strategy", mode]
         processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     try:
         start(0, None)
-        if mode != "tcp":  # tcp peers need no DHT: they know the hosts' addresses
+        if mode not in TCP_MODES:  # these peers need no DHT: they know the hosts' addresses
             _wait_for(work / "maddr", processes, 180)
-        bootstrap = (work / "maddr").read_text() if mode != "tcp" else None
+        bootstrap = (work / "maddr").read_text() if mode not in TCP_MODES else None
         for i in range(1, n):
             start(i, bootstrap)
         for i in range(n):
@@ -380,8 +448,9 @@ def run_configuration(args, work: Path, lab: NetLab, *, case: str, mode: str, ra
     rounds = []
     for records in zip(*per_peer):
         complete = all(record["group"] == n for record in records)
+        errors = [r["error"] for r in records if r.get("error") is not None]
         rounds.append(dict(seconds=max(r["ended"] for r in records) - min(r["started"] for r in records),
-                           complete=complete,
+                           complete=complete, error=max(errors) if errors else None,
                            skew=max(r["started"] for r in records) - min(r["started"] for r in records)))
     if len(rounds) < total_rounds:
         print(f"  ! only {len(rounds)} of {total_rounds} rounds recorded by every peer; tail of peers.log:")
@@ -499,7 +568,10 @@ def _print_summary(rows: list[dict]) -> None:
 def main() -> None:
     args = _parse()
     if args.role == "peer":
-        tcp_peer_main(args) if args.tcp else peer_main(args)
+        if args.tcp_strategy:
+            tcp_average_peer_main(args)
+        else:
+            tcp_peer_main(args) if args.tcp else peer_main(args)
     else:
         coordinator_main(args)
 
