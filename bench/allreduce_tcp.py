@@ -125,6 +125,13 @@ def _slices(start: int, stop: int, per_slice: int) -> list[slice]:
     return [slice(begin, min(begin + per_slice, stop)) for begin in range(start, stop, per_slice)] or [slice(start, start)]
 
 
+def _fail(progress: threading.Condition, failure: list[BaseException], error: BaseException) -> None:
+    """Record a thread's error and wake every thread waiting on ``progress``, so that all of them end."""
+    with progress:
+        failure.append(error)
+        progress.notify_all()
+
+
 def ring_average(vector: np.ndarray, index: int, order: Sequence[int], links: Links) -> np.ndarray:
     """The mean of every host's ``vector`` (float32, one dimension), by ring all-reduce."""
     n, position = len(order), list(order).index(index)
@@ -153,9 +160,7 @@ def ring_average(vector: np.ndarray, index: int, order: Sequence[int], links: Li
                             return
                     links.to_next.sendall(result[part].astype(WIRE).tobytes())
         except BaseException as error:
-            with progress:
-                failure.append(error)
-                progress.notify_all()
+            _fail(progress, failure, error)
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
@@ -175,9 +180,7 @@ def ring_average(vector: np.ndarray, index: int, order: Sequence[int], links: Li
                     done[step] += 1
                     progress.notify_all()
     except BaseException as error:
-        with progress:
-            failure.append(error)
-            progress.notify_all()
+        _fail(progress, failure, error)
     sender.join()
     if failure:
         raise failure[0]
@@ -222,9 +225,7 @@ def server_average(vector: np.ndarray, index: int, server: int, n: int, links: L
                         result[part] /= n
                     progress.notify_all()
         except BaseException as error:
-            with progress:
-                failure.append(error)
-                progress.notify_all()
+            _fail(progress, failure, error)
 
     def give(connection: socket.socket) -> None:
         try:
@@ -235,9 +236,7 @@ def server_average(vector: np.ndarray, index: int, server: int, n: int, links: L
                     return
                 connection.sendall(result[part].astype(WIRE).tobytes())
         except BaseException as error:
-            with progress:
-                failure.append(error)
-                progress.notify_all()
+            _fail(progress, failure, error)
 
     threads = [threading.Thread(target=work, args=(connection,), daemon=True)
                for connection in links.to_workers.values() for work in (take, give)]

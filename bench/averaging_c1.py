@@ -57,8 +57,8 @@ class Configuration:
 # each departs from it). Host 0 is a fast host: the DHT's bootstrap and the parameter server.
 CONFIGURATIONS = {
     "homogeneous": Configuration((100,) * 8, about="8 servers at 100 Mbit/s"),
-    "heterogeneous": Configuration((200, 200, 100, 100, 50, 50, 25, 25),
-                                   about="8 hosts, 2 each at 200, 100, 50 and 25 Mbit/s"),
+    "heterogeneous": Configuration((200, 200, 100, 100, 100, 50, 50, 50),
+                                   about="8 hosts: 2 at 200 Mbit/s, 3 at 100, 3 at 50"),
     "hybrid": Configuration((250,) * 4 + (25,) * 4, about="4 servers at 250 Mbit/s, 4 workstations at 25"),
     "firewalled": Configuration((250,) * 4 + (25,) * 4, firewalled=(5, 7),
                                 about="hybrid, 2 of the workstations behind NAT"),
