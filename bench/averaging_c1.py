@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import averaging
-from harness.netlab import NetLab
+from harness.netlab import LATENCY, NetLab
 
 STRATEGIES = ("ring", "server", "adaptive")
 MODE_OF = {"ring": "ring", "server": "server", "adaptive": "declared"}  # bench.averaging's modes
@@ -76,6 +76,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds at the start of each block")
     parser.add_argument("--preset", default="large", help="the model preset whose gradients are averaged")
     parser.add_argument("--lab-prefix", default="cone", help="name prefix of the lab's network namespaces")
+    parser.add_argument("--queue", default=LATENCY,
+                        help="the longest a packet waits in a link's token bucket (tc's tbf latency), e.g. 50ms")
     parser.add_argument("--matchmaking-time", type=float, default=3.0, help="hivemind's, for the adaptive strategy")
     parser.add_argument("--averaging-timeout", type=float, default=180.0)
     return parser.parse_args(argv)
@@ -162,7 +164,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             print(f"\n{name}: {configuration.about}; adaptive shares {'/'.join(f'{f:.2f}' for f in shares)}")
             seconds = {strategy: [] for strategy in strategies}
             errors = {strategy: [] for strategy in strategies}
-            with NetLab(n, list(configuration.rates), prefix=args.lab_prefix, nat=configuration.firewalled) as lab:
+            with NetLab(n, list(configuration.rates), prefix=args.lab_prefix, nat=configuration.firewalled,
+                        latency=args.queue) as lab:
                 (work / "links.json").write_text(json.dumps(dict(
                     addresses=[lab.address(host) for host in range(n)], server=0,
                     order=ring_order(n, configuration.firewalled), firewalled=list(configuration.firewalled))))

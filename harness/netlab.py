@@ -43,7 +43,7 @@ SUBNET = "10.77.0"
 PUBLIC_SUBNET = "11.77.0"
 NAT_SUBNET = "10.78"  # host i behind NAT: 10.78.(i + 1).2, its router 10.78.(i + 1).1
 BURST = "64kb"
-LATENCY = "400ms"
+LATENCY = "400ms"  # the longest a packet waits in a bucket's queue: tc's tbf drops what would wait longer
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -78,10 +78,10 @@ class NetLab:
     """``hosts`` test hosts, host i shaped at ``rates[i]`` (a tc rate such as ``"100mbit"``, Mbit/s as a
     number, or None: unshaped; hosts past the end of ``rates`` are unshaped). ``up()`` makes them,
     ``down()`` removes them; as a context manager it does both. The hosts whose indices are in ``nat``
-    are each behind a NAT of their own."""
+    are each behind a NAT of their own. ``latency`` bounds each bucket's queue (as tc's tbf reads it)."""
 
     def __init__(self, hosts: int, rates: Sequence[str | float | None] = (), *, prefix: str = "lab",
-                 nat: Sequence[int] = (), subnet: str = SUBNET) -> None:
+                 nat: Sequence[int] = (), subnet: str = SUBNET, latency: str = LATENCY) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", prefix):
             raise ValueError(f"prefix {prefix!r}: 1-6 lowercase letters and digits (interface names are short)")
         if not 1 <= hosts <= 200:
@@ -93,6 +93,7 @@ class NetLab:
         self.hosts, self.prefix, self.nat, self.subnet = hosts, prefix, frozenset(nat), subnet
         self.rates = [rate_text(rates[i]) if i < len(rates) else None for i in range(hosts)]
         self.bridge = f"{prefix}br"
+        self.latency = latency
 
     def namespace(self, index: int) -> str:
         return f"{self.prefix}{index}"
@@ -177,7 +178,7 @@ class NetLab:
                 _tc("-n", namespace, "qdisc", "del", "dev", device, "root", check=False)  # none there: nothing to do
             else:
                 _tc("-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate, "burst", BURST,
-                    "latency", LATENCY)
+                    "latency", self.latency)
 
     def namespaces(self) -> list[str]:
         """The namespaces of this prefix that exist now (this lab's, or an earlier one's)."""
