@@ -442,9 +442,9 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
         # keeps its own parameters, and if they were apart from the others' (a gradient round that came back
         # partial, a state loaded mid-epoch) its next steps are computed off the swarm's state and earn nothing.
         epoch = self.local_epoch
-        # hivemind's futures are held only weakly by the process that waits on them (_active_futures in
-        # hivemind/utils/mpfuture.py): once the step stops waiting (its timeout), the round's failure arrives
-        # for a future already collected, and is never told. Held here until it ends.
+        # hivemind's MPFuture is held only weakly by the process that waits on it: once the step stops waiting
+        # (its timeout), the round's failure arrives for a future already collected, and is never told. Held
+        # here until it ends (tests/peer_agent/test_averaging_partners.py).
         self._rounds_watched.add(control)
 
         def told(round_: StepControl) -> None:
