@@ -2,7 +2,7 @@
 
 Other parts of the portal report an event with :func:`notify`; the row is written in the caller's
 transaction (it appears exactly when the event commits) and the e-mail is queued once that
-transaction commits (`accounts.tasks.notification_email_task`). The e-mail is sent at most once:
+transaction commits (:func:`notification_email_task`). The e-mail is sent at most once:
 the task claims the row (pending → sending) under a lock before it sends, so a retried or
 duplicated task finds nothing to claim; volunteers who opted out of the kind, or whose address
 is unverified, or who got `NOTIFICATION_EMAILS_PER_HOUR` e-mails in the last hour, get the bell only.
@@ -10,7 +10,9 @@ is unverified, or who got `NOTIFICATION_EMAILS_PER_HOUR` e-mails in the last hou
 
 import datetime
 import logging
+import smtplib
 
+from celery import shared_task
 from django.conf import settings
 from django.core import signing
 from django.db import IntegrityError, transaction
@@ -78,9 +80,14 @@ def _checked(kind: str, context: dict | None) -> dict:
     return context
 
 
-def _email_queue(notification_id: int) -> None:
-    from accounts.tasks import notification_email_task
+@shared_task(acks_late=True, ignore_result=True, autoretry_for=(smtplib.SMTPException, OSError),
+             retry_backoff=30, max_retries=6)
+def notification_email_task(notification_id: int) -> str:
+    """Send one notification's e-mail; a retry or a duplicate of this task sends nothing new."""
+    return notification_email_send(notification_id=notification_id)
 
+
+def _email_queue(notification_id: int) -> None:
     try:
         notification_email_task.delay(notification_id)
     except Exception:  # a broker outage must not fail the event that was just committed

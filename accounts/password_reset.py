@@ -7,6 +7,7 @@ the answer nor its time tells whether an account has that address.
 
 import logging
 
+from celery import shared_task
 from django.contrib.auth.forms import PasswordResetForm
 from django.utils import translation
 
@@ -15,14 +16,18 @@ from portal.ratelimit import RateLimited, rate_limit_hit
 logger = logging.getLogger(__name__)
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def password_reset_email_task(*, email: str, language: str, domain: str, use_https: bool) -> None:
+    """Mail a password reset link to the accounts with `email`, if any."""
+    password_reset_send(email=email, language=language, domain=domain, use_https=use_https)
+
+
 def password_reset_request(*, email: str, ip: str | None, language: str, domain: str, use_https: bool) -> None:
     """Queue the reset mail for `email`; raise RateLimited when the asker's address asked too often.
 
     An address that was sent too many links gets no more for a while, silently: saying so would
     tell the asker about someone else's mailbox.
     """
-    from accounts.tasks import password_reset_email_task
-
     rate_limit_hit(name="reset_client", key=str(ip))
     try:
         rate_limit_hit(name="reset_email", key=email.lower())

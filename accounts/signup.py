@@ -10,7 +10,9 @@ confirmed by the opening, and works once.
 import datetime
 import logging
 import secrets
+import smtplib
 
+from celery import shared_task
 from django.conf import settings
 from django.contrib.auth.hashers import make_password
 from django.core.exceptions import ValidationError
@@ -33,10 +35,15 @@ class SignUpFailed(Exception):
     """A link that creates no account; the message says why and what to do, for the person who opened it."""
 
 
+@shared_task(acks_late=True, ignore_result=True, autoretry_for=(smtplib.SMTPException, OSError),
+             retry_backoff=30, max_retries=6)
+def signup_email_task(*, pending_id: int) -> None:
+    """Mail a sign-up's link, or a notice to the owner of its address if it has one."""
+    signup_email_send(pending_id=pending_id)
+
+
 def signup_request(*, username: str, email: str, password: str, language: str) -> None:
     """Keep the sign-up and queue its mail: the same queries and the same hashing for every address."""
-    from accounts.tasks import signup_email_task
-
     # Expired sign-ups are forgotten here, which needs no periodic task; it is one query, for any address.
     expired = timezone.now() - datetime.timedelta(days=settings.EMAIL_VERIFICATION_DAYS)
     PendingSignUp.objects.filter(created_at__lt=expired).delete()

@@ -1,4 +1,5 @@
-"""The Celery application: tasks live in each app's `tasks.py`, settings under `CELERY_`. Every
+"""The Celery application: periodic tasks live in each app's `tasks.py`, tasks that a service queues beside
+that service (`CELERY_IMPORTS`), settings under `CELERY_`. Every
 task run and failure is counted for Prometheus (portal/metrics.py), by task name, and every line a
 task logs (Celery's own included) carries the task's id as its request id (portal/logs.py)."""
 

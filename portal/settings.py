@@ -157,6 +157,9 @@ EVALUATION_EVERY_SECONDS = env_int("EVALUATION_EVERY_SECONDS", 30, minimum=1)
 # An evaluation takes minutes (the held-out pass, and each probe fine-tuned from three seeds): it has a
 # queue and a worker of its own (docs/deploy.md), so that the credit rollup and e-mails never wait behind one.
 CELERY_TASK_ROUTES = {"runs.tasks.evaluations_task": {"queue": "evaluations"}}
+# Periodic tasks live in each app's tasks.py (found by autodiscovery); a task that a service queues lives
+# beside that service, so that the service need not import the tasks module that imports it back.
+CELERY_IMPORTS = ["accounts.notifications", "accounts.signup", "accounts.password_reset", "runs.setup.services"]
 CELERY_BEAT_SCHEDULE = {
     "evaluations": {"task": "runs.tasks.evaluations_task", "schedule": float(EVALUATION_EVERY_SECONDS)},
     "credit-rollup": {"task": "runs.tasks.credit_rollup_task", "schedule": float(CREDIT_ROLLUP_EVERY_SECONDS)},

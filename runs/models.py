@@ -350,7 +350,7 @@ class SessionEpoch(models.Model):
         indexes = [models.Index(fields=["status"])]
 
 
-# Details the verdicts store (runs/swarm/verification.py) that the volunteer's page explains in plain words
+# Details the verdicts store (runs/credit/verification.py) that the volunteer's page explains in plain words
 # (runs/credit/volunteers.py, lost_reason).
 NEVER_SEEN = "never seen in the DHT: no signed progress record of this session's peer for the epoch"
 NEVER_CONFIRMED = "not confirmed within 6 h of its report: no signed record of this session's peer was judged for the epoch"
@@ -683,7 +683,7 @@ class CreditRollup(models.Model):
     windows_hour = models.DateTimeField(null=True, blank=True, help_text="Hour at which the 24 h / 7 d columns were last aged.")
     teams_checked_at = models.DateTimeField(null=True, blank=True, help_text="Team membership changes seen up to here.")
     pending_event_id = models.BigIntegerField(default=0, help_text="Events up to here were given their bounded time "
-                                                                   "to be confirmed (runs.swarm.verification.pending_expire).")
+                                                                   "to be confirmed (runs.credit.verification.pending_expire).")
     updated_at = models.DateTimeField(null=True, blank=True)
 
 

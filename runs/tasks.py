@@ -1,34 +1,14 @@
+"""The runs app's periodic Celery tasks (CELERY_BEAT_SCHEDULE). A task that a service queues lives beside that
+service (runs/setup/services.py)."""
+
 import datetime
 
 from celery import shared_task
 from django.conf import settings
 
-from portal.logs import log_context
 from runs.access import sessions
-from runs.credit import exports, milestones, rollup
+from runs.credit import exports, milestones, rollup, verification
 from runs.evaluation import services as evaluation
-from runs.models import Run
-from runs.setup import services
-from runs.swarm import verification
-
-
-@shared_task(acks_late=True)
-def tokenizer_train_task(run_id: int) -> None:
-    with log_context(run=Run.objects.filter(pk=run_id).values_list("slug", flat=True).first()):
-        services.tokenizer_train(run_id=run_id)
-
-
-@shared_task(acks_late=True, ignore_result=True)
-def sources_check_task(run_id: int) -> None:
-    """The organizer saved hub sources: check that they load, for the run's page and settings form."""
-    with log_context(run=Run.objects.filter(pk=run_id).values_list("slug", flat=True).first()):
-        services.sources_check(run_id=run_id)
-
-
-@shared_task(acks_late=True, ignore_result=True)
-def run_event_notify_task(event_id: int) -> int:
-    """A run was paused, resumed or finished: notify the volunteers who trained for it."""
-    return services.run_event_notify(event_id=event_id)
 
 
 @shared_task(ignore_result=True)

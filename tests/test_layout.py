@@ -9,12 +9,15 @@ tests/agent_wire.py, tests/processes.py, ...); what the tests and the benchmarks
 """
 
 import ast
+import graphlib
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORTERS = {"import_module", "__import__"}
+PROJECT_PACKAGES = ("portal", "accounts", "runs", "peer_agent", "harness", "bench")
 
 
 def imported(path: Path, root: Path = ROOT) -> set[str]:
@@ -87,3 +90,15 @@ def test_the_check_sees_every_way_of_importing_a_test_module(tmp_path, source, f
     module.parent.mkdir(parents=True)
     module.write_text(source + "\n")
     assert bool(importers("tests", is_test_module, root=tmp_path)) is found
+
+
+def test_no_import_circle_in_the_project_counting_imports_inside_functions():
+    """A circle of imports hidden by an import inside a function is still one: modules that need each other
+    cannot be read, tested or moved apart. grimp (the import graph `make lint`'s import-linter reads) sees
+    imports inside functions too; graphlib finds a circle if there is one."""
+    graph = grimp.build_graph(*PROJECT_PACKAGES)
+    imports = {module: graph.find_modules_directly_imported_by(module) for module in graph.modules}
+    try:
+        list(graphlib.TopologicalSorter(imports).static_order())
+    except graphlib.CycleError as circle:
+        pytest.fail(f"import circle: {' imports '.join(reversed(circle.args[1]))}")

@@ -21,6 +21,7 @@ from django.utils.translation import gettext as _
 
 from accounts.models import User
 from peer_agent.protocol import RunConfig
+from portal.formats import digits_localize, number_localize
 from runs.models import Certificate, Run, RunCredit
 
 logger = logging.getLogger(__name__)
@@ -94,15 +95,14 @@ def certificate_facts(certificate: Certificate) -> CertificateFacts:
 def certificate_lines(facts: CertificateFacts, verify_url: str) -> list[tuple[str, int]]:
     """The certificate's text, line by line, with each line's size in pixels: the SVG and the PNG
     say the same words."""
-    from runs.templatetags.locale_format import digits_localize, number
-
     return [
         (_("Certificate of contribution"), 44),
         (facts.name, 64),
-        (_("contributed %(credit)s GFLOP of confirmed training compute") % {"credit": number(facts.credit)}, 30),
+        (_("contributed %(credit)s GFLOP of confirmed training compute") % {"credit": number_localize(facts.credit)}, 30),
         (_("to %(run)s, training %(model)s") % {"run": facts.run_name, "model": facts.model}, 30),
         (_("rank %(rank)s of %(volunteers)s volunteers · %(samples)s confirmed samples")
-         % {"rank": number(facts.rank), "volunteers": number(facts.volunteers), "samples": number(facts.samples)}, 26),
+         % {"rank": number_localize(facts.rank), "volunteers": number_localize(facts.volunteers),
+            "samples": number_localize(facts.samples)}, 26),
         (_("as of %(date)s") % {"date": digits_localize(facts.as_of.isoformat())}, 24),
         (_("Verify: %(url)s") % {"url": verify_url}, 20),
     ]

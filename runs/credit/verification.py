@@ -52,7 +52,7 @@ from accounts.models import Notification, User
 from accounts.notifications import notify
 from peer_agent.protocol import RunConfig
 from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
-from runs.ingest.reports import RUN_PACE_SLACK
+from runs.credit.rollup import watermark_lock
 from runs.models import (
     NEVER_CONFIRMED,
     NEVER_SEEN,
@@ -60,10 +60,12 @@ from runs.models import (
     ContributionEvent,
     Run,
     RunEvent,
+    RunSample,
     SessionEpoch,
     StepCommitment,
     TrainingSession,
 )
+from runs.setup.compute import RUN_PACE_SLACK, SWARM_EPOCH_AHEAD
 from runs.setup.services import run_event_record
 
 TOLERANCE = 0.05
@@ -344,14 +346,10 @@ def pending_expire(*, now: datetime.datetime | None = None) -> int:
     the swarm closed (the monitor would have judged them if it could), and epochs far ahead of the
     swarm or of a run the monitor no longer reads. The swarm's current epoch waits. Events are
     taken once, in id order, behind a watermark. Returns the session epochs rejected."""
-    from runs.ingest.reports import SWARM_EPOCH_AHEAD
-    from runs.models import CreditRollup, RunSample
-
     now = now or timezone.now()
     rejected = 0
     with transaction.atomic():
-        CreditRollup.objects.get_or_create(pk=1)
-        mark = CreditRollup.objects.select_for_update().get(pk=1)
+        mark = watermark_lock()
         old = ContributionEvent.objects.filter(id__gt=mark.pending_event_id, received_at__lt=now - PENDING_MAX_AGE)
         upper = old.order_by("-id").values_list("id", flat=True).first()
         if upper is None:

@@ -149,7 +149,7 @@ _CONFIRMED = Case(
 _JUDGED = [SessionEpoch.Status.VERIFIED, SessionEpoch.Status.ACCEPTED, SessionEpoch.Status.REJECTED]
 
 # Why an epoch earned nothing (or less than was reported), in a volunteer's words: the verdicts of
-# runs/swarm/verification.py and the commitment outcomes of runs/swarm/spotcheck.py, as docs/trust.md
+# runs/credit/verification.py and the commitment outcomes of runs/swarm/spotcheck.py, as docs/trust.md
 # explains them.
 LOST_REASONS = {
     "flagged": _("Waiting for an organizer: the samples your agent reported for this epoch do not match its "

@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING
 import torch
 from django.db import transaction
 
+from runs.evaluation.subjects import Score, Subject
 from runs.models import Checkpoint, Probe, ProbeScore
 from runs.setup.probes import LabelledSet, probe_read
 
 if TYPE_CHECKING:
     from transformers import AlbertForPreTraining, PreTrainedTokenizerFast
-
-    from runs.evaluation.runner import Score, Subject
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +228,6 @@ def probes_evaluate(subject: Subject) -> list[Score]:
     """The probes' evaluator (runs/evaluation/runner.py): each probe of the run fine-tuned from the
     subject's model, the checkpoint when it is due (all of them by hand, without --save) or the
     random-init baseline; stored when the subject says so."""
-    from runs.evaluation.runner import Score
-
     checkpoint = subject.checkpoint
     if subject.save and checkpoint is not None and not probes_due(checkpoint):
         return []

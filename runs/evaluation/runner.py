@@ -23,8 +23,7 @@ import random
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -37,6 +36,8 @@ from peer_agent.protocol import RunConfig
 from peer_agent.tokenizer import tokenizer_load
 from runs.evaluation import services
 from runs.evaluation.frequencies import frequencies_count, frequency_metrics
+from runs.evaluation.probing import probes_evaluate
+from runs.evaluation.subjects import Evaluator, Score, Subject
 from runs.models import Checkpoint, Evaluation, Run
 from runs.setup.services import data_sample
 
@@ -50,30 +51,6 @@ SEED = 0
 
 class EvaluationError(Exception):
     """An evaluation that cannot be made; the message says why, for the run's organizers."""
-
-
-@dataclass
-class Subject:
-    run: Run
-    checkpoint: Checkpoint | None  # None: the random-init baseline
-    config: RunConfig
-    model: AlbertForPreTraining
-    tokenizer: PreTrainedTokenizerFast
-    save: bool
-    batches: list[dict[str, torch.Tensor]] | None = None  # the held-out batches, built once per subject
-
-
-@dataclass(frozen=True)
-class Score:
-    evaluator: str
-    metric: str
-    value: float | None
-    examples: int
-    cpu_seconds: float
-    wall_seconds: float
-
-
-Evaluator = Callable[[Subject], list[Score]]
 
 
 def process_settle(*, threads: int, niceness: int) -> None:
@@ -212,9 +189,6 @@ def frequencies_evaluate(subject: Subject) -> list[Score]:
         scores += [Score(model, name, metrics[name], metrics["examples"], cpu, wall)
                    for name in ("mlm_accuracy", "perplexity")]
     return scores
-
-
-from runs.evaluation.probing import probes_evaluate  # noqa: E402  (it builds this module's Score rows)
 
 EVALUATORS: list[Evaluator] = [heldout_evaluate, frequencies_evaluate, probes_evaluate]
 

@@ -32,7 +32,7 @@ from runs.models import (
     StepCommitment,
     TrainingSession,
 )
-from runs.setup.compute import samples_per_second_ceiling
+from runs.setup.compute import RUN_PACE_SLACK, SWARM_EPOCH_AHEAD, samples_per_second_ceiling
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class RunAdmission:
     refused_tokens: dict[int, str]  # token id -> "token_revoked" or "token_expired"
     not_allowed: frozenset[int] = frozenset()  # owners of the tokens who may no longer train in the run
     swarm_epoch: int | None = None
-    suspended: frozenset[int] = frozenset()  # sessions that spot checks suspended (runs.swarm.verification)
+    suspended: frozenset[int] = frozenset()  # sessions that spot checks suspended (runs.credit.verification)
 
 
 def run_admission(*, run_id: int, token_ids: frozenset[int]) -> RunAdmission:
@@ -191,7 +191,6 @@ class RunAdmissions:
 # refuses negative or non-finite figures and caps each field.
 
 CLOCK_SKEW = timedelta(minutes=5)  # agents' clocks are NTP-synced; hivemind itself refuses > 60 s
-RUN_PACE_SLACK = 2.0  # a peer keeps computing while an averaging round is arranged
 # hivemind learns the collaboration's progress from the DHT: after each epoch a peer accumulates
 # into its new epoch until a fetch of that progress succeeds, and a fetch has no deadline (a dead
 # peer in the routing table slows it). In CI an honest agent's reports of ~40 s were refused so.
@@ -203,9 +202,6 @@ PROGRESS_LAG = 60.0
 SPEED_JUMP = 8.0
 WARMUP_REPORTS = 10  # data loading and the first steps are slow
 EPOCH_RESYNC = 1  # a peer that loads state from others may land one epoch back
-# Epochs an agent may be ahead of the monitor's last reading (at most a minute old): a fast run
-# closes an epoch every few seconds, and an agent counts the epoch it is in before the swarm does.
-SWARM_EPOCH_AHEAD = 100
 # A commitment earns only if it arrives before the swarm is this many epochs past its epoch: the
 # validator holds the states of these epochs (runs/swarm/spotcheck.py, HELD_EPOCHS), and a commitment
 # sent later, once the steps it claims can no longer be checked, would ask to be believed unchecked.

@@ -1,6 +1,7 @@
-"""The compute a training sample costs, from a run's configuration alone.
+"""The compute a training sample costs, and the pace a run's peers can keep, from its configuration alone.
 
-Light on purpose (no torch, no transformers): the web process prices credit with it.
+Light on purpose (no torch, no transformers): the web process prices credit with it, and the ingest
+(runs/ingest/reports.py) and the verification (runs/credit/verification.py) judge claims by the same pace.
 """
 
 from peer_agent.protocol import RunConfig
@@ -10,6 +11,13 @@ from peer_agent.protocol import RunConfig
 FORWARD_AND_BACKWARD = 3
 FLOPS_PER_MULTIPLY_ACCUMULATE = 2
 SOP_LABELS = 2
+
+# The pace of a run, in epochs of ``target_batch_size`` samples. A peer keeps computing while an averaging
+# round is arranged, so it may gather up to RUN_PACE_SLACK × the target in one epoch.
+RUN_PACE_SLACK = 2.0
+# Epochs an agent may be ahead of the monitor's last reading (at most a minute old): a fast run
+# closes an epoch every few seconds, and an agent counts the epoch it is in before the swarm does.
+SWARM_EPOCH_AHEAD = 100
 
 
 def training_flops_per_sample(config: RunConfig) -> float:

@@ -4,6 +4,7 @@ import itertools
 import logging
 from collections.abc import Iterator
 
+from celery import shared_task
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import transaction
@@ -14,6 +15,7 @@ from django.utils.translation import pgettext_lazy
 from accounts.models import Notification, User
 from accounts.notifications import notify_many
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
+from portal.logs import log_context
 from runs.access.authority import authority_generate
 from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership, TrainingSession
 from runs.setup.heldout import heldout_join, heldout_split
@@ -109,8 +111,6 @@ _SOURCES_FIELDS = {"data.source", "data.hub", "data.heldout", "validation_split"
 
 def _sources_check_start(*, run: Run) -> None:
     """Queue the check of the run's hub sources (they are read in the worker, which may reach the Hub)."""
-    from runs.tasks import sources_check_task
-
     if RunConfig.model_validate(run.config).data.source != "hub":
         Run.objects.filter(pk=run.pk).update(sources_check=Run.SourcesCheck.UNCHECKED, sources_error="")
         return
@@ -175,8 +175,6 @@ def run_transition(*, run: Run, actor: User, action: str) -> None:
     run.save(update_fields=["status"])
     event = run_event_record(run=run, actor=actor, kind=kind)
     if kind in RUN_EVENT_NOTICES:
-        from runs.tasks import run_event_notify_task
-
         transaction.on_commit(lambda: run_event_notify_task.delay(event.pk))
 
 
@@ -343,8 +341,6 @@ def tokenizer_upload(*, run: Run, actor: User, json_text: str) -> None:
 
 def tokenizer_train_start(*, run: Run, actor: User) -> None:
     """Queue the tokenizer training; the run page shows its progress."""
-    from runs.tasks import tokenizer_train_task
-
     _tokenizer_changeable(run)
     if RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
         raise RunError(_("upload the run's text files first: the tokenizer learns its vocabulary from them"))
@@ -384,3 +380,28 @@ def run_tokenizer_try(*, run: Run, text: str) -> list[str]:
     with run.tokenizer_file.open("rb") as handle:
         tokenizer = Tokenizer.from_str(handle.read().decode())
     return tokenizer_try(tokenizer, text)
+
+
+# --- the tasks this module queues: the Celery worker runs them (CELERY_IMPORTS in portal/settings.py) ---
+
+def _run_slug(run_id: int) -> str | None:
+    return Run.objects.filter(pk=run_id).values_list("slug", flat=True).first()
+
+
+@shared_task(acks_late=True)
+def tokenizer_train_task(run_id: int) -> None:
+    with log_context(run=_run_slug(run_id)):
+        tokenizer_train(run_id=run_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sources_check_task(run_id: int) -> None:
+    """The organizer saved hub sources: check that they load, for the run's page and settings form."""
+    with log_context(run=_run_slug(run_id)):
+        sources_check(run_id=run_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def run_event_notify_task(event_id: int) -> int:
+    """A run was paused, resumed or finished: notify the volunteers who trained for it."""
+    return run_event_notify(event_id=event_id)

@@ -81,12 +81,6 @@ class SwarmReading:
     loss: float | None  # the mean loss those peers published
 
 
-# What ``Checkpointer.state_download_from`` answers for a peer no stream could be opened to: the local
-# daemon could not dial it (a killed peer's process and daemon are gone, and its address refuses), unlike
-# a peer that was reached and sent nothing in time. A killed peer stays declared as a state source for
-# hivemind's declare period (30 s): the validator (runs/swarm/spotcheck.py) tells the two apart.
-UNREACHABLE = "unreachable"
-
 
 def checkpoint_number(checkpoint: Checkpoint) -> int:
     """The checkpoint's sequence number in its run (1 for the first ever saved); see ``Checkpoint.number``."""

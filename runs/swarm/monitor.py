@@ -1,5 +1,5 @@
 """The coordinator's monitor: reads a run's signed DHT records, writes the run's series and
-verifies the sessions' credit (:mod:`runs.swarm.verification`).
+verifies the sessions' credit (:mod:`runs.credit.verification`).
 
 Every poll reads the peers' progress records (``{run_id}_progress``, hivemind's tracker) and
 metrics records (``{run_id}_metrics``, :mod:`peer_agent.metrics`), both signed with the peer key
@@ -33,8 +33,8 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgr
 from hivemind.p2p import PeerID
 
 from peer_agent.metrics import LocalMetrics, metrics_read, signed_records_read
+from runs.credit import verification
 from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, TrainingSession
-from runs.swarm import verification
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ the held state, each with a chance in proportion to its samples, with the operat
 randomness and only now, after the commitment, so a peer cannot know in advance which steps will be
 recomputed. It rebuilds their micro-batches from the run's data and the session's public seed
 (``peer_agent.spotcheck.BatchReplay``), recomputes their gradients at the held parameters and
-compares fingerprints; ``runs.swarm.verification`` turns the figures into credit decisions. A step
+compares fingerprints; ``runs.credit.verification`` turns the figures into credit decisions. A step
 computed at other parameters (a peer whose averaging round failed steps alone and leaves the swarm's
 parameters for an epoch or more) cannot be checked, and its epoch earns nothing, drawn or not.
 Commitments of epochs the validator did not hold are marked unchecked, and earn nothing either.
@@ -34,10 +34,11 @@ from django.db.models import F, Q
 
 from peer_agent.metrics import dht_result
 from peer_agent.protocol import RunConfig
+from runs.credit import verification
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
 from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, StepCommitment, TrainingSession
-from runs.swarm import verification
-from runs.swarm.checkpoints import UNREACHABLE, Checkpointer, state_epoch_trusted
+from runs.swarm.checkpoints import Checkpointer, state_epoch_trusted
+from runs.swarm.state import UNREACHABLE
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
@@ -111,7 +112,7 @@ class Validator:
     """Spot-checks one run's sessions; the coordinator calls :meth:`tick` on every heartbeat. The work
     happens in two threads of its own: one holds the swarm's state of each epoch as the swarm enters it
     (it looks every ``hold_period``), one checks the commitments of held epochs. Holding never
-    waits behind checks: an epoch whose state is missed earns nothing for anyone (runs/swarm/verification.py),
+    waits behind checks: an epoch whose state is missed earns nothing for anyone (runs/credit/verification.py),
     and a demo's epochs last a few seconds.
 
     The held state is the swarm's, not one peer's: hivemind downloads from the peer that declares the

@@ -17,9 +17,15 @@ from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import aiter_with_timeout
 
 from peer_agent.averaging import EpochStateServing, StateSourceChoice, declared_epochs
-from runs.swarm.checkpoints import UNREACHABLE
 
 logger = logging.getLogger(__name__)
+
+# What ``state_download_from`` (and the checkpointer's, runs/swarm/checkpoints.py) answers for a peer
+# no stream could be opened to: the local daemon could not dial it (a killed peer's process and daemon
+# are gone, and its address refuses), unlike a peer that was reached and sent nothing in time. A killed
+# peer stays declared as a state source for hivemind's declare period (30 s): the validator
+# (runs/swarm/spotcheck.py) tells the two apart.
+UNREACHABLE = "unreachable"
 
 
 class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingStateAverager):

@@ -18,12 +18,12 @@ from django.views.decorators.http import require_POST
 from accounts.models import User
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
 from runs.access.rules import run_is_organizer, visible_run
+from runs.credit import verification
 from runs.models import DataFile, Probe, Run, SessionEpoch, TrainingSession
 from runs.setup import services, start
 from runs.setup.config_labels import FIELDS
 from runs.setup.forms import PRESETS, ProbeForm, RunForm, preset_config
 from runs.setup.probes import ProbeFormatError, probe_add, probe_remove
-from runs.swarm import verification
 
 
 def _run_for(request: HttpRequest, slug: str, *, may: Callable[[Run], bool], refusal: str) -> Run:

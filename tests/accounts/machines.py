@@ -6,8 +6,8 @@ import datetime
 
 from django.utils import timezone
 
+from runs.credit import verification
 from runs.models import NO_STATE_HELD, SessionEpoch, StepCommitment, TrainingSession
-from runs.swarm import verification
 from tests.factories import RunFactory, UserFactory, report
 
 _Status = SessionEpoch.Status

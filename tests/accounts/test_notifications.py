@@ -15,13 +15,12 @@ from django.utils import timezone
 
 from accounts import notifications
 from accounts.models import Notification
-from accounts.notifications import notify
+from accounts.notifications import notification_email_task, notify
 from accounts.services import token_create
-from accounts.tasks import notification_email_task, notification_emails_pending_task, tokens_expiring_task
+from accounts.tasks import notification_emails_pending_task, tokens_expiring_task
+from runs.credit import verification
 from runs.models import RunEvent, SessionEpoch
-from runs.setup.services import run_transition
-from runs.swarm import verification
-from runs.tasks import run_event_notify_task
+from runs.setup.services import run_event_notify_task, run_transition
 from tests.factories import RunFactory
 from tests.runs.epochs import judge, report, session_for
 

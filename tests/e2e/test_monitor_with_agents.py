@@ -12,10 +12,10 @@ from django.urls import reverse
 
 from accounts.services import token_create
 from harness.processes import children_reap
+from runs.credit.verification import EpochLimits
 from runs.models import Run, RunSample, SessionEpoch
 from runs.swarm import monitor
 from runs.swarm.coordinator import Coordinator
-from runs.swarm.verification import EpochLimits
 from tests.e2e.agents import agent, serve_until, small_run
 from tests.factories import UserFactory
 
@@ -75,7 +75,7 @@ def test_monitor_verifies_honest_credit_flags_a_double_reporter_and_survives_a_r
     for row in SessionEpoch.objects.filter(pk__in=before).exclude(status="provisional"):
         if (before[row.pk][0], row.status) == ("flagged", "rejected"):
             # The evidence came after the flag: a commitment the validator could not check (the restarted one
-            # holds no state of the epochs before it) earns nothing, flagged or not (runs/swarm/verification.py).
+            # holds no state of the epochs before it) earns nothing, flagged or not (runs/credit/verification.py).
             assert row.session.commitments.filter(epoch=row.epoch, outcome__in=["unchecked", "diverged"]).exists(), \
                 f"flagged epoch {row.epoch} rejected with no commitment judged off the swarm"
             continue

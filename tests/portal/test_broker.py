@@ -1,14 +1,20 @@
 """The embedded-defaults broker (portal/broker.py): a consumer never takes a message half-written."""
 
 import os
+import subprocess
+import sys
 from queue import Empty
 
 import pytest
 from django.conf import settings
 from kombu import Connection
 
+from accounts.notifications import notification_email_task
+from accounts.password_reset import password_reset_email_task
+from accounts.signup import signup_email_task
 from portal import broker
 from portal.celery import app
+from runs.setup.services import run_event_notify_task, sources_check_task, tokenizer_train_task
 
 
 @pytest.fixture
@@ -58,5 +64,28 @@ def test_evaluations_have_a_queue_of_their_own_and_the_credit_rollup_keeps_the_d
     docs/benchmarks.md section 22). The demo and docker-compose.yml give the queue a worker of its own."""
     route = app.amqp.router.route
     assert route({}, "runs.tasks.evaluations_task")["queue"].name == "evaluations"
-    for task in ("runs.tasks.credit_rollup_task", "accounts.tasks.signup_email_task"):
+    for task in ("runs.tasks.credit_rollup_task", "accounts.signup.signup_email_task"):
         assert route({}, task)["queue"].name == app.conf.task_default_queue == "celery"
+
+
+
+def test_the_worker_registers_the_tasks_services_queue_and_the_periodic_ones():
+    """A task a service queues lives beside it (CELERY_IMPORTS); a worker that did not import its module would
+    drop the message as unregistered. What a fresh process imports as the worker starts is what it can run
+    (here every module is imported already, so the check runs in a process of its own)."""
+    worker = subprocess.run([sys.executable, "-c", WORKER_TASKS], capture_output=True, text=True, check=True,
+                            env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"}, timeout=120)
+    queued = {notification_email_task, password_reset_email_task, signup_email_task, run_event_notify_task,
+              sources_check_task, tokenizer_train_task}
+    periodic = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert {task.name for task in queued} | periodic <= set(worker.stdout.split())
+
+
+WORKER_TASKS = """
+import django
+django.setup()
+from portal.celery import app
+from runs.setup.services import run_event_notify_task, sources_check_task, tokenizer_train_task
+app.loader.import_default_modules()
+print(*app.tasks)
+"""

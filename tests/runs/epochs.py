@@ -11,8 +11,8 @@ import itertools
 from django.utils import timezone
 
 from accounts.services import token_create
+from runs.credit import verification
 from runs.models import ContributionEvent, StepCommitment, TrainingSession
-from runs.swarm import verification
 from tests.factories import UserFactory
 
 _seq = itertools.count(1)

@@ -10,6 +10,7 @@ from peer_agent.protocol import RunConfig
 from runs import tasks
 from runs.credit import rollup
 from runs.credit.rollup import credit_rollup, rac_update
+from runs.credit.verification import epoch_flag
 from runs.models import (
     CreditHour,
     CreditRollup,
@@ -21,7 +22,6 @@ from runs.models import (
     TrainingSession,
     VolunteerCredit,
 )
-from runs.swarm.verification import epoch_flag
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 

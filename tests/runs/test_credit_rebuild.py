@@ -13,8 +13,8 @@ from peer_agent.protocol import RunConfig
 from runs.credit.rebuild import credit_check, credit_drift
 from runs.credit.recount import TABLES, stored_figures
 from runs.credit.rollup import credit_rollup
+from runs.credit.verification import epoch_flag, flag_accept
 from runs.models import CreditHour, RunCredit, RunCreditTotal, SessionEpoch, TeamCredit, VolunteerCredit
-from runs.swarm.verification import epoch_flag, flag_accept
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 HOUR = datetime.timedelta(hours=1)

@@ -14,8 +14,8 @@ from accounts.services import team_create, team_join, team_leave
 from peer_agent.protocol import RunConfig
 from runs import tasks
 from runs.credit.rebuild import credit_check, credit_rebuild, drift_report
+from runs.credit.verification import CreditError, epoch_flag, epoch_reject_unseen, epoch_verify, flag_accept, flag_reject
 from runs.models import ContributionEvent, SessionEpoch
-from runs.swarm.verification import CreditError, epoch_flag, epoch_reject_unseen, epoch_verify, flag_accept, flag_reject
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 VOLUNTEERS, RUNS, MACHINES, EPOCHS, TEAMS = 3, 2, 2, 2, 2

@@ -5,8 +5,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from runs.credit import verification
 from runs.models import RunEvent, SessionEpoch
-from runs.swarm import verification
 from tests.factories import RunFactory, UserFactory
 from tests.runs.epochs import judge, report, session_for
 

@@ -8,8 +8,8 @@ import pytest
 from accounts.services import team_create, team_join
 from runs.credit.milestones import TEAM_THRESHOLDS, VOLUNTEER_THRESHOLDS, milestones_held, milestones_refresh_all
 from runs.credit.rollup import credit_rollup, run_credit_per_sample
+from runs.credit.verification import epoch_flag, flag_reject
 from runs.models import Milestone, RunCredit, SessionEpoch
-from runs.swarm.verification import epoch_flag, flag_reject
 from tests.factories import RunFactory, UserFactory, report, session_for
 
 pytestmark = pytest.mark.django_db

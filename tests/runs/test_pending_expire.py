@@ -4,8 +4,8 @@ it was reported, unless its epoch is the one the swarm is still gathering."""
 import datetime
 
 from runs.credit.rollup import credit_rollup
+from runs.credit.verification import NEVER_CONFIRMED, PENDING_MAX_AGE, pending_expire
 from runs.models import RunCredit, RunSample, SessionEpoch
-from runs.swarm.verification import NEVER_CONFIRMED, PENDING_MAX_AGE, pending_expire
 from tests.factories import NOW, RunFactory, UserFactory, report, session_for
 
 OLD = NOW - PENDING_MAX_AGE - datetime.timedelta(minutes=1)

@@ -1,5 +1,5 @@
 """Spot checks, the portal's half: commitments stored once and only when signed by the session's
-peer key, and credit that rests on checked work (runs/ingest/reports.py, runs/swarm/verification.py).
+peer key, and credit that rests on checked work (runs/ingest/reports.py, runs/credit/verification.py).
 Each test plays a cheater the rule is for; tests/e2e/test_spot_checks_with_agents.py runs the
 validator against real agents."""
 
@@ -10,9 +10,9 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.protocol import EpochCommitment, StepCommitment
 from peer_agent.spotcheck import commitment_sign
+from runs.credit import verification
 from runs.models import RunEvent, SessionEpoch, TrainingSession
 from runs.models import StepCommitment as StoredCommitment
-from runs.swarm import verification
 from tests.agent_wire import exchange, report
 from tests.runs.epochs import judge, session_for
 from tests.runs.epochs import report as reported

@@ -9,8 +9,7 @@ from tokenizers import Tokenizer
 from peer_agent.tokenizer import tokenizer_as_transformers
 from portal.logs import LogContext
 from runs.setup.corpus import corpus_lines
-from runs.setup.services import data_file_add
-from runs.tasks import tokenizer_train_task
+from runs.setup.services import data_file_add, tokenizer_train_task
 from tests.factories import RunFactory
 
 BENGALI = "আমি বাংলায় গান গাই। কৃষ্ণচূড়া ফুলের রং লাল।"

@@ -6,7 +6,6 @@ honest check of the epoch (docs/trust.md)."""
 import pytest
 import torch
 
-from runs.swarm.checkpoints import UNREACHABLE
 from runs.swarm.spotcheck import (
     HELD_EPOCHS,
     HOLD_DIALS_PER_TRY,
@@ -18,6 +17,7 @@ from runs.swarm.spotcheck import (
     parameters_apart,
     state_among,
 )
+from runs.swarm.state import UNREACHABLE
 
 
 class Peers:
@@ -210,11 +210,11 @@ def test_a_peer_that_serves_its_own_parameters_is_outvoted_and_counted_whatever_
 
 @pytest.mark.django_db
 def test_the_states_a_peer_served_unlike_the_swarms_are_counted_on_its_session_for_the_organizers():
-    """The flagged-credit page lists them (runs.swarm.verification.disagreeing_sessions): an honest peer that
+    """The flagged-credit page lists them (runs.credit.verification.disagreeing_sessions): an honest peer that
     missed a round serves such a state now and then, the capturer nearly every time. A tally waits until
     the monitor names the peer's session (from the peer id its signed records name), and is added once."""
+    from runs.credit.verification import disagreeing_sessions
     from runs.models import TrainingSession
-    from runs.swarm.verification import disagreeing_sessions
     from tests.factories import RunFactory
     from tests.runs.epochs import session_for
 

@@ -7,8 +7,8 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress
 
 from peer_agent.metrics import LocalMetrics
 from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
+from runs.credit import verification
 from runs.models import RunEvent, SessionEpoch, StepCommitment, TrainingSession
-from runs.swarm import verification
 from runs.swarm.monitor import announcements, counted_epochs, peer_key_text, swarm_reading
 from tests.factories import RunFactory
 from tests.runs.epochs import judge, report, session_for

@@ -15,7 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts import tasks
+from accounts import password_reset
+from accounts import signup as signups
 from accounts.models import PendingSignUp, User
 from tests.factories import PASSWORD, sign_up, signup_link_in
 
@@ -39,7 +40,7 @@ def reset(client, email: str, ip: str = ASKER):
 def test_reset_answers_and_works_the_same_for_a_known_and_an_unknown_address(limits, client, volunteer, monkeypatch):
     """The page only queues the mail; the address is looked up by the task, off the request path."""
     queued = []
-    monkeypatch.setattr(tasks.password_reset_email_task, "delay", lambda **kwargs: queued.append(kwargs["email"]))
+    monkeypatch.setattr(password_reset.password_reset_email_task, "delay", lambda **kwargs: queued.append(kwargs["email"]))
     answers, queries = [], []
     for email in ("vik@example.org", "nobody@example.org"):
         with CaptureQueriesContext(connection) as captured:
@@ -97,7 +98,7 @@ def named(seen: list, email: str) -> list:
 def test_sign_up_answers_the_same_for_a_taken_and_a_free_address(limits, client, volunteer, monkeypatch):
     """The page keeps the sign-up and queues its mail; only the task looks the address up."""
     queued, hashed = [], []
-    monkeypatch.setattr(tasks.signup_email_task, "delay", lambda **kwargs: queued.append(kwargs["pending_id"]))
+    monkeypatch.setattr(signups.signup_email_task, "delay", lambda **kwargs: queued.append(kwargs["pending_id"]))
     # Unsalted, so that the two inserts read alike; and counted: both addresses pay for the hashing.
     monkeypatch.setattr("accounts.signup.make_password", lambda password: hashed.append(password) or f"hash:{password}")
     answers, queries = [], []

@@ -19,10 +19,9 @@ from websockets.sync.client import connect
 from accounts.services import token_create
 from peer_agent.protocol import RunConfig
 from runs.credit.rollup import credit_rollup
-from runs.ingest.reports import SWARM_EPOCH_AHEAD
+from runs.credit.verification import epoch_judge
 from runs.models import ContributionEvent, ReportRejection, RunCredit, RunSample, TrainingSession
-from runs.setup.compute import samples_per_second_ceiling
-from runs.swarm.verification import epoch_judge
+from runs.setup.compute import SWARM_EPOCH_AHEAD, samples_per_second_ceiling
 from tests.factories import RunFactory, UserFactory, join_body, report, session_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,7 +77,7 @@ def send(portal: dict, secret: str, frames: list[dict]) -> list[dict]:
 def monitor_gives_up_and_rollup_runs(portal: dict) -> None:
     """The rollup takes the cheat in while it is pending (the boards must not move then either); then
     what the coordinator's monitor does for sessions whose peer never announced anything, once their
-    epochs closed long ago (runs.swarm.verification), and the credit rollup after it."""
+    epochs closed long ago (runs.credit.verification), and the credit rollup after it."""
     credit_rollup()
     assert_cheat_earned_nothing(portal)
     claims = ContributionEvent.objects.filter(session__run=portal["run"]).exclude(
