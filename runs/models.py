@@ -10,6 +10,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from peer_agent.protocol import RunConfig
+
 
 def _hivemind_run_id() -> str:
     # The prefix of every DHT key of the run; unique so that two runs never share records.
@@ -121,6 +123,15 @@ class Run(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("run-detail", args=[self.slug])
+
+    @property
+    def configuration(self) -> RunConfig:
+        """The run's configuration (``config``) as the contract types it, parsed once per ``config`` it
+        holds: a new ``config`` (a save of new settings, a refresh from the database) is parsed anew."""
+        parsed = self.__dict__.get("_configuration")
+        if parsed is None or parsed[0] is not self.config:
+            parsed = self.__dict__["_configuration"] = (self.config, RunConfig.model_validate(self.config or {}))
+        return parsed[1]
 
     def coordinator_alive(self, now: datetime.datetime) -> bool:
         """Whether the run's coordinator has beaten recently enough for its backbone peers to be up."""

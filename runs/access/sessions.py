@@ -14,7 +14,6 @@ from accounts.models import AgentToken, User
 from peer_agent.protocol import (
     SWARM_COMPATIBLE_SINCE,
     JoinRequest,
-    RunConfig,
     access_username,
     join_proof_message,
 )
@@ -78,7 +77,7 @@ def _live_sessions_check(*, token: AgentToken) -> None:
 
 def micro_batch_size_of(*, run: Run, request: JoinRequest) -> int:
     """The session's micro-batch size: the agent's declared override, if the run allows it, or the run's."""
-    training = RunConfig.model_validate(run.config).training
+    training = run.configuration.training
     declared = request.per_device_batch_size
     if declared is None:
         return training.per_device_batch_size

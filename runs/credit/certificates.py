@@ -20,7 +20,6 @@ from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from accounts.models import User
-from peer_agent.protocol import RunConfig
 from portal.formats import digits_localize, number_localize
 from runs.models import Certificate, Run, RunCredit
 
@@ -84,7 +83,7 @@ def certificate_facts(certificate: Certificate) -> CertificateFacts:
     # A rebuild may have removed the totals since (work all rejected): the certificate then states none.
     total = RunCredit.objects.filter(run=run, user=user).first() or RunCredit(run=run, user=user)
     rank, volunteers = board_rank(run=run, user=user)
-    preset = RunConfig.model_validate(run.config).model.preset
+    preset = run.configuration.model.preset
     return CertificateFacts(
         code=certificate.code, name=certificate_name(user), run_name=run.name, run_slug=run.slug,
         model=f"ALBERT ({preset})", credit=total.credit, samples=total.samples_verified, rank=rank,

@@ -69,7 +69,7 @@ def credit_per_sample(config: RunConfig) -> float:
 
 
 def run_credit_per_sample(run: Run) -> float:
-    return credit_per_sample(RunConfig.model_validate(run.config))
+    return credit_per_sample(run.configuration)
 
 
 def rac_update(*, average: float, updated_at: datetime.datetime | None, work: float,

@@ -50,7 +50,6 @@ from django.utils.translation import gettext as _
 
 from accounts.models import Notification, User
 from accounts.notifications import notify
-from peer_agent.protocol import RunConfig
 from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
 from runs.credit.rollup import watermark_lock
 from runs.models import (
@@ -98,7 +97,7 @@ class EpochLimits:
     @classmethod
     def for_run(cls, run: Run, micro_batch_size: int | None = None) -> EpochLimits:
         """The run's limits for a session whose micro-batches hold ``micro_batch_size`` samples (the run's if None)."""
-        training = RunConfig.model_validate(run.config).training
+        training = run.configuration.training
         return cls(training.target_batch_size,
                    (micro_batch_size or training.per_device_batch_size) * training.gradient_accumulation_steps)
 
@@ -204,7 +203,7 @@ def epoch_judge(*, run: Run, epoch: int, closed_at: datetime.datetime, session_i
     ended = set(TrainingSession.objects.filter(pk__in=sessions, ended_at__lte=timezone.now() - LIVE_SESSION_SEEN_WITHIN)
                 .values_list("pk", flat=True))
     suspended = set(TrainingSession.objects.filter(pk__in=sessions, suspended_at__isnull=False).values_list("pk", flat=True))
-    spot_checks = RunConfig.model_validate(run.config).verification.spot_checks
+    spot_checks = run.configuration.verification.spot_checks
     outcome = {}
     for session_id in sorted(sessions):
         outcome[session_id] = _session_epoch_judge(

@@ -198,7 +198,7 @@ def subject_load(run: Run, checkpoint: Checkpoint | None, workdir: Path, *, save
     run's peers started it, with the run's tokenizer."""
     if run.tokenizer_status != Run.TokenizerStatus.READY:
         raise EvaluationError("the run has no tokenizer yet")
-    config = RunConfig.model_validate(run.config)
+    config = run.configuration
     tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
     if checkpoint is None:
         model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,

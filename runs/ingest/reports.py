@@ -20,7 +20,7 @@ from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from accounts.models import AgentToken
-from peer_agent.protocol import Report, RunConfig, commitment_message
+from peer_agent.protocol import Report, commitment_message
 from runs.access.authority import peer_key_proof_verify
 from runs.models import (
     ContributionEvent,
@@ -260,7 +260,7 @@ class SessionPace:
 
 def session_pace(*, session: TrainingSession) -> SessionPace:
     """The pace of a session as stored: two queries when a connection first names the session."""
-    config = RunConfig.model_validate(session.run.config or {})
+    config = session.run.configuration
     training = config.training
     micro_batch_size = session.micro_batch_size or training.per_device_batch_size
     pace = SessionPace(

@@ -85,7 +85,7 @@ def run_update(*, run: Run, actor: User, name: str, description: str, visibility
     """Save an edit and return the config fields it changed; only mid-run-safe ones once started.
     The held-out settings are locked too: evaluations compare only on one held-out set. ``card``: the
     model-card metadata and probe cadence, editable any time."""
-    changed = changed_fields(RunConfig.model_validate(run.config), config)
+    changed = changed_fields(run.configuration, config)
     heldout = {"heldout_size": heldout_size or run.heldout_size, "validation_split": validation_split or run.validation_split}
     changed |= {name for name, value in heldout.items() if value != getattr(run, name)}
     if run.status != Run.Status.DRAFT and changed - MID_RUN_EDITABLE:
@@ -111,7 +111,7 @@ _SOURCES_FIELDS = {"data.source", "data.hub", "data.heldout", "validation_split"
 
 def _sources_check_start(*, run: Run) -> None:
     """Queue the check of the run's hub sources (they are read in the worker, which may reach the Hub)."""
-    if RunConfig.model_validate(run.config).data.source != "hub":
+    if run.configuration.data.source != "hub":
         Run.objects.filter(pk=run.pk).update(sources_check=Run.SourcesCheck.UNCHECKED, sources_error="")
         return
     Run.objects.filter(pk=run.pk).update(sources_check=Run.SourcesCheck.CHECKING, sources_error="")
@@ -125,7 +125,7 @@ def sources_check(*, run_id: int) -> None:
     from peer_agent.sources import hub_sources_problems  # imports datasets: only the worker pays for it
 
     run = Run.objects.get(pk=run_id)
-    config = RunConfig.model_validate(run.config)
+    config = run.configuration
     if config.data.source != "hub":
         return
     validation_split = run.validation_split if config.data.heldout == "validation_split" else None
@@ -146,7 +146,7 @@ def sources_check(*, run_id: int) -> None:
 
 def _sources_ready(run: Run) -> None:
     """Refuse to start work on hub sources that were not found to load."""
-    if RunConfig.model_validate(run.config).data.source != "hub" or run.sources_check == Run.SourcesCheck.PASSED:
+    if run.configuration.data.source != "hub" or run.sources_check == Run.SourcesCheck.PASSED:
         return
     if run.sources_check == Run.SourcesCheck.FAILED:
         raise RunError(_("the run's hub sources do not load: %(problems)s Fix them in the run's settings.")
@@ -165,7 +165,7 @@ def run_transition(*, run: Run, actor: User, action: str) -> None:
                        % {"status": STATUS_WORDS[run.status], "action": ACTION_WORDS[action]})
     if action == "activate" and run.tokenizer_status != Run.TokenizerStatus.READY:
         raise RunError(_("the run needs a tokenizer before it starts: train one or upload tokenizer.json"))
-    if action == "activate" and RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
+    if action == "activate" and run.configuration.data.source == "files" and not run.data_files.exists():
         raise RunError(_("the run reads uploaded files: upload at least one text file before it starts"))
     if action == "activate":
         _sources_ready(run)
@@ -294,7 +294,7 @@ def data_sample(*, run: Run, limit: int) -> Iterator[str]:
     The database is read here, not in the generator: the tokenizers library may consume the
     lines on another thread, which must not touch the ORM.
     """
-    config = RunConfig.model_validate(run.config)
+    config = run.configuration
     if config.data.source == "files":
         paths = [data_file.file.path for data_file in run.data_files.all()]
         return itertools.islice(_file_lines(paths), limit)
@@ -342,7 +342,7 @@ def tokenizer_upload(*, run: Run, actor: User, json_text: str) -> None:
 def tokenizer_train_start(*, run: Run, actor: User) -> None:
     """Queue the tokenizer training; the run page shows its progress."""
     _tokenizer_changeable(run)
-    if RunConfig.model_validate(run.config).data.source == "files" and not run.data_files.exists():
+    if run.configuration.data.source == "files" and not run.data_files.exists():
         raise RunError(_("upload the run's text files first: the tokenizer learns its vocabulary from them"))
     _sources_ready(run)
     with transaction.atomic():
@@ -356,7 +356,7 @@ def tokenizer_train(*, run_id: int) -> None:
     from runs.setup.tokenization import tokenizer_train as train
 
     run = Run.objects.get(pk=run_id)
-    config = RunConfig.model_validate(run.config).tokenizer
+    config = run.configuration.tokenizer
     try:
         tokenizer = train(
             lines=data_sample(run=run, limit=config.sample_size),

@@ -99,7 +99,7 @@ def _held_out(run: Run, checkpoint: Checkpoint) -> list[str]:
 
 def model_card(*, run: Run, checkpoint: Checkpoint) -> str:
     """The card's text for ``checkpoint`` of ``run``."""
-    config = RunConfig.model_validate(run.config)
+    config = run.configuration
     named, others = card_contributors(run)
     tokens = checkpoint.samples * config.data.max_seq_length
     contributors = [f"- {name}: {credit:,.0f} GFLOP of confirmed credit" for name, credit in named]

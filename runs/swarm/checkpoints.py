@@ -27,7 +27,7 @@ from peer_agent.checkpoint import (
     checkpoint_zip,
 )
 from peer_agent.metrics import LocalMetrics, metrics_read
-from peer_agent.protocol import AveragingConfig, RunConfig
+from peer_agent.protocol import AveragingConfig
 from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
 from runs.models import Checkpoint, ContributionEvent, Evaluation, Run
 from runs.swarm.cards import model_card_write
@@ -270,7 +270,7 @@ class Checkpointer:
     def _checkpoint_if_due(self) -> float:
         """One look at the swarm, and a checkpoint when it is due; returns the seconds until the next look."""
         run = Run.objects.get(pk=self.run_pk)
-        policy = CheckpointPolicy.of(RunConfig.model_validate(run.config).averaging)
+        policy = CheckpointPolicy.of(run.configuration.averaging)
         reading = swarm_read(self.dht, self.run_id)
         if reading is None:
             return self.check_period
@@ -315,7 +315,7 @@ class Checkpointer:
         from peer_agent.training import lamb_factory, schedule_factory
         from runs.swarm.state import BoundedSourceStateAverager
 
-        config = RunConfig.model_validate(run.config)
+        config = run.configuration
         self._tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
         # The agents' initial weights (peer_agent.training.Trainer): until a peer serves a state, the
         # validator (runs/swarm/spotcheck.py) checks epoch 0 against them.

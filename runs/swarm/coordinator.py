@@ -25,7 +25,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import dht_result, metrics_validators
-from peer_agent.protocol import RunConfig, access_username
+from peer_agent.protocol import access_username
 from peer_agent.reachability import dialback_install, relay_options
 from portal.logs import log_context
 from runs.access.authority import access_token_sign, authority_load
@@ -68,7 +68,7 @@ class BackboneAggregator:
                                         peer_public_key=key.get_public_key().to_bytes())
 
         setup = TrainerSetup(
-            config=RunConfig.model_validate(run.config), run_id=run.hivemind_run_id, initial_peers=initial_peers,
+            config=run.configuration, run_id=run.hivemind_run_id, initial_peers=initial_peers,
             bandwidth=float(settings.COORDINATOR_AGGREGATOR_BANDWIDTH_MBPS), private_key=key,
             authorizer=PortalAuthorizer(key, rsa_public_key_parse(run.authority_public_key), fetch_token),
             host_maddrs=settings.COORDINATOR_AGGREGATOR_HOST_MADDRS,
@@ -170,7 +170,7 @@ class BackbonePeer:
         """Run an aggregator while the run is active and its organizers want one, and stop it otherwise
         (a pause, the option turned off) or when it died (a new one starts at the next cycle)."""
         wanted = (run.status == Run.Status.ACTIVE and run.tokenizer_status == Run.TokenizerStatus.READY
-                  and RunConfig.model_validate(run.config).averaging.backbone_aggregates)
+                  and run.configuration.averaging.backbone_aggregates)
         if self.aggregator is not None and not (wanted and self.aggregator.alive()):
             self._aggregator_stop()
         if wanted and self.aggregator is None:

@@ -203,7 +203,7 @@ class Validator:
 
     def _spot_checks_on(self) -> tuple[Run, RunConfig] | None:
         run = Run.objects.get(pk=self.run_pk)
-        config = RunConfig.model_validate(run.config)
+        config = run.configuration
         return (run, config) if config.verification.spot_checks else None
 
     def _sources_read(self) -> None:

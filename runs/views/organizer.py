@@ -16,7 +16,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from accounts.models import User
-from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig
+from peer_agent.protocol import MID_RUN_EDITABLE
 from runs.access.rules import run_is_organizer, visible_run
 from runs.credit import verification
 from runs.models import DataFile, Probe, Run, SessionEpoch, TrainingSession
@@ -94,7 +94,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
 
 @organizer_required
 def run_edit(request: HttpRequest, run: Run) -> HttpResponse:
-    initial = RunForm.initial_from(config=RunConfig.model_validate(run.config), run=run)
+    initial = RunForm.initial_from(config=run.configuration, run=run)
     form = RunForm(request.POST or None, initial=initial, run=run, user=request.user)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data

@@ -15,7 +15,6 @@ from django.utils.translation import gettext as _
 
 from accounts.services import token_create
 from accounts.verification import verification_required
-from peer_agent.protocol import RunConfig
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
 from runs.access.rules import run_is_organizer, run_join_refusal, run_list_public, run_may_download_checkpoints, visible_run
 from runs.credit import exports
@@ -57,7 +56,7 @@ def run_detail(request: HttpRequest, slug: str) -> HttpResponse:
     is_organizer = run_is_organizer(run=run, user=request.user)
     context = {
         "run": run,
-        "config": RunConfig.model_validate(run.config),
+        "config": run.configuration,
         "is_organizer": is_organizer,
         "events": run.events.select_related("actor")[:20] if is_organizer else [],
         "data_files": run.data_files.all(),
