@@ -20,7 +20,7 @@ class Migration(migrations.Migration):
             name='Certificate',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('code', models.CharField(default=runs.models._certificate_code, editable=False, max_length=32, unique=True)),
+                ('code', models.CharField(default=runs.models.credit._certificate_code, editable=False, max_length=32, unique=True)),
                 ('issued_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='certificates', to='runs.run')),
                 ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='certificates', to=settings.AUTH_USER_MODEL)),
