@@ -14,7 +14,7 @@ from pydantic import field_validator
 from accounts.auth import AgentBearer
 from accounts.models import AgentToken
 from accounts.services import token_check_scope
-from peer_agent.protocol import JoinRequest, JoinResponse, LeaderboardRow, MachineCredit, RefreshResponse
+from peer_agent.protocol import JoinRequest, JoinResponse, MachineCredit, RefreshResponse
 from portal.errors import ApiError, answers
 from portal.ratelimit import rate_limit_hit
 from runs.access.rules import (
@@ -28,6 +28,7 @@ from runs.access.rules import (
 from runs.access.sessions import session_link_target, session_link_token, session_open, session_refresh
 from runs.credit.boards import PAGE_MAX, leaderboard_rows
 from runs.credit.exports import stats_dumps
+from runs.credit.schemas import LeaderboardRow
 from runs.credit.volunteers import machine_credit, volunteer_daily, volunteer_for_profile
 from runs.evaluation.probe_scores import probe_score_rows
 from runs.evaluation.selectors import evaluation_row, evaluations_of

@@ -8,10 +8,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import User
-from peer_agent.protocol import BoardSnapshot, LiveSnapshot
 from runs.credit import columns
 from runs.credit.milestones import milestones_held
 from runs.credit.rollup import rac_now
+from runs.credit.schemas import BoardSnapshot, LiveSnapshot
 from runs.models import (
     ContributionEvent,
     Run,
@@ -157,7 +157,7 @@ def _pace(run: Run, now: datetime.datetime) -> dict:
 
 def run_snapshot(*, run: Run) -> dict:
     """What the live page shows: the board and the collaboration's pace right now, as the JSON form
-    of ``peer_agent.protocol.LiveSnapshot`` (the frame ``WS /ws/runs/{slug}/live/`` sends)."""
+    of ``runs.credit.schemas.LiveSnapshot`` (the frame ``WS /ws/runs/{slug}/live/`` sends)."""
     rows = leaderboard_rows(run=run, limit=50)
     totals = RunCredit.objects.filter(run=run, samples_verified__gt=0).aggregate(
         samples_total=Sum("samples_verified"), credit_total=Sum("credit"), volunteers=Count("user_id"),
@@ -171,7 +171,7 @@ def run_snapshot(*, run: Run) -> dict:
 
 
 def board_snapshot(*, by: str, window: str, limit: int = 100) -> dict:
-    """What the board across all runs shows, as the JSON form of ``peer_agent.protocol.BoardSnapshot``
+    """What the board across all runs shows, as the JSON form of ``runs.credit.schemas.BoardSnapshot``
     (the frame ``WS /ws/leaderboard/live/`` sends)."""
     rows = leaderboard_rows(run=None, by=by, window=window, limit=limit)
     return BoardSnapshot(by=by, window=window, leaderboard=rows).model_dump(mode="json")

@@ -19,7 +19,6 @@ from peer_agent.protocol import (
     HivemindAccess,
     JoinRequest,
     JoinResponse,
-    LiveSnapshot,
     ProtocolError,
     Report,
     RunConfig,
@@ -454,14 +453,3 @@ def test_ack_and_api_error_have_the_documented_shapes():
     assert Ack(seq=4).model_dump() == {"type": "ack", "seq": 4}
     assert api_error("run_not_active", 'run "demo" is paused') == {
         "error": {"code": "run_not_active", "detail": 'run "demo" is paused'}}
-
-
-def test_live_snapshot_round_trips_through_json():
-    snapshot = LiveSnapshot(
-        leaderboard=[{"rank": 1, "name": "vik", "profile_url": "/volunteers/vik/", "samples": 1024, "credit": 12.0,
-                      "credit_verified": 100.5, "recent_average_credit": 3.5, "compute_seconds": 60.0, "share": 0.75,
-                      "machines": 2, "last_seen": datetime(2025, 5, 1, tzinfo=UTC)}],
-        totals={"samples": 1024, "credit": 12.0, "volunteers": 1},
-        samples_per_second=88.0, alive_peers=3, epoch=41, loss=None, pace_source="monitor")
-    assert snapshot.model_dump(mode="json")["type"] == "snapshot"
-    assert LiveSnapshot.model_validate_json(snapshot.model_dump_json()) == snapshot

@@ -9,9 +9,9 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
 from accounts.services import team_create
-from peer_agent.protocol import LeaderboardRow, LiveSnapshot
 from portal.asgi import application
 from runs.credit.rollup import credit_rollup
+from runs.credit.schemas import LeaderboardRow, LiveSnapshot
 from tests.factories import RunFactory, UserFactory, report, session_for
 
 
@@ -82,7 +82,7 @@ def test_the_live_feed_pushes_a_snapshot_with_the_board():
     snapshot = async_to_sync(first_snapshot)()
     assert snapshot["leaderboard"][0]["name"] == "amina"
     assert snapshot["alive_peers"] == 1 and snapshot["epoch"] == 3
-    assert LiveSnapshot.model_validate(snapshot).model_dump(mode="json") == snapshot, "the frame is the protocol's LiveSnapshot"
+    assert LiveSnapshot.model_validate(snapshot).model_dump(mode="json") == snapshot, "the frame is the board schema LiveSnapshot"
 
 
 @pytest.mark.parametrize("path", ["/api/v1/runs/board-run/leaderboard", "/api/v1/runs/board-run/leaderboard?by=team",
@@ -91,8 +91,8 @@ def test_board_rows_are_the_protocols_leaderboard_rows(client, board, path):
     rows = client.get(path).json()
     assert rows
     for row in rows:
-        LeaderboardRow.model_validate(row)  # no field unknown to the protocol, none missing, all in range
-        assert set(row) == set(LeaderboardRow.model_fields), "every field the protocol names is sent"
+        LeaderboardRow.model_validate(row)  # no field unknown to the schema, none missing, all in range
+        assert set(row) == set(LeaderboardRow.model_fields), "every field the schema names is sent"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -135,8 +135,8 @@ async def _board_frames(path: str, between=None, until=None) -> tuple[dict, dict
 
 @pytest.mark.django_db(transaction=True)
 def test_the_board_across_runs_is_live_and_pushes_confirmed_work_as_it_is_counted():
-    from peer_agent.protocol import BoardSnapshot
     from runs.credit.milestones import VOLUNTEER_THRESHOLDS
+    from runs.credit.schemas import BoardSnapshot
 
     first, second = RunFactory(slug="first-run"), RunFactory(slug="second-run")
     amina, rahim = UserFactory(username="amina"), UserFactory(username="rahim")
@@ -154,7 +154,7 @@ def test_the_board_across_runs_is_live_and_pushes_confirmed_work_as_it_is_counte
     assert [(row["name"], row["samples"]) for row in after["leaderboard"]] == [("rahim", milestone), ("amina", 64)]
     assert {"measure": "samples", "threshold": milestone} in after["leaderboard"][0]["milestones"]
     assert after["leaderboard"][1]["milestones"] == []
-    assert BoardSnapshot.model_validate(after).model_dump(mode="json") == after, "the frame is the protocol's BoardSnapshot"
+    assert BoardSnapshot.model_validate(after).model_dump(mode="json") == after, "the frame is the board schema BoardSnapshot"
     teams, _ = async_to_sync(_board_frames)("/ws/leaderboard/live/?by=team&window=24h")
     assert (teams["by"], teams["window"], teams["leaderboard"]) == ("team", "24h", [])
 
@@ -185,3 +185,14 @@ def test_the_page_and_the_api_show_a_badge_next_to_a_name_that_reached_a_milesto
     vik_row = page.split('data-name="Vik the Brave"')[1].split("</tr>")[0]
     assert 'class="milestone milestone-samples"' in vik_row
     assert "milestone" not in page.split('data-name="amina"')[1].split("</tr>")[0]
+
+
+def test_live_snapshot_round_trips_through_json():
+    snapshot = LiveSnapshot(
+        leaderboard=[{"rank": 1, "name": "vik", "profile_url": "/volunteers/vik/", "samples": 1024, "credit": 12.0,
+                      "credit_verified": 100.5, "recent_average_credit": 3.5, "compute_seconds": 60.0, "share": 0.75,
+                      "machines": 2, "last_seen": datetime.datetime(2025, 5, 1, tzinfo=datetime.UTC)}],
+        totals={"samples": 1024, "credit": 12.0, "volunteers": 1},
+        samples_per_second=88.0, alive_peers=3, epoch=41, loss=None, pace_source="monitor")
+    assert snapshot.model_dump(mode="json")["type"] == "snapshot"
+    assert LiveSnapshot.model_validate_json(snapshot.model_dump_json()) == snapshot
