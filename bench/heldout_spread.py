@@ -1,6 +1,6 @@
 """Held-out scores over many initializations: the spread behind the evaluation test's thresholds (issue #28).
 
-The world of ``tests/runs/test_evaluation.py`` (harness/pretraining.py: its small ALBERT, the
+The world of ``tests/runs/evaluation/test_evaluation.py`` (harness/pretraining.py: its small ALBERT, the
 generated corpus of 4,000 lines with 60 documents held out, a 400-piece tokenizer, 100 AdamW steps of 16
 samples), with the run id, whose CRC-32 seeds the initial weights, drawn from ``--seeds`` ids
 (``evaluation-seed-<n>``; the test's run is ``evaluation-seed-0``). For each: masked-LM accuracy and

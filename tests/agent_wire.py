@@ -1,5 +1,5 @@
 """The portal's agent-facing wire as the tests speak it: the JSON API with a bearer token, and
-reports over `WS /ws/agent/` (what tests/runs/test_agent_socket.py and the ingest and security
+reports over `WS /ws/agent/` (what tests/runs/ingest/test_agent_socket.py and the ingest and security
 tests send)."""
 
 import datetime

@@ -15,14 +15,14 @@ DATABASE_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "dja
 # Modules whose tests reach the database or Redis without those fixtures: they start the portal's own
 # processes, or use its cache or broker, which follow DATABASE_URL and REDIS_URL.
 SERVER_MODULES = ("tests/portal/test_api.py", "tests/portal/test_broker.py", "tests/portal/test_settings.py",
-                  "tests/portal/test_web_tier.py", "tests/runs/test_coordinator_signals.py",
+                  "tests/portal/test_web_tier.py", "tests/runs/swarm/test_coordinator_signals.py",
                   "tests/security/test_client_address.py", "tests/security/test_rate_limits.py",
                   "tests/test_backup_restore.py", "tests/test_docs_commands.py", "tests/test_process_stops.py",
                   "tests/harness/test_netlab.py")
 # Modules whose code under test takes a path of its own on SQLite: the series' epoch seconds
 # (runs/swarm/series.py) and the ingest's database thread (runs/ingest/reports.py).
-SQLITE_PATH_MODULES = ("tests/runs/test_series_api.py", "tests/runs/test_agent_socket.py",
-                       "tests/runs/test_ingest_rules.py")
+SQLITE_PATH_MODULES = ("tests/runs/api/test_series_api.py", "tests/runs/ingest/test_agent_socket.py",
+                       "tests/runs/ingest/test_ingest_rules.py")
 
 
 def pytest_configure(config) -> None:

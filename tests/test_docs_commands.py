@@ -23,7 +23,7 @@ DEMO_TEST = ("tests/test_demo.py::"
              "test_the_demo_trains_two_volunteers_live_checkpoints_stops_on_ctrl_c_and_runs_again_from_its_checkpoint")
 CLI_TESTS = "tests/peer_agent/test_cli.py::"
 BACKUP_TEST = "tests/test_backup_restore.py::test_the_documented_backup_and_restore_bring_back_the_database_files_and_identities"
-WHEEL_TEST = "tests/runs/test_agent_wheel.py::test_the_wheel_is_built_served_and_named_on_the_join_page"
+WHEEL_TEST = "tests/runs/api/test_agent_wheel.py::test_the_wheel_is_built_served_and_named_on_the_join_page"
 
 # (pattern of a documented command, where it is exercised: "tests/…py::test_name" or a CI script)
 EXERCISED = [
@@ -38,23 +38,23 @@ EXERCISED = [
     (r"python manage\.py agent_wheel", WHEEL_TEST),
     (r"python manage\.py createsuperuser", "tests/test_docs_commands.py::test_createsuperuser_makes_an_admin"),
     (r"python manage\.py run_coordinator( --run \S+)?",
-     "tests/runs/test_coordinator.py::test_active_runs_get_a_backbone_peer_whose_addresses_agents_bootstrap_from"),
+     "tests/runs/swarm/test_coordinator.py::test_active_runs_get_a_backbone_peer_whose_addresses_agents_bootstrap_from"),
     (r"(COORDINATOR_\w+=\S+ )+python manage\.py run_coordinator --run \S+",
-     "tests/runs/test_coordinator.py::test_a_second_backbone_peer_joins_the_first_and_takes_the_duties_over_when_the_first_dies"),
+     "tests/runs/swarm/test_coordinator.py::test_a_second_backbone_peer_joins_the_first_and_takes_the_duties_over_when_the_first_dies"),
     (r"python manage\.py credit_check",
-     "tests/runs/test_credit_rebuild.py::test_credit_check_names_each_drifted_figure_and_exits_with_status_1"),
+     "tests/runs/credit/test_credit_rebuild.py::test_credit_check_names_each_drifted_figure_and_exits_with_status_1"),
     (r"python manage\.py credit_check --run \S+ --history",
-     "tests/runs/test_credit_rebuild.py::test_only_history_mode_sees_what_a_lagging_rollup_gave_a_volunteers_new_team"),
+     "tests/runs/credit/test_credit_rebuild.py::test_only_history_mode_sees_what_a_lagging_rollup_gave_a_volunteers_new_team"),
     (r"python manage\.py credit_rebuild( -v 2)?",
-     "tests/runs/test_credit_rebuild.py::test_credit_rebuild_repairs_the_drift_and_says_what_it_changed"),
+     "tests/runs/credit/test_credit_rebuild.py::test_credit_rebuild_repairs_the_drift_and_says_what_it_changed"),
     (r"python manage\.py credit_rebuild --run \S+",
-     "tests/runs/test_credit_rebuild.py::test_a_run_is_rebuilt_alone_with_its_people_totals_across_runs"),
+     "tests/runs/credit/test_credit_rebuild.py::test_a_run_is_rebuilt_alone_with_its_people_totals_across_runs"),
     (r"(\.venv/bin/)?python manage\.py evaluate_checkpoint \S+ \S+( --save)?( --threads \d+)?",
-     "tests/runs/test_evaluation.py::test_the_command_prints_the_table_and_refuses_unknown_epochs"),
+     "tests/runs/evaluation/test_evaluation.py::test_the_command_prints_the_table_and_refuses_unknown_epochs"),
     (r"python manage\.py publish_checkpoint \S+ \d+ --to \S+",
-     "tests/runs/test_model_card_and_publish.py::test_publish_writes_a_directory_from_pretrained_loads_with_the_card"),
+     "tests/runs/swarm/test_model_card_and_publish.py::test_publish_writes_a_directory_from_pretrained_loads_with_the_card"),
     (r"HF_TOKEN=\S+ python manage\.py publish_checkpoint \S+ \d+ --to \S+ --hub \S+",
-     "tests/runs/test_model_card_and_publish.py::test_publish_to_the_hub_uploads_the_directory_with_the_configured_token"),
+     "tests/runs/swarm/test_model_card_and_publish.py::test_publish_to_the_hub_uploads_the_directory_with_the_configured_token"),
     (r"python manage\.py check --deploy",
      "tests/portal/test_settings.py::test_production_settings_pass_check_deploy_with_no_issues"),
     (r"pip install https://<portal>/agent/peer_agent-<version>-py3-none-any\.whl", WHEEL_TEST),

@@ -7,7 +7,7 @@ Done with ``cryptography`` alone, so that the web tier never imports hivemind. T
 hivemind's own (``hivemind.utils.crypto``): keys are 2048-bit RSA with exponent 65537, public keys are
 OpenSSH text, private keys DER ("traditional OpenSSL"), and a signature is the base64 of RSA-PSS
 (MGF1-SHA256, maximum salt) over SHA-256. What is signed is ``peer_agent.protocol.access_token_payload``.
-tests/runs/test_swarm_auth.py checks that a real hivemind ``TokenAuthorizerBase`` accepts these tokens.
+tests/runs/access/test_swarm_auth.py checks that a real hivemind ``TokenAuthorizerBase`` accepts these tokens.
 """
 
 from __future__ import annotations

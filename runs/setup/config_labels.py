@@ -2,7 +2,7 @@
 
 The English help is the field's description in `peer_agent.protocol.RunConfig` (the agent and the
 API schema read it there; the agent cannot import Django's translations), repeated here as literals so
-that `make messages` gathers them; tests/runs/test_run_form_i18n.py holds the two equal and this table
+that `make messages` gathers them; tests/runs/setup/test_run_form_i18n.py holds the two equal and this table
 complete."""
 
 from django.utils.translation import gettext_lazy as _

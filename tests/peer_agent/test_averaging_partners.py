@@ -322,7 +322,7 @@ def test_a_group_with_an_outsider_averages_only_among_token_holders(authority, o
 
 def test_the_state_averager_keeps_hivemind_stream_names_so_plain_peers_download_state():
     """The portal's checkpointer downloads state with a plain TrainingStateAverager; hivemind names
-    streams after the class (tests/runs/test_checkpoint_swarm.py downloads from agents for real)."""
+    streams after the class (tests/runs/swarm/test_checkpoint_swarm.py downloads from agents for real)."""
     for method in ("rpc_download_state", "rpc_join_group", "rpc_aggregate_part"):
         expected = TrainingStateAverager._get_handle_name("run_state_averager", method)
         assert MembersOnlyStateAverager._get_handle_name("run_state_averager", method) == expected

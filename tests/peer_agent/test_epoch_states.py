@@ -1,6 +1,6 @@
 """The states an agent keeps for the validator (peer_agent.averaging.EpochStates): by epoch and the
 parameters' sketch its steps commit to, the last few, exactly as computed. A real peer serves
-them over hivemind in tests/runs/test_checkpoint_swarm.py."""
+them over hivemind in tests/runs/swarm/test_checkpoint_swarm.py."""
 
 import base64
 

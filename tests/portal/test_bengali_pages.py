@@ -79,7 +79,7 @@ def test_board_figures_are_grouped_and_written_in_bengali_digits(client):
 
 
 def test_a_refused_join_reads_bengali_on_the_join_page(client_for, volunteer):
-    """(Agents send no Accept-Language: the API's refusals stay English, tests/runs/test_join_api.py.)"""
+    """(Agents send no Accept-Language: the API's refusals stay English, tests/runs/api/test_join_api.py.)"""
     RunFactory(slug="bangla", status=Run.Status.PAUSED)
     client = client_for(volunteer)
     client.cookies[settings.LANGUAGE_COOKIE_NAME] = "bn"

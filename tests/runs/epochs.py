@@ -1,9 +1,9 @@
 """Sessions, their reports and the verdict on their epochs, as the tests of verified credit
-(tests/runs/test_verification.py, test_flags_view.py, test_monitor.py) make them: reports are
+(tests/runs/credit/test_verification.py, test_flags_view.py, test_monitor.py) make them: reports are
 stored unconfirmed, at the current time, and only `judge` (the monitor's verification of a closed
 epoch) decides them. Unless told ``checked=False``, `report` also stands for a commitment of the
 epoch whose spot check passed, so that the rules these tests exercise are the others
-(tests/runs/test_spot_checks.py tests the checks)."""
+(tests/runs/swarm/test_spot_checks.py tests the checks)."""
 
 import datetime
 import itertools

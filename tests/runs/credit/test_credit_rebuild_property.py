@@ -171,7 +171,7 @@ def played(world, clock, history: list, *, kept_up: bool, lags: bool = False, ba
 @EXAMPLES
 @given(history=histories, batch=st.sampled_from([1, 3, 10_000]), then_wait=st.sampled_from([0, *WAITS]))
 # Found by this test with more examples: a verified epoch flagged an hour later kept its samples in
-# the 24 h and 7 d windows (tests/runs/test_credit.py has the case on its own).
+# the 24 h and 7 d windows (tests/runs/credit/test_credit.py has the case on its own).
 @example(history=[("report", (0, 0, 0, 1), 100), ("monitor", ["verified"]), ("rollup",), ("wait", 3600),
                   ("monitor", ["flagged"])], batch=10_000, then_wait=0)
 def test_whatever_happens_the_rollup_keeps_what_the_record_decides(world, clock, settings, history, batch, then_wait):

@@ -161,7 +161,7 @@ def test_a_flag_stays_as_it_was_when_its_figures_do_not_change(run):
     same, so its flag is not judged again; new figures update it. A commitment then judged unchecked (a
     restarted validator holds only epochs from its start on) rejects it, as it rejects an epoch not flagged:
     work that could not be checked earns nothing, and accepting the flag would credit it
-    (tests/runs/test_spot_checks.py)."""
+    (tests/runs/swarm/test_spot_checks.py)."""
     amina = session_for(run)
     report(amina, 64, epoch=2)
     verification.announced_record(session_id=amina.pk, epoch=2, announced=32)

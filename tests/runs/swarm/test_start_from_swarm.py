@@ -66,7 +66,7 @@ def scores(found) -> dict:
 @pytest.mark.django_db
 def test_a_run_started_from_a_checkpoint_is_first_scored_at_that_checkpoints_held_out_loss(organizer, tmp_path):
     """After 100 steps the small model's held-out perplexity is at most 0.34 of its random init's
-    (tests/runs/test_evaluation.py, docs/benchmarks.md): the started run's first checkpoint scores what the
+    (tests/runs/evaluation/test_evaluation.py, docs/benchmarks.md): the started run's first checkpoint scores what the
     source's did, on the same pairs and masks, and half its own random init's at most."""
     source = evaluated_run(organizer)
     trained = scores(evaluation_run(source, checkpoint_train(source, tmp_path, epoch=1, steps=100), save=True))
