@@ -35,6 +35,7 @@ import torch
 
 from bench.workload import workload_build
 from harness.processes import children_reap
+from peer_agent.commitments import Commitments
 from peer_agent.model import precision_choose
 from peer_agent.spotcheck import fingerprint_distance, step_fingerprint
 from peer_agent.training import Trainer
@@ -43,16 +44,16 @@ RUN_ID = "bench_gpu"
 POOL_BATCHES = 16  # distinct micro-batches the trainer cycles through
 
 
-class RecordingTrainer(Trainer):
-    """The agent's Trainer, keeping each step's first committed fingerprint for the bench to recheck."""
+class RecordingCommitments(Commitments):
+    """The agent's commitments part, keeping each step's first committed fingerprint for the bench to recheck."""
 
     def __init__(self, *args, **kwargs):
-        self.committed: list[tuple[int, int, str]] = []  # (epoch, cursor, fingerprint) of each step
         super().__init__(*args, **kwargs)
+        self.committed: list[tuple[int, int, str]] = []  # (epoch, cursor, fingerprint) of each step
 
-    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str], parameters: str) -> None:
+    def step_commit(self, epoch: int, cursor: int, fingerprints: list[str], parameters: str) -> None:
         self.committed.append((epoch, cursor, fingerprints[0]))
-        super()._step_commit(epoch, cursor, fingerprints, parameters)
+        super().step_commit(epoch, cursor, fingerprints, parameters)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,9 @@ def precision_measure(folder: Path, *, device: torch.device, precision: str, pre
     pool = list(itertools.islice(workload.batch_stream(seed=0), POOL_BATCHES))
     setup = workload.trainer_setup(RUN_ID, seed=0)
     setup.config, setup.device = config, device
-    trainer = RecordingTrainer(setup, workload.tokenizer, batch_iterator=itertools.cycle(pool))
+    trainer = Trainer(setup, workload.tokenizer, batch_iterator=itertools.cycle(pool),
+                      commitments_factory=RecordingCommitments)
+    committed = trainer.commitments.committed
     reference = workload.model(RUN_ID)  # the validator's copy: fp32, on the CPU
     checked_every = max(1, steps // max(checks, 1))
     distances, skipped, samples, started = [], 0, 0, None
@@ -102,13 +105,13 @@ def precision_measure(folder: Path, *, device: torch.device, precision: str, pre
                 started = time.perf_counter()
             recheck = index % checked_every == 0 and len(distances) < checks
             at = [param.detach().to("cpu", torch.float32, copy=True) for param in trainer.model.parameters()] if recheck else None
-            committed = len(trainer.committed)
+            before = len(committed)
             result = trainer.step()
             skipped += result.skipped
             if index >= warmup:
                 samples += result.samples
-            if at is not None and len(trainer.committed) > committed:
-                epoch, cursor, fingerprint = trainer.committed[-1]
+            if at is not None and len(committed) > before:
+                epoch, cursor, fingerprint = committed[-1]
                 with torch.no_grad():
                     for param, value in zip(reference.parameters(), at, strict=True):
                         param.copy_(value)

@@ -65,7 +65,8 @@ from peer_agent.tokenizer import tokenizer_load
 if TYPE_CHECKING:
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from peer_agent.training import StepResult, SwarmProgress, Trainer
+    from peer_agent.swarm_progress import SwarmProgress
+    from peer_agent.training import StepResult, Trainer
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ never returns the signed values.
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from hivemind.dht import DHT
@@ -73,6 +75,40 @@ def metrics_publish(dht: DHT, run_id: str, private_key: RSAPrivateKey, metrics: 
     """Store this peer's metrics without waiting; returns the store's future."""
     return dht.store(key=metrics_key(run_id), subkey=owner_subkey(private_key), value=metrics.dict(),
                      expiration_time=get_dht_time() + expiration_s, return_future=True)
+
+
+class MetricsPublisher:
+    """This peer's local metrics: its good steps tallied per local epoch and published, signed, as each
+    epoch ends. ``samples_per_second`` reads the peer's throughput at the moment of publishing."""
+
+    def __init__(self, dht: DHT, run_id: str, private_key: RSAPrivateKey, *, epoch: int,
+                 samples_per_second: Callable[[], float]):
+        self.dht, self.run_id, self.private_key = dht, run_id, private_key
+        self.samples_per_second = samples_per_second
+        self.published_epoch = epoch
+        self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)
+        self._closed_epochs: deque[tuple[int, int]] = deque(maxlen=CLOSED_EPOCHS_KEPT)
+
+    def step_add(self, *, loss: float, samples: int, epoch: int) -> None:
+        """Count a good step, after which the peer is at local ``epoch``; publish when that is a new one."""
+        self._unpublished["samples"] += samples
+        self._unpublished["loss_sum"] += loss
+        self._unpublished["steps"] += 1
+        if epoch != self.published_epoch:
+            self.publish(epoch)
+
+    def publish(self, epoch: int) -> None:
+        """Publish the steps since the last record as this peer's metrics at ``epoch``."""
+        done = self._unpublished
+        # Every sample since the last record went into the local epoch of that record, even when
+        # this step moved the epoch on by more than one (hivemind's catch-up to the swarm).
+        self._closed_epochs.append((self.published_epoch, done["samples"]))
+        metrics = LocalMetrics(
+            step=epoch, samples_per_second=self.samples_per_second(), samples_accumulated=done["samples"],
+            loss=done["loss_sum"] / done["steps"], mini_steps=done["steps"], closed_epochs=list(self._closed_epochs))
+        metrics_publish(self.dht, self.run_id, self.private_key, metrics)
+        self.published_epoch = epoch
+        self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)
 
 
 def metrics_read(dht: DHT, run_id: str) -> dict[bytes, LocalMetrics]:

@@ -112,6 +112,11 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
 
+def flat_params(param_groups: list[dict]) -> list[torch.Tensor]:
+    """The parameters of an optimizer's ``param_groups``, in order."""
+    return [param for group in param_groups for param in group["params"]]
+
+
 def schedule_build(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
     """Linear warm-up from 0 to the peak learning rate over ``warmup_steps``, then linear decay to 0
     at ``total_steps``. hivemind steps it once per collaboration epoch."""

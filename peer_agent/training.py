@@ -8,14 +8,11 @@ the swarm has gathered ``target_batch_size`` samples, and applies one global LAM
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import threading
 import time
 import warnings
 import zlib
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,7 +30,7 @@ from hivemind.dht import DHT
 from hivemind.optim.optimizer import Optimizer
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.crypto import RSAPrivateKey
-from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
+from hivemind.utils.timed_storage import get_dht_time
 from transformers import PreTrainedTokenizerFast
 
 from peer_agent.authorizer import PortalAuthorizer
@@ -45,23 +42,19 @@ from peer_agent.checkpoint import (
     checkpoint_metadata,
     checkpoint_write,
 )
+from peer_agent.commitments import Commitments
 from peer_agent.data import batches, dataset_stream
 from peer_agent.display import DownloadProgress
 from peer_agent.i18n import _
-from peer_agent.metrics import CLOSED_EPOCHS_KEPT, LocalMetrics, metrics_publish, metrics_validators, owner_subkey
-from peer_agent.model import model_build, precision_choose
+from peer_agent.metrics import MetricsPublisher, metrics_validators, owner_subkey
+from peer_agent.model import model_build
 from peer_agent.optim import Lamb, parameter_groups, schedule_build
-from peer_agent.protocol import (
-    FINGERPRINT_WIDTH,
-    MAX_COMMITTED_STEPS,
-    Compression,
-    EpochCommitment,
-    RunConfig,
-    StepCommitment,
-    TrainingConfig,
-)
+from peer_agent.precision import Precision
+from peer_agent.protocol import Compression, EpochCommitment, RunConfig, TrainingConfig
 from peer_agent.reachability import relay_options
-from peer_agent.spotcheck import Sketcher, commitment_sign, fingerprint_encode
+from peer_agent.recovery import BadStepRecovery
+from peer_agent.steps import StepComputer
+from peer_agent.swarm_progress import SwarmProgress, SwarmProgressReader
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +62,7 @@ logger = logging.getLogger(__name__)
 class SwarmUnreachable(Exception):
     """The run's initial peers (its coordinator's backbone) did not answer: the swarm cannot be entered now."""
 
-BAD_STEPS_BEFORE_RELOAD = 3
+
 # LAMB's first moments (peer_agent/optim.py), averaged with the parameters every epoch. hivemind averages only
 # the parameters by default: two peers whose moments differ (one stepped once with its own gradients: its round
 # found no group) then take different steps from the same averaged gradients, epoch after epoch, until the
@@ -79,7 +72,6 @@ BAD_STEPS_BEFORE_RELOAD = 3
 # them by a thousandth (beta2 0.999), and their values (squared gradients) underflow fp16, the run's
 # state_compression. This doubles the parameter averaging's traffic, which runs in the background.
 AVERAGED_OPTIMIZER_STATISTICS = ("exp_avg",)
-SWARM_READ_PERIOD_S = 5.0
 # The tracker's last report, then one DHT store; the whole leave has SHUTDOWN_RESERVE_S (peer_agent/join.py).
 TRACKER_STOP_TIMEOUT_S = 1.5
 PROGRESS_WITHDRAW_TIMEOUT_S = 2.0
@@ -125,21 +117,6 @@ class StepResult:
     global_epoch: int
     samples_per_second: float  # this step's throughput
     skipped: bool = False  # the loss or gradients were not finite and nothing was contributed
-
-
-@dataclass(frozen=True)
-class SwarmProgress:
-    """What a progress display shows about this peer and the collaboration."""
-
-    local_epoch: int
-    global_epoch: int
-    local_samples_per_second: float  # smoothed over recent steps, as hivemind measures it
-    collaboration_samples_per_second: float | None  # sum over peers' reports; None before the first read
-    samples_accumulated: int  # towards the next global step, over all peers
-    target_batch_size: int
-    num_peers: int  # peers reporting progress now, clients included
-    num_clients: int
-    eta_next_epoch_s: float  # estimated seconds until the next averaging round; inf while unknown
 
 
 def compression_build(name: Compression) -> CompressionBase:
@@ -223,26 +200,33 @@ class Trainer(SwarmPeer):
     Construction joins the swarm and downloads the collaboration's state, so a newcomer starts
     from the current parameters, optimizer statistics and learning-rate schedule. Batches come
     from the run's data unless ``batch_iterator`` is given.
+
+    A step is the work of its parts, each a class of its own, as ``hivemind.Optimizer`` is made of a
+    progress tracker, averagers and a grad scaler: the ``precision`` (autocast and loss scaling), the
+    ``step_computer`` (micro-batches forward and backward, their fingerprints, the optimizer's step),
+    the ``commitments`` (what the peer claims it computed, signed), the ``metrics`` it publishes, the
+    ``recovery`` from bad steps and the ``swarm_progress`` it reads. ``step_computer_factory`` and
+    ``commitments_factory`` build the two parts a test or a liar swaps (tests/security/liar_agent.py),
+    called with the keywords :class:`~peer_agent.steps.StepComputer` and
+    :class:`~peer_agent.commitments.Commitments` take.
     """
 
     def __init__(self, setup: TrainerSetup, tokenizer: PreTrainedTokenizerFast, *,
-                 batch_iterator: Iterator[dict[str, torch.Tensor]] | None = None):
+                 batch_iterator: Iterator[dict[str, torch.Tensor]] | None = None,
+                 precision: Precision | None = None,
+                 step_computer_factory: Callable[..., StepComputer] = StepComputer,
+                 commitments_factory: Callable[..., Commitments] = Commitments):
         if "." in setup.run_id:
             raise ValueError(f"run id {setup.run_id!r} contains '.', which hivemind's averagers do not accept")
         self.setup, config, self.tokenizer = setup, setup.config, tokenizer
         if setup.threads:
             torch.set_num_threads(setup.threads)
-        self.precision = precision_choose(setup.device, config.training.precision)
+        self.precision = precision or Precision.choose(setup.device, config.training.precision)
         self.model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                  init_seed=zlib.crc32(setup.run_id.encode())).to(setup.device)
         if batch_iterator is None:
             stream = dataset_stream(config, data_files=setup.data_files, seed=setup.seed, http_headers=setup.http_headers)
             batch_iterator = batches(tokenizer, config, stream, config.training.per_device_batch_size, seed=setup.seed)
-        self._batches = batch_iterator
-        # torch's own GradScaler, not hivemind's: that one defers unscaling to the global step and is
-        # made for reuse_grad_buffers=True; with separate accumulators (needed to clip and zero
-        # gradients every step) it would feed still-scaled gradients to LAMB.
-        self.scaler = torch.amp.GradScaler(setup.device.type) if self.precision == "fp16" else None
 
         self._shut_down, self._withdrawing = False, threading.Lock()
         self.dht = dht_start(setup)
@@ -266,113 +250,43 @@ class Trainer(SwarmPeer):
             self.shutdown()
             raise
 
-        self._backup: list[torch.Tensor] = []
-        self._backup_epoch, self._steps_since_backup, self._bad_in_a_row = -1, 0, 0
-        self._backup_take()
-        self._published_epoch = self.optimizer.local_epoch
-        self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)
-        self._closed_epochs: deque[tuple[int, int]] = deque(maxlen=CLOSED_EPOCHS_KEPT)
-        self._swarm_read, self._swarm_read_at = None, -math.inf
-        self._collaboration_sps: float | None = None
-        # Spot checks (peer_agent.spotcheck): micro-batches drawn so far, and each epoch's committed steps.
-        self._cursor = 0
-        self._returned: list[dict[str, torch.Tensor]] = []  # micro-batches of a dropped step, drawn again first
-        self._sketcher = Sketcher(setup.run_id)
-        self._steps: dict[int, list[StepCommitment]] = {}
-        self._commitments: deque[EpochCommitment] = deque()
+        self.recovery = BadStepRecovery(self.optimizer, self.precision, backup_every=setup.backup_every)
+        self.metrics = MetricsPublisher(
+            self.dht, setup.run_id, setup.private_key, epoch=self.optimizer.local_epoch,
+            samples_per_second=lambda: float(self.optimizer.tracker.performance_ema.samples_per_second))
+        self.swarm_progress = SwarmProgressReader(self.dht, setup.run_id, self.optimizer)
+        self.step_computer = step_computer_factory(model=self.model, optimizer=self.optimizer, precision=self.precision,
+                                                   batches=batch_iterator, training=config.training, run_id=setup.run_id)
+        self.commitments = commitments_factory(config, run_id=setup.run_id, session_id=setup.session_id,
+                                               key=setup.private_key, local_epoch=lambda: self.optimizer.local_epoch)
 
     def step(self) -> StepResult:
-        """Run one local step: ``gradient_accumulation_steps`` forward/backward passes, clipping and
-        ``hivemind.Optimizer.step`` (which averages and applies a global step when it is time)."""
+        """Run one local step (:meth:`StepComputer.compute <peer_agent.steps.StepComputer.compute>`), then commit
+        to it if the swarm counted it, tally it in the metrics, and back up or recover."""
         training = self.setup.config.training
         started = time.perf_counter()
-        self.model.train()
-        epoch, cursor = self.optimizer.local_epoch, self._cursor
-        # What the step's gradients are computed at: a validator holding other parameters (this peer's
-        # averaging round failed, and it stepped alone) cannot check them (runs/swarm/spotcheck.py).
-        parameters = self._sketcher.parameters(self.model, epoch)
-        # Kept for the validator to ask for by this sketch, should it miss the moment the state was served.
-        self.optimizer.state_averager.epoch_states.keep(epoch, parameters, _flat_params(self.optimizer.param_groups))
-        loss_sum = torch.zeros((), device=self.setup.device)
-        # The sketch is linear: each micro-batch's gradient is sketched as the difference the micro-batch
-        # made to the accumulated gradients' sketch (peer_agent/spotcheck.py).
-        sketches = [torch.zeros(FINGERPRINT_WIDTH)]
-        drawn = []
-        for _micro_batch in range(training.gradient_accumulation_steps):
-            drawn.append(self._returned.pop(0) if self._returned else next(self._batches))
-            batch = {key: value.to(self.setup.device, non_blocking=True) for key, value in drawn[-1].items()}
-            self._cursor += 1
-            with self._autocast():
-                loss = self.model(**batch).loss / training.gradient_accumulation_steps
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-            loss_sum += loss.detach().float()
-            sketches.append(self._sketcher.sketch(self.model, epoch))
-        loss_value = loss_sum.item()
-
-        loads = self.optimizer.state_loads
-        contributed = math.isfinite(loss_value)
-        if contributed:
-            # Each micro-batch's own loss, unscaled: what a validator recomputes (spotcheck.step_fingerprint).
-            factor = training.gradient_accumulation_steps / (self.scaler.get_scale() if self.scaler else 1.0)
-            fingerprints = [fingerprint_encode((after - before) * factor) for before, after in zip(sketches, sketches[1:])]
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), training.max_grad_norm)
-            if self.scaler:
-                scale = self.scaler.get_scale()
-                self.scaler.step(self.optimizer)  # skips the step when the scaled gradients overflowed
-                self.scaler.update()
-                contributed = self.scaler.get_scale() >= scale
-            elif torch.isfinite(grad_norm):
-                self.optimizer.step()
-            else:
-                contributed = False
-        self.optimizer.zero_grad()
-        # hivemind drops the gradients of a step it finds this peer out of sync at, and downloads the
-        # swarm's state instead (hivemind.Optimizer.step): those samples go into no batch, and a peer
-        # stuck behind the swarm would otherwise count them all toward its one epoch.
-        accepted = contributed and self.optimizer.state_loads == loads
-        samples = training.per_device_batch_size * training.gradient_accumulation_steps if accepted else 0
-        if contributed and not accepted:
-            # The next step draws the same micro-batches at the same places in the stream: the session's stream
-            # runs no further ahead of its reported samples than its work (runs/ingest/reports.py,
-            # commitment_beyond_reach). A restarted agent whose only partner was its killed self stepped out of
-            # sync for a minute, until that peer's progress record lapsed, and drew 2.5× the micro-batches it
-            # reported: its commitments then reached too far and its epochs earned nothing
-            # (tests/e2e/test_preemption.py).
-            self._returned[:0] = drawn
-            self._cursor = cursor
-        if not contributed:
-            self._recover_from_bad_step(loss_value)
+        computed = self.step_computer.compute()
+        samples = training.per_device_batch_size * training.gradient_accumulation_steps if computed.accepted else 0
+        if not computed.contributed:
+            self.recovery.after_bad_step(computed.loss)
         else:
-            self._bad_in_a_row = 0
-            if accepted:
-                self._step_commit(epoch, cursor, fingerprints, parameters)
-            self._after_good_step(loss_value, samples)
+            if computed.accepted:
+                self.commitments.step_commit(computed.epoch, computed.cursor, computed.fingerprints, computed.parameters)
+            self.metrics.step_add(loss=computed.loss, samples=samples, epoch=self.optimizer.local_epoch)
+            self.recovery.after_good_step()
 
         elapsed = time.perf_counter() - started
-        return StepResult(samples=samples, loss=loss_value, local_epoch=self.optimizer.local_epoch,
+        return StepResult(samples=samples, loss=computed.loss, local_epoch=self.optimizer.local_epoch,
                           global_epoch=self.optimizer.tracker.global_epoch,
-                          samples_per_second=samples / elapsed if elapsed > 0 else 0.0, skipped=not contributed)
+                          samples_per_second=samples / elapsed if elapsed > 0 else 0.0, skipped=not computed.contributed)
 
     def progress(self) -> SwarmProgress:
         """This peer's and the collaboration's progress, from what hivemind last read (never blocks)."""
-        tracker = self.optimizer.tracker
-        swarm = tracker.global_progress
-        self._swarm_read_poll()
-        return SwarmProgress(
-            local_epoch=self.optimizer.local_epoch, global_epoch=swarm.epoch,
-            local_samples_per_second=float(tracker.performance_ema.samples_per_second),
-            collaboration_samples_per_second=self._collaboration_sps,
-            samples_accumulated=swarm.samples_accumulated, target_batch_size=swarm.target_batch_size,
-            num_peers=swarm.num_peers, num_clients=swarm.num_clients,
-            eta_next_epoch_s=max(0.0, swarm.eta_next_epoch - get_dht_time()))
+        return self.swarm_progress.progress()
 
     def commitments_take(self) -> list[EpochCommitment]:
         """The signed commitments of the epochs this peer closed since the last call, oldest first."""
-        taken = list(self._commitments)
-        self._commitments.clear()
-        return taken
+        return self.commitments.take()
 
     @property
     def public_key_subkey(self) -> bytes:
@@ -405,100 +319,6 @@ class Trainer(SwarmPeer):
         checkpoint_write(directory, model=self.model, tokenizer=self.tokenizer,
                          optimizer_state=self.optimizer.state_dict(), metadata=metadata)
 
-    def _autocast(self):
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
-        return torch.autocast(device_type=self.setup.device.type, dtype=dtype)
-
-    def _after_good_step(self, loss: float, samples: int) -> None:
-        self._unpublished["samples"] += samples
-        self._unpublished["loss_sum"] += loss
-        self._unpublished["steps"] += 1
-        epoch = self.optimizer.local_epoch
-        if epoch != self._published_epoch:
-            self._metrics_publish(epoch)
-        self._steps_since_backup += 1
-        if epoch != self._backup_epoch or self._steps_since_backup >= self.setup.backup_every:
-            self._backup_take()
-
-    def _step_commit(self, epoch: int, cursor: int, fingerprints: list[str], parameters: str) -> None:
-        """Keep a good step's micro-batches (from ``cursor`` on, one fingerprint each, the step's
-        parameters with the first) for its epoch's commitment; sign the commitments of the epochs now behind."""
-        training = self.setup.config.training
-        steps = self._steps.setdefault(epoch, [])
-        for offset, fingerprint in enumerate(fingerprints):
-            if len(steps) < MAX_COMMITTED_STEPS:
-                steps.append(StepCommitment(cursor=cursor + offset, samples=training.per_device_batch_size,
-                                            fingerprint=fingerprint, parameters=None if offset else parameters))
-            elif len(steps) == MAX_COMMITTED_STEPS:
-                logger.warning("More than %d micro-batches in epoch %d: the rest cannot be committed to, so the portal "
-                               "cannot confirm them; a larger --per-device-batch-size helps", MAX_COMMITTED_STEPS, epoch)
-                break
-        for closed in sorted(e for e in self._steps if e < self.optimizer.local_epoch):
-            data = self.setup.config.data
-            commitment = EpochCommitment(epoch=closed, micro_batch_size=training.per_device_batch_size,
-                                         shuffle_buffer=data.shuffle_buffer, steps=self._steps.pop(closed), signature="A")
-            self._commitments.append(commitment_sign(commitment, run_id=self.setup.run_id,
-                                                     session_id=self.setup.session_id, key=self.setup.private_key))
-
-    def _metrics_publish(self, epoch: int) -> None:
-        done = self._unpublished
-        # Every sample since the last record went into the local epoch of that record, even when
-        # this step moved the epoch on by more than one (hivemind's catch-up to the swarm).
-        self._closed_epochs.append((self._published_epoch, done["samples"]))
-        metrics = LocalMetrics(
-            step=epoch, samples_per_second=float(self.optimizer.tracker.performance_ema.samples_per_second),
-            samples_accumulated=done["samples"], loss=done["loss_sum"] / done["steps"], mini_steps=done["steps"],
-            closed_epochs=list(self._closed_epochs))
-        metrics_publish(self.dht, self.setup.run_id, self.setup.private_key, metrics)
-        self._published_epoch = epoch
-        self._unpublished = dict(samples=0, loss_sum=0.0, steps=0)
-
-    def _backup_take(self) -> None:
-        with torch.no_grad():
-            params = [param.detach() for param in _flat_params(self.optimizer.param_groups)]
-            if not all(torch.isfinite(param).all() for param in params):
-                return
-            self._backup = [param.to("cpu", copy=True) for param in params]
-        self._backup_epoch, self._steps_since_backup = self.optimizer.local_epoch, 0
-
-    def _recover_from_bad_step(self, loss: float) -> None:
-        self._bad_in_a_row += 1
-        logger.warning("Skipped a step: the loss (%s) or the gradients were not finite", loss)
-        if self.scaler and math.isfinite(loss):
-            return  # fp16 overflow in the gradients: the scaler has lowered the loss scale
-        if self._bad_in_a_row >= BAD_STEPS_BEFORE_RELOAD and self.optimizer.tracker.global_progress.num_peers > 1:
-            logger.warning("%d bad steps in a row: downloading the collaboration's state again", self._bad_in_a_row)
-            self.optimizer.load_state_from_peers()
-            self._bad_in_a_row = 0
-            return
-        self._backup_restore()
-
-    @torch.no_grad()
-    def _backup_restore(self) -> None:
-        """Put the last good parameters back, in the model and in the offloaded optimizer's copy
-        (which hivemind would otherwise copy back over the model at the next global step)."""
-        model_params, offloaded = _flat_params(self.optimizer.param_groups), _flat_params(self.optimizer.opt.param_groups)
-        for model_param, optimizer_param, saved in zip(model_params, offloaded, self._backup, strict=True):
-            model_param.copy_(saved)
-            optimizer_param.copy_(saved)
-        logger.warning("Restored the parameters saved at epoch %d", self._backup_epoch)
-
-    def _swarm_read_poll(self) -> None:
-        """Sum the peers' reported throughput from the progress records, refreshed in the background."""
-        if self._swarm_read is not None and self._swarm_read.done():
-            with contextlib.suppress(Exception):
-                found = self._swarm_read.result()
-                entries = found.value.values() if found is not None and isinstance(found.value, dict) else ()
-                self._collaboration_sps = sum(
-                    float(entry.value.get("samples_per_second", 0.0)) for entry in entries
-                    if isinstance(entry, ValueWithExpiration) and isinstance(entry.value, dict))
-            self._swarm_read = None
-        if self._swarm_read is None and time.monotonic() - self._swarm_read_at >= SWARM_READ_PERIOD_S:
-            self._swarm_read_at = time.monotonic()
-            self._swarm_read = self.dht.get(f"{self.setup.run_id}_progress", latest=True, return_future=True)
-
 
 def dht_start(setup: TrainerSetup) -> DHT:
     """This peer's DHT node in the run's swarm; :class:`SwarmUnreachable` if no initial peer answers."""
@@ -514,10 +334,6 @@ def dht_start(setup: TrainerSetup) -> DHT:
         if setup.initial_peers and "bootstrap" in str(exc):
             raise SwarmUnreachable(f"none of the run's {len(setup.initial_peers)} initial peers answered") from exc
         raise
-
-
-def _flat_params(param_groups) -> list[torch.Tensor]:
-    return [param for group in param_groups for param in group["params"]]
 
 
 def lamb_factory(training: TrainingConfig) -> partial:

@@ -237,26 +237,27 @@ def test_a_step_hivemind_drops_out_of_sync_counts_no_samples_and_commits_nothing
     first = make_trainer(seed=1)
     second = make_trainer(seed=2, joins=first)
     train_together([first], epochs=3)  # the second is in the swarm, idle, at epoch 0
-    epochs_committed, cursor = set(second._steps), second._cursor
+    computer, commitments = second.step_computer, second.commitments
+    epochs_committed, cursor = set(commitments.open_epochs), computer.cursor
     drawn = []
-    batches = second._batches
-    second._batches = (drawn.append(batch) or batch for batch in batches)  # what the stream hands out
+    batches = computer.batches
+    computer.batches = (drawn.append(batch) or batch for batch in batches)  # what the stream hands out
 
     dropped = second.step()
 
     assert dropped.samples == 0 and not dropped.skipped and math.isfinite(dropped.loss)
-    assert set(second._steps) == epochs_committed, "no micro-batch of the dropped step is committed"
+    assert set(commitments.open_epochs) == epochs_committed, "no micro-batch of the dropped step is committed"
     assert second.optimizer.local_epoch >= 3, "it loaded the swarm's state instead"
     # hivemind finds a peer at epoch 0 out of sync when its tracker reads the swarm at 2 or later.
     assert second.optimizer.state_averager.swarm_epoch.value >= 2, "the download knew the tracker's reading"
     # Its micro-batches go to the next step, at the same places in the session's stream: the commitments'
     # cursors stay within what the session reports (runs/ingest/reports.py, commitment_beyond_reach).
-    assert second._cursor == cursor and len(drawn) == 1
+    assert computer.cursor == cursor and len(drawn) == 1
     assert second.step().samples == 4, "back in sync, its steps count again"
     assert len(drawn) == 1, "the dropped step's micro-batch was drawn again"
-    committed = [step.cursor for steps in second._steps.values() for step in steps]
-    committed += [step.cursor for commitment in second._commitments for step in commitment.steps]
-    assert cursor in committed and second._cursor == cursor + 1
+    committed = [step.cursor for steps in commitments.open_epochs.values() for step in steps]
+    committed += [step.cursor for commitment in commitments.signed for step in commitment.steps]
+    assert cursor in committed and computer.cursor == cursor + 1
 
 
 def test_a_peer_alone_in_the_swarm_steps_every_epoch(make_trainer):
