@@ -3,9 +3,10 @@
 The same processes as ``manage.py demo`` (web server, Celery worker with beat, coordinator, two honest
 peer agents through the real CLI and token flow) on a fresh var directory (SQLite unless DATABASE_URL is
 set). Beside the honest agents, one liar at a time joins as a volunteer of its own for ``--seconds``: the
-real agent with ``Trainer`` methods replaced (tests/security/liar_agent.py, tests/e2e/lazy_agent.py),
+real agent with parts of its ``Trainer`` swapped (tests/security/liar_agent.py, tests/e2e/lazy_agent.py),
 playing one strategy (docs/trust.md, "The economics of lying"), or, as the control, a third honest agent
-(``honest``): what a third peer alone costs the two honest agents on these cores. Between two liars, and after the last,
+(``honest``): what a third peer alone costs the two honest agents on these cores. Each strategy below names
+the parts its liar swaps; the rest of its agent is the honest one's. Between two liars, and after the last,
 the honest agents train on for ``--drain`` seconds, so that the liar's last epochs are judged.
 
 Each liar writes the samples it really computed; an honest agent computed what it reported. The return
@@ -30,10 +31,15 @@ from bench.demo_lab import demo_lab, process_start, process_stop, services_stop,
 STRATEGIES = {
     # the control: a third honest volunteer, the same load on the machine and the swarm as a liar's, no lie
     "honest": ("peer_agent", {}),
-    "lazy": ("tests.e2e.lazy_agent", {}),  # fakes nine steps in ten, claimed at the swarm's state
+    # the step computer (LazySteps): fakes nine steps in ten, claimed at the swarm's state
+    "lazy": ("tests.e2e.lazy_agent", {}),
+    # the step computer (LiarSteps): fakes steps claimed at parameters 5% off the swarm's
     "shield": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "shield", "LIAR_CAPTURE": "off"}),
+    # the step computer fakes every step, and the commitments (LiarCommitments) come after the deadline
     "dark": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "dark", "LIAR_CAPTURE": "off"}),
+    # the commitments: each epoch's sent again with a cursor that would stall the validator
     "stall": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "stall", "LIAR_CAPTURE": "off"}),
+    # hivemind's state averager (CapturingStateAverager): serves parameters 5% off, first in line
     "capture": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "probe", "LIAR_CAPTURE": "on"}),
     "mix": ("tests.security.liar_agent", {"LIAR_STRATEGIES": "probe,shield,dark,stall", "LIAR_CAPTURE": "on"}),
 }
