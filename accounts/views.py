@@ -34,6 +34,14 @@ from accounts.verification import (
     verification_send,
 )
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
+from runs.credit.volunteers import (
+    milestones_shown,
+    volunteer_for_profile,
+    volunteer_lost_epochs,
+    volunteer_machines,
+    volunteer_runs,
+)
+from runs.models import VolunteerCredit
 
 
 class LoginView(auth_views.LoginView):
@@ -131,15 +139,6 @@ def profile(request: HttpRequest) -> HttpResponse:
 def volunteer_detail(request: HttpRequest, key: str) -> HttpResponse:
     """A volunteer's runs and credit; their machines and the epochs that earned nothing only to themselves.
     Hidden: only the owner."""
-    from runs.credit.volunteers import (
-        milestones_shown,
-        volunteer_for_profile,
-        volunteer_lost_epochs,
-        volunteer_machines,
-        volunteer_runs,
-    )
-    from runs.models import VolunteerCredit
-
     volunteer = volunteer_for_profile(key=key, viewer=request.user)
     if volunteer is None:
         raise Http404("no such volunteer")
@@ -177,8 +176,6 @@ def team_create(request: HttpRequest) -> HttpResponse:
 
 
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    from runs.credit.volunteers import milestones_shown
-
     team = get_object_or_404(Team, slug=slug)
     is_founder = request.user.is_authenticated and team.founder_id == request.user.pk
     context = {

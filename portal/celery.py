@@ -8,6 +8,7 @@ import logging.config
 import os
 
 from celery import Celery, signals
+from django.conf import settings
 
 from portal.logs import log_context
 from portal.metrics import CELERY_TASK_FAILURES, CELERY_TASK_RUNS
@@ -57,8 +58,6 @@ def _count_task_failure(sender=None, **kwargs) -> None:
 def _log_as_the_portal_does(loglevel: int | str | None = None, **kwargs) -> None:
     # Worker and beat write through settings.LOGGING (LOG_FORMAT=json included) instead of Celery's own
     # handlers; `--loglevel` still sets the level.
-    from django.conf import settings
-
     logging.config.dictConfig(settings.LOGGING)
     if loglevel:
         logging.getLogger().setLevel(loglevel)

@@ -17,6 +17,7 @@ from contextvars import ContextVar
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import sync_and_async_middleware
+from pythonjsonlogger.json import JsonFormatter
 
 REQUEST_ID_HEADER = "X-Request-ID"
 # A proxy's id (nginx's $request_id is 32 hex digits) or a client's; anything else could forge log lines.
@@ -58,8 +59,6 @@ class LogContext(logging.Filter):
 
 
 def json_formatter() -> logging.Formatter:
-    from pythonjsonlogger.json import JsonFormatter
-
     return JsonFormatter(["levelname", "name", "message", *_CONTEXT], timestamp=True,
                          rename_fields={"levelname": "level", "name": "logger"})
 

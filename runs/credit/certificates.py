@@ -121,7 +121,7 @@ def _line_y(index: int) -> int:
 
 
 def certificate_png(facts: CertificateFacts, verify_url: str) -> bytes:
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw  # Pillow only for a PNG download: a web process serving none never loads it
 
     image = Image.new("RGB", (WIDTH, HEIGHT), "#fffdf5")
     draw = ImageDraw.Draw(image)
@@ -182,7 +182,7 @@ def font_paths() -> dict[str, Path | None]:
 
 @functools.lru_cache(maxsize=64)
 def font_for(script: str, size: int):
-    from PIL import ImageFont, features
+    from PIL import ImageFont, features  # Pillow: only certificate_png draws text
 
     path = font_paths()[script] or font_paths()["latin"]
     if path is None:

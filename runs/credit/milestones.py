@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import Team
+from accounts.models import Team, User
+from accounts.notifications import milestone_words, notify, notify_many
 from runs.models import Milestone, Run, RunCredit, RunTeamCredit, TeamCredit, VolunteerCredit
 
 # measure -> the totals' column it reads: confirmed samples, and confirmed credit in GFLOP.
@@ -99,8 +100,6 @@ def milestones_announce(badges: list[Milestone]) -> None:
     """Tell each volunteer about the badges they reached for the first time (a team's: each of its
     current members), through the notifications service, in the transaction that awarded them:
     each badge is announced once (its key), however often the rollup runs or a badge is restored."""
-    from accounts.models import User
-    from accounts.notifications import milestone_words, notify, notify_many
 
     runs = dict(Run.objects.filter(pk__in={badge.run_id for badge in badges if badge.run_id}).values_list("pk", "name"))
     for badge in badges:

@@ -8,6 +8,8 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from accounts.models import User
+from runs.access.rules import run_may_view
+from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
 from runs.credit.rollup import rac_now, run_credit_per_sample
 from runs.models import (
     NEVER_CONFIRMED,
@@ -39,8 +41,6 @@ def volunteer_for_profile(*, key: str, viewer) -> User | None:
 def volunteer_runs(*, user: User, viewer) -> list[dict]:
     """The runs the volunteer contributed to that the viewer may see, with their confirmed totals
     (and, for the volunteer alone, the credit still pending)."""
-    from runs.access.rules import run_may_view
-
     now = timezone.now()
     rows = []
     for total in RunCredit.objects.filter(user=user).select_related("run").order_by("-credit"):
@@ -62,8 +62,6 @@ def volunteer_machines(*, user: User) -> list[dict]:
     stands: training, suspended by the spot checks, or stopped (since its last report). A restarted agent
     keeps its token, so a machine that came back is one machine, not two. ``days``: its samples on each of
     the last ``MACHINE_DAYS`` days (UTC), for a small chart."""
-    from runs.access.sessions import LIVE_SESSION_SEEN_WITHIN
-
     per_token = (
         ContributionEvent.objects.filter(session__user=user)
         .values("session__token_id", "session__token__name", "session__run_id")
@@ -237,8 +235,6 @@ def milestones_shown(*, viewer, **holder) -> list[Milestone]:
     """The badges a volunteer (``user=``) or a team (``team=``) holds now that ``viewer`` may see,
     the highest of each measure in each scope: across all runs first, then in each run the viewer
     may see (a members-only run's badge would name the run)."""
-    from runs.access.rules import run_may_view
-
     badges = Milestone.objects.filter(**holder, revoked_at=None).select_related("run").order_by("-threshold")
     highest: dict[tuple, Milestone] = {}
     for badge in badges:

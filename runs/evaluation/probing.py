@@ -71,7 +71,7 @@ class ProbeResult:
 
 def probe_f1(true: list[list[str]], predicted: list[list[str]]) -> float:
     """Entity-level micro F1 (seqeval, the CoNLL way: an entity counts when its type and span both match)."""
-    from seqeval.metrics import f1_score
+    from seqeval.metrics import f1_score  # loads scikit-learn (seconds): only token-classification probes pay for it
 
     return float(f1_score(true, predicted))
 

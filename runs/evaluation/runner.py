@@ -33,12 +33,14 @@ from peer_agent.checkpoint import checkpoint_unzip
 from peer_agent.data import example_encode, sentence_pairs, sentences_split
 from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig
+from peer_agent.sources import hub_documents
 from peer_agent.tokenizer import tokenizer_load
 from runs.evaluation import services
 from runs.evaluation.frequencies import frequencies_count, frequency_metrics
 from runs.evaluation.probing import probes_evaluate
 from runs.evaluation.subjects import Evaluator, Score, Subject
 from runs.models import Checkpoint, Evaluation, Run
+from runs.setup.heldout import heldout_documents_read
 from runs.setup.services import data_sample
 
 logger = logging.getLogger(__name__)
@@ -70,12 +72,8 @@ def heldout_texts(run: Run, config: RunConfig) -> list[str]:
             raise EvaluationError("the run keeps no held-out documents: its files were too small to spare any "
                                   "(a file gives at most a quarter of its documents), or were uploaded before "
                                   "held-out splits existed; upload more text")
-        from runs.setup.heldout import heldout_documents_read
-
         with run.heldout_file.open("rb") as handle:
             return heldout_documents_read(handle.read().decode("utf-8"))
-    from peer_agent.sources import hub_documents
-
     data = config.data
     if data.heldout == "hash":
         stream = hub_documents(data, seed=SEED).filter(lambda row: data.holds_out(row["text"] or ""))

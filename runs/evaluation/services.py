@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+from celery.worker import state
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -104,8 +105,6 @@ def evaluation_command(evaluation: Evaluation) -> list[str]:
 
 
 def _worker_stopping() -> bool:
-    from celery.worker import state
-
     # As celery.worker.state.maybe_shutdown reads them: a warm shutdown sets should_stop to EX_OK, 0.
     return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
 

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext_lazy
+from tokenizers import Tokenizer
 
 from accounts.models import Notification, User
 from accounts.notifications import notify_many
@@ -18,6 +19,7 @@ from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
 from portal.logs import log_context
 from runs.access.authority import authority_generate
 from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership, TrainingSession
+from runs.setup import tokenization
 from runs.setup.heldout import heldout_join, heldout_split
 
 logger = logging.getLogger(__name__)
@@ -328,11 +330,9 @@ def _tokenizer_changeable(run: Run) -> None:
 
 @transaction.atomic
 def tokenizer_upload(*, run: Run, actor: User, json_text: str) -> None:
-    from runs.setup.tokenization import tokenizer_validate
-
     _tokenizer_changeable(run)
     try:
-        tokenizer_validate(json_text)
+        tokenization.tokenizer_validate(json_text)
     except ValueError as exc:
         raise RunError(str(exc)) from None
     tokenizer_store(run=run, json_text=json_text)
@@ -353,12 +353,10 @@ def tokenizer_train_start(*, run: Run, actor: User) -> None:
 
 def tokenizer_train(*, run_id: int) -> None:
     """Train the run's Unigram tokenizer on a sample of its data (runs in the Celery worker)."""
-    from runs.setup.tokenization import tokenizer_train as train
-
     run = Run.objects.get(pk=run_id)
     config = run.configuration.tokenizer
     try:
-        tokenizer = train(
+        tokenizer = tokenization.tokenizer_train(
             lines=data_sample(run=run, limit=config.sample_size),
             vocab_size=config.vocab_size,
             lowercase=config.lowercase,
@@ -373,13 +371,9 @@ def tokenizer_train(*, run_id: int) -> None:
 
 def run_tokenizer_try(*, run: Run, text: str) -> list[str]:
     """How the run's stored tokenizer splits ``text`` (the "try it" box of the run page)."""
-    from tokenizers import Tokenizer
-
-    from runs.setup.tokenization import tokenizer_try
-
     with run.tokenizer_file.open("rb") as handle:
         tokenizer = Tokenizer.from_str(handle.read().decode())
-    return tokenizer_try(tokenizer, text)
+    return tokenization.tokenizer_try(tokenizer, text)
 
 
 # --- the tasks this module queues: the Celery worker runs them (CELERY_IMPORTS in portal/settings.py) ---

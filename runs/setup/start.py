@@ -35,6 +35,7 @@ from peer_agent.protocol import RunConfig
 from runs.access.rules import run_may_download_checkpoints, visible_run
 from runs.models import Checkpoint, Run, RunEvent
 from runs.setup.services import RunError, run_event_record, tokenizer_store
+from runs.setup.tokenization import tokenizer_validate
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def _folder_source(path: Path, *, label: str | None = None, confined: bool = Tru
 
 def _hub_source(model_id: str) -> StartSource:
     """A Hub model's files, downloaded (config, weights, tokenizer: no other file) into START_MODELS_DIR."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # only a start from a Hub model: a web process seeing none never loads it
 
     try:
         directory = snapshot_download(repo_id=model_id, allow_patterns=[*MODEL_FILES, *TOKENIZER_FILES],
@@ -141,8 +142,6 @@ def _hub_source(model_id: str) -> StartSource:
 def start_mismatches(source: StartSource, config: RunConfig) -> list[str]:
     """What keeps ``source`` from being the start of a run of ``config``: missing files, and each way its
     model differs from the run's (its vocabulary must be its own tokenizer's); empty when it fits."""
-    from runs.setup.tokenization import tokenizer_validate
-
     missing = [name for name in ("config.json", "tokenizer.json") if name not in source.names]
     if not any(name in source.names for name in WEIGHT_FILES):
         missing.append(" or ".join(WEIGHT_FILES))

@@ -27,11 +27,16 @@ from peer_agent.checkpoint import (
     checkpoint_zip,
 )
 from peer_agent.metrics import LocalMetrics, metrics_read
+from peer_agent.model import model_build
+from peer_agent.optim import parameter_groups
 from peer_agent.protocol import AveragingConfig
+from peer_agent.tokenizer import tokenizer_load
+from peer_agent.training import lamb_factory, schedule_factory
 from portal.metrics import CHECKPOINT_FAILURES, CHECKPOINTS_SAVED
 from runs.models import Checkpoint, ContributionEvent, Evaluation, Run
 from runs.swarm.cards import model_card_write
 from runs.swarm.monitor import progress_read
+from runs.swarm.state import BoundedSourceStateAverager
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
@@ -309,12 +314,6 @@ class Checkpointer:
 
     def _averager_build(self, run: Run) -> None:
         """The model, tokenizer and state averager that downloads into them, built once per run."""
-        from peer_agent.model import model_build
-        from peer_agent.optim import parameter_groups
-        from peer_agent.tokenizer import tokenizer_load
-        from peer_agent.training import lamb_factory, schedule_factory
-        from runs.swarm.state import BoundedSourceStateAverager
-
         config = run.configuration
         self._tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
         # The agents' initial weights (peer_agent.training.Trainer): until a peer serves a state, the

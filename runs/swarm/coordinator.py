@@ -23,10 +23,13 @@ from hivemind.dht import DHT
 from hivemind.p2p import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 
+from peer_agent.aggregator import Aggregator
 from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
 from peer_agent.metrics import dht_result, metrics_validators
 from peer_agent.protocol import access_username
 from peer_agent.reachability import dialback_install, relay_options
+from peer_agent.tokenizer import tokenizer_load
+from peer_agent.training import TrainerSetup
 from portal.logs import log_context
 from runs.access.authority import access_token_sign, authority_load
 from runs.models import Backbone, Run
@@ -59,10 +62,6 @@ class BackboneAggregator:
     and earns no credit. A thread of its own steps it, since the coordinator's cycle blocks for seconds."""
 
     def __init__(self, run: Run, *, authority, initial_peers: list[str]) -> None:
-        from peer_agent.aggregator import Aggregator
-        from peer_agent.tokenizer import tokenizer_load
-        from peer_agent.training import TrainerSetup
-
         key = RSAPrivateKey()  # its own: the backbone peer's progress records must not be overwritten
         fetch_token = functools.partial(aggregator_access_sign, authority=authority,
                                         peer_public_key=key.get_public_key().to_bytes())

@@ -36,7 +36,7 @@ def checkpoint_upload(*, directory: Path, repo_id: str, private: bool = False) -
     HF_TOKEN; the commit's URL."""
     if not settings.HF_TOKEN:
         raise ReleaseError("set HF_TOKEN (or HF_TOKEN_FILE) to a Hugging Face token with write access to upload")
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # only publish_checkpoint --upload needs the Hub client
 
     api = HfApi(token=settings.HF_TOKEN)
     api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)

@@ -29,11 +29,16 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 from django.db import close_old_connections
 from django.db.models import F, Q
+from hivemind.p2p import PeerID
+from hivemind.utils.timed_storage import ValueWithExpiration
 
 from peer_agent.metrics import dht_result
+from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig
+from peer_agent.spotcheck import BatchReplay, Sketch, data_seed, fingerprint_distance, fingerprint_encode, step_fingerprint
 from runs.credit import verification
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
 from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, StepCommitment, TrainingSession
@@ -42,8 +47,6 @@ from runs.swarm.state import UNREACHABLE
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT
-
-    from peer_agent.spotcheck import BatchReplay
 
 logger = logging.getLogger(__name__)
 
@@ -210,9 +213,6 @@ class Validator:
         """The peers that share the run's state: those declared under hivemind's ``{prefix}.all_averagers``
         in the DHT, whatever priority they declare. Read on the coordinator's thread, which makes every
         DHT call of the coordinator: hivemind's DHT takes calls through one pipe."""
-        from hivemind.p2p import PeerID
-        from hivemind.utils.timed_storage import ValueWithExpiration
-
         try:
             found = dht_result(self.dht, self.dht.get(f"{self.run_id}_state_averager.all_averagers", latest=True,
                                                       return_future=True))
@@ -279,8 +279,6 @@ class Validator:
         Returns the states; whether a step of ``commitment`` claims a state that is neither (a second
         volunteer's commitment may still come, or the holder may still fetch it from a peer that kept it:
         :meth:`claimed_fetch`); and whether the volunteer is alone in an epoch the swarm is not past yet."""
-        from peer_agent.spotcheck import fingerprint_distance
-
         epoch = commitment.epoch
         def alike(sketch: str, others: list[str]) -> bool:
             return any(fingerprint_distance(sketch, other) <= STATE_AGREEMENT for other in others)
@@ -312,8 +310,6 @@ class Validator:
     def _sketch(self, epoch: int, state: list) -> str:
         """The parameters' sketch of ``state`` for ``epoch``'s cells, computed once per state. It reads the
         state alone, not the validator's model: the holder's thread asks too (:meth:`claimed_fetch`)."""
-        from peer_agent.spotcheck import Sketch, fingerprint_encode
-
         key = (epoch, id(state))
         cached = self._sketches.get(key)
         if cached is None or cached[0] is not state:  # an id is reused once its state is dropped
@@ -324,10 +320,6 @@ class Validator:
 
     def _state_load(self, config: RunConfig, state: list) -> None:
         """Load ``state`` into the validator's model (built at the first use)."""
-        import torch
-
-        from peer_agent.model import model_build
-
         if self._model is None:
             tokenizer = self.checkpointer.tokenizer
             self._model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
@@ -427,8 +419,6 @@ class Validator:
         holds it because two volunteers claim it); one whose sketch is not the one asked for is a
         disagreement of the peer that served it. Each state is asked for once, from at most
         ``HOLD_SOURCES_PER_TRY`` peers picked at random. Returns how many states were fetched."""
-        from peer_agent.spotcheck import fingerprint_distance
-
         seen = set(self.held) | set(self.served)
         if not seen or self._spot_checks_on() is None:
             return 0
@@ -492,8 +482,6 @@ class Validator:
     def _kept_fetch(self, epoch: int, sketch: str) -> list | None:
         """The state a peer kept for ``epoch`` and ``sketch``, from the first of a few peers picked at random
         that serves it (kept as that peer's, :meth:`_served_keep`), or None."""
-        from peer_agent.spotcheck import fingerprint_distance
-
         for peer in random.sample(self._sources, len(self._sources))[:HOLD_SOURCES_PER_TRY]:
             served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S, kept=(epoch, sketch))
             if served is None or self._closed:
@@ -563,8 +551,6 @@ class Validator:
                                                               states_disagreed=F("states_disagreed") + disagreed)
 
     def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: list[list]) -> None:
-        from peer_agent.spotcheck import BatchReplay, data_seed, fingerprint_distance, step_fingerprint
-
         tokenizer = self.checkpointer.tokenizer
         session_id = commitment.session_id
         replay = self._replays.pop(session_id, None)  # put back last: the dict runs from least to most recently used

@@ -3,6 +3,7 @@ readers without JavaScript or sight of the canvas; `{% chart_figure %}` draws on
 
 from django import template
 
+from runs.evaluation.selectors import evaluation_table
 from runs.swarm.series import CHARTS, series_latest
 
 register = template.Library()
@@ -30,8 +31,6 @@ def chart_figure(field: str, latest, markers: bool = False):
 @register.inclusion_tag("runs/includes/evaluations.html")
 def run_evaluations(run):
     """The held-out evaluations' chart (drawn by charts.js from the API) and the same figures as a table."""
-    from runs.evaluation.selectors import evaluation_table
-
     rows = evaluation_table(run=run)
     return {"run": run, "rows": rows,
             "drawable": any(row["status"] == "done" and not row["evaluation"].baseline for row in rows)}

@@ -1,6 +1,7 @@
 """`manage.py run_coordinator [--run SLUG]`: backbone peers for active runs, until SIGTERM or Ctrl-C."""
 
 from django.core.management.base import BaseCommand
+from hivemind.utils.logging import use_hivemind_log_handler
 
 from peer_agent.join import StopRequest
 from runs.swarm.coordinator import Coordinator
@@ -14,8 +15,6 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=5.0, help="Seconds between heartbeats.")
 
     def handle(self, *args, slug: str | None, interval: float, **options) -> None:
-        from hivemind.utils.logging import use_hivemind_log_handler
-
         use_hivemind_log_handler("nowhere")  # hivemind's records go through the portal's handler (LOG_FORMAT)
         coordinator = Coordinator(slug=slug, interval=interval)
         # Not a bare handler: the DHT processes the coordinator forks inherit it, and one that
