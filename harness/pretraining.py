@@ -3,6 +3,12 @@
 
 from __future__ import annotations
 
+import copy
+
+import torch
+
+from peer_agent.data import batches, dataset_stream
+from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig
 
 
@@ -20,11 +26,6 @@ def small_config() -> dict:
 def model_pretrain(config: RunConfig, tokenizer, files: list[str], *, init_seed: int, steps: int, batch_size: int = 16):
     """The run's model trained from ``init_seed`` for ``steps`` AdamW steps on ``files``, in the data order
     of seed 1: the same weights for the same arguments (ALBERT's dropout is off, peer_agent/model.py)."""
-    import torch
-
-    from peer_agent.data import batches, dataset_stream
-    from peer_agent.model import model_build
-
     model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id, init_seed=init_seed)
     stream = dataset_stream(config, data_files=files, seed=1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -42,10 +43,6 @@ def loss_evaluate(model, batch: dict) -> float:
     Computed in float64 on a copy, so that parameter differences smaller than float32's resolution
     of the loss (~5e-7 near 6.6) still show; ``model`` itself is left as it is.
     """
-    import copy
-
-    import torch
-
     evaluated = copy.deepcopy(model).double().eval()
     with torch.no_grad():
         return evaluated(**batch).loss.item()

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import psutil
+from hivemind.utils.mpfuture import MPFuture, SharedBytes
 
 
 def children_reap() -> None:
@@ -32,8 +33,6 @@ def hivemind_locks_held(timeout: float = 30.0) -> Iterator[None]:
     holds it for good, and every later future of the process tree waits on it without end (CI36: the DHT of a
     test's second coordinator never reported ready, its process stuck in ``MPFuture.set_result``). A lock
     not had within ``timeout`` is held by a process gone already; the kill goes on."""
-    from hivemind.utils.mpfuture import MPFuture, SharedBytes
-
     held = []
     try:
         for lock in (SharedBytes._lock, MPFuture._update_lock):

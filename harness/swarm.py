@@ -9,6 +9,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hivemind.averaging.allreduce import AllReduceRunner
+
+from harness.pretraining import loss_evaluate
+from peer_agent.data import batches, dataset_stream
+
 STEP_TIME_S = 0.25  # stands in for compute, so the swarm's progress reads keep up as they would on real hardware
 DEADLINE_S = 120
 
@@ -162,8 +167,6 @@ def averaging_rounds_recorder(record: Path) -> type:
     ``kind``, "gradients" or "parameters", the peers, their fractions of the vector and their modes), for
     ``peer_agent.aggregation.RUNNERS``. Averagers fork from the test's process, so each peer's averager
     writes its own line."""
-    from hivemind.averaging.allreduce import AllReduceRunner
-
     kinds = {"_grad_averager": "gradients", "_state_averager": "parameters"}
 
     class RecordingRunner(AllReduceRunner):
@@ -194,8 +197,6 @@ def fixed_batches(trainer, count: int = 8, seed: int = 12345) -> list:
     :func:`fixed_loss` measures the model on. The loss of a run's own training steps is measured on
     each step's fresh batch, with gradients a step stale when updates are delayed: between the first
     and last few steps it moves by as much as the training does over a test's few epochs."""
-    from peer_agent.data import batches, dataset_stream
-
     config = trainer.setup.config
     stream = dataset_stream(config, data_files=trainer.setup.data_files, seed=seed)
     drawn = batches(trainer.tokenizer, config, stream, config.training.per_device_batch_size * 4, seed=seed)
@@ -205,6 +206,4 @@ def fixed_batches(trainer, count: int = 8, seed: int = 12345) -> list:
 def fixed_loss(trainer, fixed: list) -> float:
     """The model's mean loss over ``fixed`` (from :func:`fixed_batches`), each measured on a copy in eval
     mode (``harness.pretraining.loss_evaluate``), so the trainer's own model is left as it is."""
-    from harness.pretraining import loss_evaluate
-
     return sum(loss_evaluate(trainer.model, batch) for batch in fixed) / len(fixed)
