@@ -10,6 +10,8 @@ tests/agent_wire.py, tests/processes.py, ...); what the tests and the benchmarks
 
 import ast
 import graphlib
+import io
+import tokenize
 from pathlib import Path
 
 import grimp
@@ -18,6 +20,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 IMPORTERS = {"import_module", "__import__"}
 PROJECT_PACKAGES = ("portal", "accounts", "runs", "peer_agent", "harness", "bench")
+# Where an import inside a function must say why it is not at the module's top (docs/design.md, "What may import
+# what"); the two harness modules are in the middle of other changes, and join the check after them.
+LAZY_IMPORTS_EXPLAINED_IN = ("portal", "accounts", "runs", "harness")
+LAZY_IMPORTS_NOT_YET_CHECKED = ("harness/natswarm.py", "harness/tiny_swarm.py")
 
 
 def imported(path: Path, root: Path = ROOT) -> set[str]:
@@ -102,3 +108,58 @@ def test_no_import_circle_in_the_project_counting_imports_inside_functions():
         list(graphlib.TopologicalSorter(imports).static_order())
     except graphlib.CycleError as circle:
         pytest.fail(f"import circle: {' imports '.join(reversed(circle.args[1]))}")
+
+
+def imports_unexplained(path: Path, root: Path = ROOT) -> list[str]:
+    """The imports inside functions of ``path`` with a comment neither on their lines nor on a line of its own
+    directly above their block (the imports that follow one another), as ``path:line: the import``."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    commented = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                 if token.type == tokenize.COMMENT}
+    found = {}
+    for function in ast.walk(ast.parse(source, filename=str(path))):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            for statements in (value for _, value in ast.iter_fields(node) if isinstance(value, list)):
+                block_start = None
+                for statement in statements:
+                    if not isinstance(statement, (ast.Import, ast.ImportFrom)):
+                        block_start = None
+                        continue
+                    block_start = block_start or statement.lineno
+                    line = statement.lineno
+                    above = lines[block_start - 2].lstrip() if block_start > 1 else ""
+                    if not above.startswith("#") and commented.isdisjoint(range(line, statement.end_lineno + 1)):
+                        found[line] = f"{path.relative_to(root)}:{line}: {lines[line - 1].strip()}"
+    return [found[line] for line in sorted(found)]
+
+
+@pytest.mark.parametrize("package", LAZY_IMPORTS_EXPLAINED_IN)
+def test_an_import_inside_a_function_says_why_it_is_not_at_the_top(package):
+    """The web and the worker stay light by importing the ML stack late, a management command by importing late what
+    only its run needs; anything else belongs at the module's top, where a reader and the linters see it."""
+    unexplained = [site for path in sorted((ROOT / package).rglob("*.py"))
+                   if "migrations" not in path.relative_to(ROOT).parts
+                   and str(path.relative_to(ROOT)) not in LAZY_IMPORTS_NOT_YET_CHECKED
+                   for site in imports_unexplained(path)]
+    assert not unexplained, ("move these imports to the module's top, or say next to them (on the line, or in a comment "
+                             "line above the block) why they are late:\n" + "\n".join(unexplained))
+
+
+@pytest.mark.parametrize("source, unexplained", [
+    ("def f():\n    import torch\n", [2]),
+    ("def f():\n    import torch  # the web never loads it\n", []),
+    ("def f():\n    # the web never loads these\n    import torch\n\n    from peer_agent.model import model_build\n", []),
+    ("def f():\n    # the web never loads it\n    import torch\n    x = 1\n    import hivemind\n", [5]),
+    ("def f():\n    from PIL import (  # only for a PNG\n        Image,\n    )\n", []),
+    ("class A:\n    def f(self):\n        if True:\n            import torch\n", [4]),
+    ("def f():\n    def g():\n        import torch\n", [3]),
+    ("def f():\n    x = 1  # a comment on another line\n    import torch\n", [3]),
+    ("import torch\n\ndef f():\n    return torch\n", []),
+])
+def test_the_check_sees_imports_inside_functions_and_the_comments_that_explain_them(tmp_path, source, unexplained):
+    module = tmp_path / "example.py"
+    module.write_text(source)
+    assert [int(site.split(":")[1]) for site in imports_unexplained(module, root=tmp_path)] == unexplained
