@@ -80,13 +80,13 @@ def test_the_benchmarks_and_the_harness_import_no_test_code(folder, forbidden):
 
 
 @pytest.mark.parametrize("source, found", [
-    ("from tests.runs.test_agent_socket import report", True),
+    ("from tests.runs.ingest.test_agent_socket import report", True),
     ("from tests.runs import test_agent_socket", True),
     ("import tests.peer_agent.test_reporter", True),
     ("from tests.security.conftest import World", True),
     ("from .test_join_api import post", True),
     ("def f():\n    from tests.browser.test_run_pages import log_in", True),
-    ("importlib.import_module('tests.runs.test_verification')", True),
+    ("importlib.import_module('tests.runs.credit.test_verification')", True),
     ("from tests.factories import RunFactory", False),
     ("from tests.agent_wire import report", False),
     ("from django.test import Client", False),
@@ -163,3 +163,12 @@ def test_the_check_sees_imports_inside_functions_and_the_comments_that_explain_t
     module = tmp_path / "example.py"
     module.write_text(source)
     assert [int(site.split(":")[1]) for site in imports_unexplained(module, root=tmp_path)] == unexplained
+
+
+def test_the_tests_of_runs_are_laid_out_as_runs_is():
+    """tests/runs/<package>/ holds the tests of runs/<package>/ (docs/design.md): a reader finds the tests of
+    a module beside those of its neighbours, and tests/runs/ itself keeps only what its packages share."""
+    packages = {path.parent.name for path in (ROOT / "runs").glob("*/__init__.py")}
+    misplaced = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests" / "runs").rglob("test_*.py"))
+                 if path.parent.name not in packages]
+    assert not misplaced, f"test modules outside a package named as one of runs/'s ({sorted(packages)}): {misplaced}"
