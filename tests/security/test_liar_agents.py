@@ -1,4 +1,4 @@
-"""A liar running the real agent with two ``Trainer`` methods replaced (tests/security/liar_agent.py), in a
+"""A liar running the real agent with parts of its ``Trainer`` swapped (tests/security/liar_agent.py), in a
 real swarm beside an honest agent, against a live portal and coordinator (issue 29). Before, such an
 agent earned 15.7 confirmed samples per example it computed and ranked first: its faked steps hid
 behind a claimed divergence, its dark epochs' late commitments were vouched for by one real step, and
@@ -99,7 +99,7 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
         (row.epoch, row.status, row.reported_samples, row.detail[:80]) for row in SessionEpoch.objects.filter(
             session__user=liar)])
     if not suspended():  # then it played every strategy twice (the wait above); a liar suspended early may have
-        # closed no stall epoch yet (CI50: suspended in its ninth epoch). The rule alone: tests/runs/test_spot_checks.py.
+        # closed no stall epoch yet (CI50: suspended in its ninth epoch). The rule alone: tests/runs/swarm/test_spot_checks.py.
         assert ReportRejection.objects.filter(session__user=liar, code="invalid_commitment",
                                               detail__contains="further than").exists(), "the stalling commitment"
     assert all(step[0] < 2**40 for stored in commitments for step in stored.steps)
