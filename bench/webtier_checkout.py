@@ -113,6 +113,11 @@ def seed(slug: str, volunteers: int) -> dict:
                  for column in ("samples", "samples_verified", "credit_verified", "credit", "samples_24h", "credit_24h",
                                 "samples_7d", "credit_7d")}
         RunCreditTotal.objects.create(run=run, **total)
+        # The rows stand in for a rollup pass, which moves the boards' version (runs/credit/boards.py caches
+        # boards under it); a checkout from before that cache has no such version.
+        CreditRollup = apps.get_model("runs", "CreditRollup")
+        if any(field.name == "boards_version" for field in CreditRollup._meta.get_fields()):
+            CreditRollup.objects.update_or_create(pk=1, defaults={"boards_version": 1})
     return {"run": run.slug, "volunteers": len(people)}
 
 

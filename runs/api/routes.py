@@ -26,7 +26,7 @@ from runs.access.rules import (
     visible_run,
 )
 from runs.access.sessions import session_link_target, session_link_token, session_open, session_refresh
-from runs.credit.boards import PAGE_MAX, leaderboard_rows
+from runs.credit.boards import PAGE_MAX, board_rows
 from runs.credit.exports import stats_dumps
 from runs.credit.schemas import LeaderboardRow
 from runs.credit.volunteers import machine_credit, volunteer_daily, volunteer_for_profile
@@ -304,7 +304,7 @@ Offset = Query[int, {"ge": 0, "le": 10_000_000}]
 
 
 def _board(run: Run | None, by: str, window: str, limit: int, offset: int) -> list[dict]:
-    return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+    return board_rows(run=run, by=by, window=window, limit=limit, offset=offset)
 
 
 @router.get("/runs/{slug}/leaderboard", response=answers(list[LeaderboardRow], 400, 404), summary="A run's leaderboard")

@@ -1,19 +1,30 @@
 """Leaderboards and the live snapshot of a run, read from the rollup's aggregates (runs/credit/rollup.py):
-never an aggregation over the contribution events, so a board costs the same with 10 or 10M."""
+never an aggregation over the contribution events, so a board costs the same with 10 or 10M.
+
+Pages, the API and the live frames read a board through :func:`board_rows`: the rows cached under the boards'
+version (``CreditRollup.boards_version``), which moves with every pass that holds the rollup's lock and with
+every change to a public name, a visibility or a team (the receivers below). A cached board is the rows an
+uncached read (:func:`leaderboard_rows`) gave at its version; recent average credit decays from the time it was
+read, at most one rollup pass (~10 s) ago.
+"""
 
 import datetime
 
+from django.core.cache import cache
 from django.db.models import Count, Max, Sum
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import User
+from accounts.models import Team, User
 from runs.credit import columns
 from runs.credit.milestones import milestones_held
 from runs.credit.rollup import rac_now
 from runs.credit.schemas import BoardSnapshot, LiveSnapshot
 from runs.models import (
     ContributionEvent,
+    CreditRollup,
     Run,
     RunCredit,
     RunCreditTotal,
@@ -29,6 +40,11 @@ WINDOWS, TEAM_COUNTS = columns.WINDOWS, columns.TEAM_COUNTED
 BY = ("user", "team")
 ALIVE_AFTER = datetime.timedelta(seconds=60)
 PAGE_MAX = 500
+# A backstop only: the boards' version moves at every rollup pass (CREDIT_ROLLUP_EVERY_SECONDS).
+BOARD_CACHE_SECONDS = 60
+# What a board shows of a volunteer and of a team (their rows' names and profile links, and who is hidden).
+USER_SHOWN = {"username", "display_name", "visibility", "pseudonym", "team"}
+TEAM_SHOWN = {"name", "slug", "disbanded_at"}
 
 
 def volunteer_profile_key(user: User) -> str | None:
@@ -66,6 +82,31 @@ def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", 
         row["share"] = row["credit"] / board if board else 0.0
         row["milestones"] = badges.get(row.pop("holder_id"), [])
     return rows
+
+
+def board_rows(*, run: Run | None, by: str = "user", window: str = "all", limit: int = 100, offset: int = 0) -> list[dict]:
+    """:func:`leaderboard_rows`, cached under the boards' version: read first, so that rows cached under a
+    version are never older than it."""
+    version = CreditRollup.objects.filter(pk=1).values_list("boards_version", flat=True).first()
+    if not version:  # nothing was ever rolled up
+        return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+    key = f"board:{run.pk if run is not None else '-'}:{by}:{window}:{limit}:{offset}:{version}"
+    return cache.get_or_set(
+        key, lambda: leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset), BOARD_CACHE_SECONDS)
+
+
+@receiver(post_save, sender=User)
+@receiver(post_save, sender=Team)
+def _shown_saved(sender, instance, created: bool = False, update_fields=None, **kwargs) -> None:
+    shown = USER_SHOWN if sender is User else TEAM_SHOWN
+    if not created and (update_fields is None or shown & set(update_fields)):
+        CreditRollup.boards_changed()
+
+
+@receiver(post_delete, sender=User)
+@receiver(post_delete, sender=Team)
+def _shown_deleted(sender, instance, **kwargs) -> None:
+    CreditRollup.boards_changed()
 
 
 def board_credit(*, run: Run | None, window: str = "all") -> float:
@@ -158,7 +199,7 @@ def _pace(run: Run, now: datetime.datetime) -> dict:
 def run_snapshot(*, run: Run) -> dict:
     """What the live page shows: the board and the collaboration's pace right now, as the JSON form
     of ``runs.credit.schemas.LiveSnapshot`` (the frame ``WS /ws/runs/{slug}/live/`` sends)."""
-    rows = leaderboard_rows(run=run, limit=50)
+    rows = board_rows(run=run, limit=50)
     totals = RunCredit.objects.filter(run=run, samples_verified__gt=0).aggregate(
         samples_total=Sum("samples_verified"), credit_total=Sum("credit"), volunteers=Count("user_id"),
     )
@@ -173,5 +214,5 @@ def run_snapshot(*, run: Run) -> dict:
 def board_snapshot(*, by: str, window: str, limit: int = 100) -> dict:
     """What the board across all runs shows, as the JSON form of ``runs.credit.schemas.BoardSnapshot``
     (the frame ``WS /ws/leaderboard/live/`` sends)."""
-    rows = leaderboard_rows(run=None, by=by, window=window, limit=limit)
+    rows = board_rows(run=None, by=by, window=window, limit=limit)
     return BoardSnapshot(by=by, window=window, leaderboard=rows).model_dump(mode="json")

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Team, User
 from accounts.notifications import milestone_words, notify, notify_many
-from runs.models import Milestone, Run, RunCredit, RunTeamCredit, TeamCredit, VolunteerCredit
+from runs.models import CreditRollup, Milestone, Run, RunCredit, RunTeamCredit, TeamCredit, VolunteerCredit
 
 # measure -> the totals' column it reads: confirmed samples, and confirmed credit in GFLOP.
 MEASURES = {Milestone.Measure.SAMPLES: "samples_verified", Milestone.Measure.CREDIT: "credit"}
@@ -93,6 +93,7 @@ def milestones_refresh_all() -> int:
         held = set(Milestone.objects.filter(**{f"{holder}__isnull": False}).values_list(f"{holder}_id", flat=True))
         ids = held | set(all_runs.objects.values_list(f"{holder}_id", flat=True))
         reached += len(milestones_refresh(holder=holder, ids=ids, announce=False))
+    CreditRollup.boards_changed()  # badges revoked or restored outside the rollup's lock
     return reached
 
 

@@ -164,8 +164,10 @@ def rollup_lag_seconds(*, now: datetime.datetime) -> float:
 
 def watermark_lock() -> CreditRollup:
     """The rollup's progress row, locked until the transaction ends: each pass of the rollup takes
-    it, and so do pending_expire and the rebuild (runs/credit/rebuild.py), so none runs while another does."""
-    CreditRollup.objects.get_or_create(pk=1)
+    it, and so do pending_expire and the rebuild (runs/credit/rebuild.py), so none runs while another does.
+    Every holder may change what the boards show, so the boards' version moves with it (the update takes
+    the row's lock)."""
+    CreditRollup.boards_changed()
     return CreditRollup.objects.select_for_update().get(pk=1)
 
 

@@ -240,6 +240,19 @@ class CreditRollup(models.Model):
     pending_event_id = models.BigIntegerField(default=0, help_text="Events up to here were given their bounded time "
                                                                    "to be confirmed (runs.credit.verification.pending_expire).")
     updated_at = models.DateTimeField(null=True, blank=True)
+    boards_version = models.BigIntegerField(default=0, help_text=(
+        "A new value whenever anything a leaderboard shows may have changed: the boards' cache "
+        "(runs/credit/boards.py) is keyed by it."))
+
+    @classmethod
+    def boards_changed(cls) -> None:
+        """Anything a leaderboard shows may have changed (totals, badges, a public name or visibility): every
+        cached board is read anew. In the caller's transaction, so readers see the new version with the change.
+        A random value, not a count: a count starts again at 1 in another database (a restored backup, a test's)
+        that shares the cache, and would find that database's boards there."""
+        version = secrets.randbits(62) + 1
+        if not cls.objects.filter(pk=1).update(boards_version=version):
+            cls.objects.get_or_create(pk=1, defaults={"boards_version": version})
 
 
 class Milestone(models.Model):

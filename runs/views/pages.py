@@ -18,7 +18,7 @@ from accounts.verification import verification_required
 from portal.ratelimit import RateLimited, rate_limit_hit, rate_limited_page
 from runs.access.rules import run_is_organizer, run_join_refusal, run_list_public, run_may_download_checkpoints, visible_run
 from runs.credit import exports
-from runs.credit.boards import BY, WINDOWS, leaderboard_rows, run_snapshot
+from runs.credit.boards import BY, WINDOWS, board_rows, run_snapshot
 from runs.evaluation.probe_scores import probe_score_rows
 from runs.models import Run, RunCredit
 from runs.setup import services
@@ -163,7 +163,7 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
     """The board across all runs, by volunteer or team, over a window (bad choices fall back)."""
     by = request.GET.get("by") if request.GET.get("by") in BY else "user"
     window = request.GET.get("window") if request.GET.get("window") in WINDOWS else "all"
-    rows = leaderboard_rows(run=None, by=by, window=window, limit=100)
+    rows = board_rows(run=None, by=by, window=window, limit=100)
     return render(request, "runs/leaderboard.html", {"rows": rows, "by": by, "window": window, "windows": list(WINDOWS)})
 
 
