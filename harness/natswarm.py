@@ -26,6 +26,7 @@ STOP_FILE = "stop"
 
 
 def backbone_main(work: Path, address: str) -> None:
+    # each role loads only what it runs: a probe or a backbone never pays for a trainer's torch and transformers
     from hivemind.dht import DHT
 
     from peer_agent.reachability import dialback_install, relay_options
@@ -43,6 +44,7 @@ def backbone_main(work: Path, address: str) -> None:
 
 
 def probe_main(work: Path) -> None:
+    # each role loads only what it runs: a probe or a backbone never pays for a trainer's torch and transformers
     from peer_agent.reachability import reachability_probe
 
     backbones = json.loads((work / BACKBONE_FILE).read_text())
@@ -72,6 +74,7 @@ def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s:
     deadline = time.monotonic() + deadline_s
     # A start, step or shutdown stuck past the deadline: the threads' stacks go to the log and the process exits.
     faulthandler.dump_traceback_later(deadline_s + 60, exit=True)
+    # each role loads only what it runs: a probe or a backbone never pays for a trainer's torch and transformers
     import torch
 
     from harness.swarm import STEP_TIME_S, optimizer_watch

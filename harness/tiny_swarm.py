@@ -27,6 +27,7 @@ def corpus_write(path: Path) -> Path:
 
 def tokenizer_train(corpus: Path):
     """A word-level tokenizer with ALBERT's special tokens, trained on ``corpus``."""
+    # tests/peer_agent/conftest.py imports this module: the agent's light tests never load transformers or hivemind
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -55,6 +56,7 @@ def tiny_config(**sections) -> RunConfig:
 
 def trainer_make(tokenizer, corpus: Path, seed: int, *, joins=None, client_mode=False, averaging=None, training=None):
     """A real ``Trainer`` of the tiny run on loopback with data seed ``seed``, joining ``joins``' swarm if given."""
+    # tests/peer_agent/conftest.py imports this module: the agent's light tests never load transformers or hivemind
     from hivemind.utils.crypto import RSAPrivateKey
 
     from peer_agent.training import Trainer, TrainerSetup

@@ -38,6 +38,7 @@ def aggregate_command(args: argparse.Namespace, console: Console) -> int:
     if settings.client_mode == "on":
         logger.error(_("An aggregator must accept connections from the run's peers: it cannot run with --client-mode on"))
         return EXIT_USAGE
+    # the ML stack loads only when a command trains: `peer-agent --help`, `login`, `stats` never pay for it
     from hivemind.utils.crypto import RSAPrivateKey
     from hivemind.utils.logging import use_hivemind_log_handler
 

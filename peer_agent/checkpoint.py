@@ -43,6 +43,7 @@ class CheckpointMetadata:
 def checkpoint_write(directory: Path, *, model: AlbertForPreTraining, tokenizer: PreTrainedTokenizerFast,
                      optimizer_state: dict, metadata: CheckpointMetadata) -> None:
     """Save a checkpoint into ``directory`` (created if needed)."""
+    # transformers loads only to write or read weights: reading metadata and unzipping need torch alone
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # its "Writing model shards" bar would cut into the agent's console
@@ -83,6 +84,7 @@ def checkpoint_weights_load(directory: Path, *, model: torch.nn.Module) -> None:
     """Put a checkpoint's weights into ``model``. Those it lacks (a Hub masked-LM model, which a run may
     start from, has no sentence-order head) keep the model's own, which every peer draws from the same
     seed (peer_agent/model.py): ``from_pretrained`` would draw them from each process's random state."""
+    # transformers loads only to write or read weights: reading metadata and unzipping need torch alone
     from transformers import AlbertForPreTraining
 
     saved, loading = AlbertForPreTraining.from_pretrained(directory, output_loading_info=True)

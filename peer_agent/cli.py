@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import multiprocessing
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -81,8 +83,6 @@ def run() -> None:
     exit that waits for nothing more. hivemind can hold the interpreter's exit past the agent's stop
     bound (STOP_WITHIN_S in peer_agent.join): its step executor still waiting on a call that its DHT
     process never received (peer_agent.join.swarm_leave). What the agent keeps is on disk by then."""
-    import multiprocessing
-
     code = main()
     logging.shutdown()
     sys.stdout.flush()
@@ -166,8 +166,7 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
 
 
 def check_command(args: argparse.Namespace, console: Console) -> int:
-    import tempfile
-
+    # the ML stack loads only when a command trains: `peer-agent --help`, `login`, `stats` never pay for it
     from peer_agent.bandwidth import client_mode_choose, declared_bandwidth, measure_probe
     from peer_agent.model import averaged_bytes, precision_choose, precision_describe
     from peer_agent.reachability import reachability_probe

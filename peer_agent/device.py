@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 def device_resolve(choice: str) -> torch.device:
     """The torch device for ``--device`` ("auto": CUDA, then Apple MPS, then the CPU)."""
+    # torch loads only when a command asks for a device, not for `--help`, `login` or `stats`
     import torch
 
     mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
@@ -28,6 +29,7 @@ def device_resolve(choice: str) -> torch.device:
 
 def device_info(device: torch.device, precision: str) -> DeviceInfo:
     """How the agent describes its device when joining."""
+    # torch loads only when a command asks for a device, not for `--help`, `login` or `stats`
     import torch
 
     if device.type == "cuda":

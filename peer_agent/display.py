@@ -94,6 +94,7 @@ def logging_setup(console: Console, verbose: bool = False, log_format: str = "te
     """Log through rich so messages print above the live progress line, or (``log_format="json"``, for
     a service's log collector) one JSON object a line on stderr; hivemind's chatter stays at WARNING."""
     if log_format == "json":
+        # only with --log-format json
         from pythonjsonlogger.json import JsonFormatter
 
         handler = logging.StreamHandler(console.file)

@@ -57,6 +57,7 @@ from peer_agent.protocol import (
     RunConfig,
     join_proof_message,
 )
+from peer_agent.reachability import reachability_probe
 from peer_agent.reporter import Reporter
 from peer_agent.settings import AgentSettings, SettingsError, settings_from_args
 from peer_agent.spool import spool_previous_session
@@ -205,6 +206,7 @@ class _Tally:
 def join_command(args: argparse.Namespace, console: Console) -> int:
     settings = settings_from_args(args)
     settings.require("portal", "run", "token")
+    # the ML stack loads only when a command trains: `peer-agent --help`, `login`, `stats` never pay for it
     from hivemind.utils.logging import use_hivemind_log_handler
 
     use_hivemind_log_handler("nowhere")  # hivemind's messages go through our handler, above the progress line
@@ -271,6 +273,7 @@ def _join_when_active(settings: AgentSettings, portal: PortalClient, request: Ca
 def _session_train(settings: AgentSettings, portal: PortalClient, console: Console, stop: StopRequest,
                    deadline: float, patient: bool) -> StopReason | None:
     """One session: join, fetch files, enter the swarm, train until something stops it."""
+    # the ML stack loads only when a command trains: `peer-agent --help`, `login`, `stats` never pay for it
     from hivemind.utils.crypto import RSAPrivateKey
 
     from peer_agent.authorizer import PortalAuthorizer, rsa_public_key_parse
@@ -390,8 +393,6 @@ def swarm_leave(trainer: Trainer, *, within: float) -> bool:
 def _reachability(settings: AgentSettings, config: RunConfig, initial_peers: list[str],
                   announce: list[str] | None):
     """Ask a backbone peer to dial this machine back, unless client mode is decided without it."""
-    from peer_agent.reachability import reachability_probe
-
     if config.averaging.client_mode == "always" or settings.client_mode != "auto":
         return None
     logger.info(_("Asking a backbone peer to dial this machine back (directly, then through its relay)"))
@@ -496,6 +497,7 @@ def _state_keep(trainer: Trainer, directory: Path) -> None:
 def _resume_source(checkpoint: Callable[[], Path | None] | None, kept: Path) -> Path | None:
     """What a session starts from when no peer online has a state: the newer of the run's checkpoint
     and the state this agent kept when the run was paused; None for fresh weights."""
+    # torch (through the checkpoint module) loads only once a session trains
     from peer_agent.checkpoint import checkpoint_metadata
 
     epochs = {}
@@ -510,6 +512,7 @@ def _resume_source(checkpoint: Callable[[], Path | None] | None, kept: Path) -> 
 def _checkpoint_fetch(portal: PortalClient, url: str, folder: Path) -> Path | None:
     """The run's newest checkpoint, downloaded and unzipped into ``folder`` (signed link: no token
     sent); None when it cannot be had, and the agent starts from fresh weights."""
+    # torch (through the checkpoint module) loads only once a session trains
     from peer_agent.checkpoint import checkpoint_unzip
 
     archive = folder / Path(urlsplit(url).path).name

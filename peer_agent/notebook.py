@@ -109,6 +109,7 @@ class _Screen:
     def __init__(self) -> None:
         self._handle = None
         try:
+            # IPython exists only inside a kernel: the agent does not depend on it
             from IPython import get_ipython
             from IPython.display import HTML, display
         except ImportError:

@@ -87,6 +87,7 @@ def static_relays_enable() -> None:
     on (the daemon's default, which hivemind 1.1.12 cannot change) it waits for four candidates or
     three minutes first. Wraps hivemind's private ``P2P._make_process_args``; idempotent, and
     inherited by the DHT's forked process when called before the DHT starts."""
+    # hivemind loads only when a daemon is dialled: the CLI imports this module at start (peer_agent/join.py)
     from hivemind.p2p import P2P
 
     original = P2P._make_process_args
@@ -196,6 +197,7 @@ async def _observed_ips(p2p, caller) -> set[str]:
 async def _dial(targets: list[str], caller) -> str | None:
     """Dial ``caller`` at ``targets`` from a fresh daemon (its own identity, no swarm); None when it
     connected, else why not."""
+    # hivemind loads only when a daemon is dialled: the CLI imports this module at start (peer_agent/join.py)
     from hivemind.p2p import P2P
 
     prober = await P2P.create(host_maddrs=["/ip4/0.0.0.0/tcp/0"], dht_mode="client", auto_nat=False,
@@ -224,6 +226,7 @@ def _first_line(exc: BaseException) -> str:
 def _daemon_maddr(maddr: str):
     """``maddr`` as the daemon reads it. hivemind's multiaddr library writes a ``/p2p/`` part as a CID,
     which the daemon cannot decode (it expects the peer id's bytes), so those parts are written here."""
+    # hivemind loads only when a daemon is dialled: the CLI imports this module at start (peer_agent/join.py)
     from hivemind.p2p import PeerID
     from hivemind.utils.multiaddr import Multiaddr
 
@@ -248,6 +251,7 @@ def _varint(number: int) -> bytes:
 
 async def dialback_serve(dht, node) -> None:
     """Runs in the backbone's DHT process (``dht.run_coroutine``): answer dial-back requests."""
+    # protobuf's wrappers load with hivemind's daemon bindings, only when one is used
     from google.protobuf.wrappers_pb2 import StringValue
 
     p2p = node.p2p
@@ -323,6 +327,7 @@ def _peer_id(maddr: str) -> str | None:
 
 async def _ask(p2p, backbones: list[str], maddrs: list[str]) -> DialBackAnswer:
     """Ask each backbone peer in turn to dial ``maddrs``; the first answer."""
+    # protobuf's wrappers load with hivemind's daemon bindings, only when one is used
     from google.protobuf.wrappers_pb2 import StringValue
     from hivemind.p2p import PeerID
 
@@ -349,6 +354,7 @@ def _dialable(maddrs: list[str], *, relayed: bool) -> list[str]:
 
 async def _probe_path(initial_peers: list[str], *, relayed: bool, host_maddrs: list[str],
                       announce_maddrs: list[str] | None) -> tuple[DialBackAnswer, list[str]]:
+    # hivemind loads only when a daemon is dialled: the CLI imports this module at start (peer_agent/join.py)
     from hivemind.p2p import P2P, P2PDaemonError
 
     for attempt in range(1, PROBE_START_TRIES + 1):

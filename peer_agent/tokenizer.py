@@ -29,6 +29,7 @@ def tokenizer_as_transformers(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 def tokenizer_load(path: Path) -> PreTrainedTokenizerFast:
     """The run's ``tokenizer.json`` at ``path``, wrapped for `transformers` like :func:`tokenizer_as_transformers`."""
+    # transformers loads only with a run's tokenizer: the CLI imports this module at start (peer_agent/join.py)
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(tokenizer_file=str(path), model_input_names=list(MODEL_INPUT_NAMES), **_DECLARED)
