@@ -39,6 +39,7 @@ messages: install
 lint: install
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layout.py
 
 clean:
 	rm -rf $(VENV) var staticfiles
