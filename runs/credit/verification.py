@@ -1,41 +1,20 @@
-"""Verified credit: the service that moves a session's epoch between credit states.
+"""Verified credit: the service that moves a session's epoch between credit states (docs/trust.md has the
+rules and their reasons).
 
-A session's reports are claims. For every closed collaboration epoch the coordinator's monitor
-compares what a session *reported* (the sum of its contribution events with that ``local_epoch``)
-with what its peer *announced* in its signed DHT records for that epoch, and records the outcome
-in a :class:`~runs.models.SessionEpoch` row:
+For every closed collaboration epoch the coordinator's monitor compares what a session *reported* (its
+contribution events with that ``local_epoch``) with what its peer *announced* in its signed DHT records,
+and records the outcome in a :class:`~runs.models.SessionEpoch` row:
 
-- verified: the session's work for the epoch was spot-checked (below), ``reported <= announced ×
-  (1 + TOLERANCE) + one local step`` and the announced share
-  is plausible: at most ``RUN_PACE_SLACK`` × the epoch's ``target_batch_size`` + one local step,
-  the same pace the ingest allows. An honest peer does go past the target batch: it accumulates
-  into its epoch until its fetch of the collaboration's progress returns or its averaging round
-  begins (seen in CI: 48 samples of a target of 32). The slack of one step covers the step an
-  agent counts when hivemind drops it for a resync.
-- flagged: the figures disagree; ``detail`` names them and an organizer accepts or rejects it.
-- provisional, "never seen": the session reported samples for an epoch in which the monitor never
-  saw its peer's records. It is rejected once its session has ended or ``NEVER_SEEN_REJECT_AFTER``
-  passed after the epoch closed, since no record can arrive any more.
-- pending for good: claims the monitor never judged (the epoch closed while the coordinator was
-  down, or lies far ahead of the swarm) are rejected ``PENDING_MAX_AGE`` after they were reported
-  (:func:`pending_expire`), so that no claim stays pending for ever.
+- verified: spot-checked (with ``verification.spot_checks`` on), ``reported <= announced × (1 + TOLERANCE)``
+  plus one local step, and the announced share within ``RUN_PACE_SLACK`` × the target batch plus one step;
+- flagged: the figures disagree, or a spot check failed (``failures_to_suspend`` of them suspend the
+  session, :func:`check_record`); an organizer accepts or rejects it;
+- rejected: an epoch never seen in the DHT (after ``NEVER_SEEN_REJECT_AFTER`` or once its session ended), a
+  claim never judged after ``PENDING_MAX_AGE`` (:func:`pending_expire`), an epoch without a commitment, one
+  the validator could not check, or one computed at parameters other than the held state's ("diverged").
 
-Spot checks (peer_agent/spotcheck.py, docs/trust.md): with the run's ``verification.spot_checks`` on,
-an epoch is verified only when the session committed to its steps (``StepCommitment``), every step
-was computed at the state the validator holds for the epoch, and the steps the validator drew and
-recomputed matched ("passed"). Each epoch stands on its own checks: a pass never vouches for another
-epoch. A failed check flags the epoch with the figures; ``failures_to_suspend`` failed checks suspend
-the session (:func:`check_record`): its reports are refused and all of its epochs wait for an
-organizer. These earn nothing, rejected like an epoch never seen: an epoch without a commitment; one
-whose commitment the validator could not check (it held no state of the epoch, or the commitment
-came after the deadline, runs/ingest/reports.py); and one with any step computed, the session says, at
-parameters other than the held state's ("diverged": an honest peer whose averaging round failed,
-or a cheater hoping a faked step passes for one; nothing is held against it, and nothing is earned,
-whether or not that step was drawn).
-
-Rows that an organizer decided (accepted, rejected) are final. A verified row is judged again
-when late reports arrive; it stays verified if the new sum still agrees, else it is flagged.
-Every change sets ``checked_at`` or ``decided_at``: the credit rollup picks rows up by them.
+Each epoch stands on its own checks. Decided rows are final; a verified row is judged again when late
+reports arrive. Every change sets ``checked_at`` or ``decided_at``, by which the credit rollup picks rows up.
 """
 
 from __future__ import annotations
