@@ -60,7 +60,8 @@ def test_http_requests_are_counted_by_route_pattern_and_status_never_by_path(set
 
 def test_celery_task_runs_and_failures_are_counted_by_task(settings):
     from portal.celery import app
-    from runs.tasks import credit_rollup_task, tokenizer_train_task
+    from runs.setup.services import tokenizer_train_task
+    from runs.tasks import credit_rollup_task
 
     before = scrape(settings)
     credit_rollup_task.apply()

@@ -121,7 +121,8 @@ def test_probe_scores_show_their_mean_and_spread_over_seeds(client_for, run, org
 
 def test_frequency_baselines_that_cannot_be_measured_fail_on_their_rows_and_let_the_other_evaluators_go_on(run):
     from peer_agent.protocol import RunConfig
-    from runs.evaluation.runner import EvaluationError, Subject, frequencies_evaluate
+    from runs.evaluation.runner import EvaluationError, frequencies_evaluate
+    from runs.evaluation.subjects import Subject
 
     config = RunConfig.model_validate(run.config)
     config.data.source = "files"  # and the run has no files: nothing to count

@@ -216,7 +216,7 @@ def test_a_peer_whose_process_is_gone_is_unreachable_not_silent(run, coordinator
     """A killed peer stays declared as a state source for hivemind's declare period (30 s); the validator
     holds its survivor's state meanwhile because no stream to the killed peer opens (runs/swarm/spotcheck.py,
     ``Validator._hold``), unlike a live peer's."""
-    from runs.swarm.checkpoints import UNREACHABLE
+    from runs.swarm.state import UNREACHABLE
 
     trainer = make_trainer()
     checkpointer = next(iter(coordinator.peers.values())).checkpointer
