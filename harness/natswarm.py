@@ -91,7 +91,7 @@ def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s:
         trainer = Trainer(setup, tokenizer_load(work / "tokenizer.json"))
     except SwarmUnreachable:  # the daemon's first dial through the NAT timed out on a loaded host: as a volunteer would, again
         trainer = Trainer(setup, tokenizer_load(work / "tokenizer.json"))
-    rounds, anomalies, connections, maddrs = [], [], {}, []
+    rounds, anomalies, connections, maddrs, asked_after = [], [], {}, [], 0
     optimizer_watch(trainer, on_anomaly=lambda what, epoch: anomalies.append([what, epoch]),
                     on_group=lambda peers, epoch: rounds.append([epoch, sorted(str(peer) for peer in peers)]))
     try:
@@ -103,8 +103,10 @@ def trainer_main(work: Path, index: int, epochs: int, relayed: bool, deadline_s:
         while trainer.optimizer.local_epoch < epochs and time.monotonic() < deadline:
             time.sleep(STEP_TIME_S)
             trainer.step()
-            if rounds and not connections:  # while the first round's connections are still open
-                connections, maddrs = _ask(trainer, _connections, {}), _ask(trainer, _announced, [])
+            if len(rounds) > asked_after:  # after each round, while its connections are still open
+                asked_after = len(rounds)  # (on a loaded host the first round may have found no partner)
+                connections = {**connections, **_ask(trainer, _connections, {})}
+                maddrs = maddrs or _ask(trainer, _announced, [])
         # The daemon may not answer once the other peer is gone: what it said after the first round stands.
         connections = {**connections, **_ask(trainer, _connections, {})}
         maddrs = _ask(trainer, _announced, []) or maddrs

@@ -8,7 +8,9 @@ uncached read (:func:`leaderboard_rows`) gave at its version; recent average cre
 read, at most one rollup pass (~10 s) ago.
 """
 
+import contextlib
 import datetime
+import logging
 
 from django.core.cache import cache
 from django.db.models import Count, Max, Sum
@@ -33,6 +35,8 @@ from runs.models import (
     TeamCredit,
     VolunteerCredit,
 )
+
+logger = logging.getLogger(__name__)
 
 # window -> (samples column, credit column) of the aggregates: confirmed samples and credit only
 # (docs/trust.md); pending credit never moves a rank. TEAM_COUNTS: window -> (members, machines column).
@@ -91,8 +95,16 @@ def board_rows(*, run: Run | None, by: str = "user", window: str = "all", limit:
     if not version:  # nothing was ever rolled up
         return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
     key = f"board:{run.pk if run is not None else '-'}:{by}:{window}:{limit}:{offset}:{version}"
-    return cache.get_or_set(
-        key, lambda: leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset), BOARD_CACHE_SECONDS)
+    try:
+        rows = cache.get(key)
+    except Exception:  # the cache only saves work: while it is away (Redis restarting), boards are read afresh
+        logger.warning("boards' cache unavailable; reading the board afresh", exc_info=True)
+        return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+    if rows is None:
+        rows = leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+        with contextlib.suppress(Exception):  # as above: a board not kept is read again next time
+            cache.set(key, rows, BOARD_CACHE_SECONDS)
+    return rows
 
 
 @receiver(post_save, sender=User)

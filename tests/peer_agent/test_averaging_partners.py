@@ -487,7 +487,11 @@ def test_two_agents_with_tokens_average_gradients_together(authority, tiny_confi
                                  data_files=[str(corpus_file)], progress_refresh_s=1.0, bandwidth=100.0)
             trainers.append(Trainer(setup, tokenizer))
         train_together(trainers, epochs=3)
-        groups = checked.read_text().splitlines()
+        for _ in range(4):  # a loaded machine can make every round of three epochs miss its partner: train on
+            if checked.exists():
+                break
+            train_together(trainers, epochs=max(trainer.optimizer.local_epoch for trainer in trainers) + 2)
+        groups = checked.read_text().splitlines() if checked.exists() else []
         assert groups and all(line == "2 None" for line in groups), groups
         assert min(trainer.optimizer.local_epoch for trainer in trainers) >= 3
     finally:

@@ -6,7 +6,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.services import team_create
-from runs.credit.boards import board_rows, leaderboard_rows
+from runs.credit import boards
+from runs.credit.boards import board_rows, leaderboard_rows, run_snapshot
 from runs.credit.rollup import credit_rollup
 from tests.factories import RunFactory, UserFactory, report, session_for
 
@@ -71,3 +72,17 @@ def test_a_renamed_team_is_seen_at_once_and_a_login_keeps_the_cache(board):
     with CaptureQueriesContext(connection) as queries:
         board_rows(run=run, by="team")
     assert len(queries) == 1, "a field no board shows leaves the cached boards alone"
+
+
+def test_boards_are_read_afresh_while_the_cache_is_away(board, monkeypatch):
+    """A restarting Redis must not fail a board, nor end a live page's feed (tests/e2e/test_faults.py saw one
+    go silent for good when the cache raised into it)."""
+    run = board[0]
+
+    def away(*args, **kwargs):
+        raise ConnectionError("the cache is restarting")
+
+    monkeypatch.setattr(boards.cache, "get", away)
+    monkeypatch.setattr(boards.cache, "set", away)
+    assert board_rows(run=run) == leaderboard_rows(run=run)
+    assert names(run_snapshot(run=run)["leaderboard"]) == names(leaderboard_rows(run=run, limit=50))
