@@ -91,17 +91,20 @@ def leaderboard_rows(*, run: Run | None, by: str = "user", window: str = "all", 
 def board_rows(*, run: Run | None, by: str = "user", window: str = "all", limit: int = 100, offset: int = 0) -> list[dict]:
     """:func:`leaderboard_rows`, cached under the boards' version: read first, so that rows cached under a
     version are never older than it."""
+    def read() -> list[dict]:
+        return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+
     version = CreditRollup.objects.filter(pk=1).values_list("boards_version", flat=True).first()
     if not version:  # nothing was ever rolled up
-        return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+        return read()
     key = f"board:{run.pk if run is not None else '-'}:{by}:{window}:{limit}:{offset}:{version}"
     try:
         rows = cache.get(key)
     except Exception:  # the cache only saves work: while it is away (Redis restarting), boards are read afresh
         logger.warning("boards' cache unavailable; reading the board afresh", exc_info=True)
-        return leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+        return read()
     if rows is None:
-        rows = leaderboard_rows(run=run, by=by, window=window, limit=limit, offset=offset)
+        rows = read()
         with contextlib.suppress(Exception):  # as above: a board not kept is read again next time
             cache.set(key, rows, BOARD_CACHE_SECONDS)
     return rows
