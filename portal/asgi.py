@@ -12,13 +12,14 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from portal.request_body import RequestBodyLimit  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
+from portal.snapshots import Snapshots  # noqa: E402
 from portal.static_manifest import static_manifest_require  # noqa: E402
 
 static_manifest_require()
 
 application = ProtocolTypeRouter(
     {
-        "http": RequestBodyLimit(django_asgi_app),
+        "http": Snapshots(RequestBodyLimit(django_asgi_app)),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

@@ -63,9 +63,13 @@ def json_formatter() -> logging.Formatter:
                          rename_fields={"levelname": "level", "name": "logger"})
 
 
-def _incoming_id(request: HttpRequest) -> str:
-    offered = request.headers.get(REQUEST_ID_HEADER, "")
+def request_id_offered(offered: str) -> str:
+    """The id a request is served under: the one it came with when that is a plain token, else a fresh one."""
     return offered if _REQUEST_ID.fullmatch(offered) else uuid.uuid4().hex
+
+
+def _incoming_id(request: HttpRequest) -> str:
+    return request_id_offered(request.headers.get(REQUEST_ID_HEADER, ""))
 
 
 @sync_and_async_middleware

@@ -46,5 +46,8 @@ CHECKPOINT_FAILURES = Counter("dedloc_checkpoint_failures", "Checkpoint attempts
 
 HTTP_REQUESTS = Counter("dedloc_http_requests", "HTTP requests answered, by route pattern, method and status.",
                         ["route", "method", "status"])
+# Answers of the API sent from a snapshot (portal/snapshots.py) never reach Django, nor HTTP_REQUESTS above.
+SNAPSHOTS = Counter("dedloc_http_snapshots", "Anonymous API reads: answers sent from a snapshot (sent) or read afresh "
+                    "by Django while a snapshot could have been sent (read).", ["outcome"])
 HTTP_REQUEST_SECONDS = Histogram("dedloc_http_request_duration_seconds", "Time to answer an HTTP request, by route pattern.",
                                  ["route"], buckets=LATENCY_BUCKETS)

@@ -8,6 +8,7 @@ from typing import Literal
 
 from django.http import FileResponse, HttpRequest, HttpResponse
 from django.urls import reverse
+from django.utils.cache import patch_cache_control
 from ninja import Field, Path, Query, Router, Schema
 from pydantic import field_validator
 
@@ -23,6 +24,7 @@ from runs.access.rules import (
     run_list_public,
     run_may_download_checkpoints,
     run_may_view,
+    run_seen_by_all,
     visible_run,
 )
 from runs.access.sessions import session_link_target, session_link_token, session_open, session_refresh
@@ -81,6 +83,13 @@ def _refused(refusal: JoinRefused) -> ApiError:
     return ApiError(refusal.status, refusal.code, refusal.detail, refusal.retry_after)
 
 
+def _everyones(response: HttpResponse) -> None:
+    """Mark an answer that every reader is given alike (the run list, a board of a run anyone may see), so
+    that it may be kept and sent again without reading the database (portal/snapshots.py, for anonymous
+    readers). ``max-age=0``: a browser asks again, since the boards move at every rollup pass."""
+    patch_cache_control(response, public=True, max_age=0)
+
+
 def _absolute(request: HttpRequest, path: str, scheme: str | None = None) -> str:
     url = request.build_absolute_uri(path)
     if scheme == "ws":
@@ -89,13 +98,17 @@ def _absolute(request: HttpRequest, path: str, scheme: str | None = None) -> str
 
 
 @router.get("/runs/", response=answers(list[RunSummary]), summary="Public runs")
-def run_list(request: HttpRequest):
+def run_list(request: HttpRequest, response: HttpResponse):
+    _everyones(response)
     return [_summary(run) for run in run_list_public()]
 
 
 @router.get("/runs/{slug}/", response=answers(RunSummary, 400, 404), summary="A run's summary and configuration")
-def run_detail(request: HttpRequest, slug: Slug):
-    return _summary(_visible_run(request, slug))
+def run_detail(request: HttpRequest, response: HttpResponse, slug: Slug):
+    run = _visible_run(request, slug)
+    if run_seen_by_all(run=run):
+        _everyones(response)
+    return _summary(run)
 
 
 @router.post("/runs/{slug}/join", response=answers(JoinResponse, 400, *AGENT_AUTH, 404, 409), auth=AgentBearer(),
@@ -308,15 +321,19 @@ def _board(run: Run | None, by: str, window: str, limit: int, offset: int) -> li
 
 
 @router.get("/runs/{slug}/leaderboard", response=answers(list[LeaderboardRow], 400, 404), summary="A run's leaderboard")
-def run_leaderboard(request: HttpRequest, slug: Slug, by: Literal["user", "team"] = "user",
+def run_leaderboard(request: HttpRequest, response: HttpResponse, slug: Slug, by: Literal["user", "team"] = "user",
                     window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
     """Credit is in GFLOP of training (see docs/volunteers.md); share is of the board's credit."""
-    return _board(_visible_run(request, slug), by, window, limit, offset)
+    run = _visible_run(request, slug)
+    if run_seen_by_all(run=run):
+        _everyones(response)
+    return _board(run, by, window, limit, offset)
 
 
 @router.get("/leaderboard", response=answers(list[LeaderboardRow], 400), summary="The leaderboard across all runs")
-def leaderboard(request: HttpRequest, by: Literal["user", "team"] = "user",
+def leaderboard(request: HttpRequest, response: HttpResponse, by: Literal["user", "team"] = "user",
                 window: Literal["24h", "7d", "all"] = "all", limit: Page = 100, offset: Offset = 0):
+    _everyones(response)
     return _board(None, by, window, limit, offset)
 
 

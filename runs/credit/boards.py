@@ -3,7 +3,8 @@ never an aggregation over the contribution events, so a board costs the same wit
 
 Pages, the API and the live frames read a board through :func:`board_rows`: the rows cached under the boards'
 version (``CreditRollup.boards_version``), which moves with every pass that holds the rollup's lock and with
-every change to a public name, a visibility or a team (the receivers below). A cached board is the rows an
+every change to a public name, a visibility, a team or what the run list shows of a run (the receivers below;
+the API's snapshots of boards and of the run list, portal/snapshots.py, are kept under it too). A cached board is the rows an
 uncached read (:func:`leaderboard_rows`) gave at its version; recent average credit decays from the time it was
 read, at most one rollup pass (~10 s) ago.
 """
@@ -14,7 +15,7 @@ import logging
 
 from django.core.cache import cache
 from django.db.models import Count, Max, Sum
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 from django.urls import reverse
 from django.utils import timezone
@@ -49,6 +50,8 @@ BOARD_CACHE_SECONDS = 60
 # What a board shows of a volunteer and of a team (their rows' names and profile links, and who is hidden).
 USER_SHOWN = {"username", "display_name", "visibility", "pseudonym", "team"}
 TEAM_SHOWN = {"name", "slug", "disbanded_at"}
+# What the run list and a run's summary show (runs/api/routes.py, RunSummary), and who may see a run's board.
+RUN_SHOWN = {"slug", "name", "description", "status", "visibility", "audience", "config", "tokenizer_status"}
 
 
 def volunteer_profile_key(user: User) -> str | None:
@@ -112,14 +115,18 @@ def board_rows(*, run: Run | None, by: str = "user", window: str = "all", limit:
 
 @receiver(post_save, sender=User)
 @receiver(post_save, sender=Team)
+@receiver(post_save, sender=Run)
 def _shown_saved(sender, instance, created: bool = False, update_fields=None, **kwargs) -> None:
-    shown = USER_SHOWN if sender is User else TEAM_SHOWN
-    if not created and (update_fields is None or shown & set(update_fields)):
+    shown = {User: USER_SHOWN, Team: TEAM_SHOWN, Run: RUN_SHOWN}[sender]
+    # A new volunteer or team has no credit yet; a new run may be in the run list at once.
+    if (not created or sender is Run) and (update_fields is None or shown & set(update_fields)):
         CreditRollup.boards_changed()
 
 
 @receiver(post_delete, sender=User)
 @receiver(post_delete, sender=Team)
+@receiver(post_delete, sender=Run)
+@receiver(m2m_changed, sender=Run.organizers.through)
 def _shown_deleted(sender, instance, **kwargs) -> None:
     CreditRollup.boards_changed()
 

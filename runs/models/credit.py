@@ -4,10 +4,11 @@ keeps for the boards (runs/credit/rollup.py), milestones and certificates."""
 import secrets
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from portal.snapshots import version_publish
 from runs.models.access import TrainingSession
 from runs.models.setup import Run
 
@@ -241,8 +242,8 @@ class CreditRollup(models.Model):
                                                                    "to be confirmed (runs.credit.verification.pending_expire).")
     updated_at = models.DateTimeField(null=True, blank=True)
     boards_version = models.BigIntegerField(default=0, help_text=(
-        "A new value whenever anything a leaderboard shows may have changed: the boards' cache "
-        "(runs/credit/boards.py) is keyed by it."))
+        "A new value whenever anything a leaderboard or the run list shows may have changed: the boards' cache "
+        "(runs/credit/boards.py) and the API's snapshots (portal/snapshots.py) are keyed by it."))
 
     @classmethod
     def boards_changed(cls) -> None:
@@ -253,6 +254,8 @@ class CreditRollup(models.Model):
         version = secrets.randbits(62) + 1
         if not cls.objects.filter(pk=1).update(boards_version=version):
             cls.objects.get_or_create(pk=1, defaults={"boards_version": version})
+        # After the commit, so that a web process reading the rows under this version finds them.
+        transaction.on_commit(lambda: version_publish(version))
 
 
 class Milestone(models.Model):

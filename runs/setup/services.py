@@ -18,7 +18,7 @@ from accounts.notifications import notify_many
 from peer_agent.protocol import MID_RUN_EDITABLE, RunConfig, changed_fields
 from portal.logs import log_context
 from runs.access.authority import authority_generate
-from runs.models import DataFile, Run, RunBan, RunEvent, RunMembership, TrainingSession
+from runs.models import CreditRollup, DataFile, Run, RunBan, RunEvent, RunMembership, TrainingSession
 from runs.setup import tokenization
 from runs.setup.heldout import heldout_join, heldout_split
 
@@ -347,6 +347,7 @@ def tokenizer_train_start(*, run: Run, actor: User) -> None:
     _sources_ready(run)
     with transaction.atomic():
         Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.TRAINING, tokenizer_error="")
+        CreditRollup.boards_changed()  # the run list shows the tokenizer's status; update() sends no signal
         run_event_record(run=run, actor=actor, kind=RunEvent.Kind.TOKENIZER, detail="training started")
         transaction.on_commit(lambda: tokenizer_train_task.delay(run.pk))
 
@@ -363,7 +364,9 @@ def tokenizer_train(*, run_id: int) -> None:
             strip_accents=config.strip_accents,
         )
     except Exception as exc:  # a failed training is shown to the organizer, never lost in a log
-        Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.FAILED, tokenizer_error=str(exc)[:2000])
+        with transaction.atomic():
+            Run.objects.filter(pk=run.pk).update(tokenizer_status=Run.TokenizerStatus.FAILED, tokenizer_error=str(exc)[:2000])
+            CreditRollup.boards_changed()  # as in tokenizer_train_start
         raise
     tokenizer_store(run=run, json_text=tokenizer.to_str())
     logger.info("trained the run's tokenizer: %d tokens", tokenizer.get_vocab_size())
