@@ -29,7 +29,13 @@ models alone. Nothing here imports the portal's code: it is reached over HTTP an
    previous is answered) for `--seconds` after `--warmup`; p50/p99 of the latencies of the requests
    answered in the window. The client is an aiohttp loop in a process of its own (not the server's
    GIL), on the same cores as the server. The CPU seconds each server process used meanwhile are
-   printed too, to show how the connections spread over the workers (UNEVEN: one did over 80%).
+   printed too, to show how the connections spread over the workers (UNEVEN: one did over 80%), and the
+   requests answered (warm-up included) per CPU second the server used: what a worker with a core of its
+   own serves, which a busy machine's req/s hides.
+
+With `--redis`, both checkouts serve with a redis-server of the bench's own (a database each), as production
+does: Django's cache, the channel layer and, where the checkout has them, the API's snapshots
+(portal/snapshots.py), whose version the seed publishes.
 
 2 and 3 are done `--rounds` times, each round starting every server afresh, W = 1 then 2, the
 baseline's before the current one's each time; the table has the medians. Printed: a table of both
@@ -38,6 +44,7 @@ child process and the baseline's worktree are removed at the end, on failure and
 
     .venv/bin/python -m bench.webtier                      # baseline f89ff7e, 1,000 mixed requests, 3 rounds
     .venv/bin/python -m bench.webtier --baseline main~3 --requests 200 --rounds 1 --json /tmp/webtier.json
+    .venv/bin/python -m bench.webtier --baseline 867e977 --redis --volunteers 100000 --workers 1 --rounds 1
 """
 
 from __future__ import annotations
@@ -234,6 +241,40 @@ class Server:
                 pass
 
 
+@dataclass
+class Redis:
+    """A redis-server of the bench's own on a free loopback port (Debian's, as `.ci/run` installs)."""
+
+    process: subprocess.Popen
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def redis_start(scratch: Path) -> Redis:
+    if not shutil.which("redis-server"):
+        raise SystemExit("--redis needs redis-server on PATH (Debian: apt-get install redis-server)")
+    port = port_free()
+    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", str(scratch)], stdout=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return Redis(process, port)
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.05)
+
+
 # --- the load client (runs in a process of its own) --------------------------------------------
 
 async def load_drive(base: str, paths: list[str], connections: int, *, count: int = 0, seconds: float = 0.0,
@@ -278,7 +319,8 @@ async def load_drive(base: str, paths: list[str], connections: int, *, count: in
         await asyncio.gather(*(connection(session, index) for index in range(connections)))
     elapsed = seconds if not count else time.perf_counter() - started
     ordered = sorted(latencies) or [float("nan")]
-    return {"requests": len(latencies), "seconds": elapsed, "per_second": len(latencies) / elapsed if elapsed else 0.0,
+    return {"requests": len(latencies), "answered": sum(statuses.values()), "seconds": elapsed,
+            "per_second": len(latencies) / elapsed if elapsed else 0.0,
             "p50_ms": ordered[len(ordered) // 2] * 1000,
             "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, "statuses": statuses}
 
@@ -334,7 +376,7 @@ def server_summary(results: list[dict]) -> dict:
         "memory_mb": statistics.median(result["memory_mb"] for result in results),
         "worker_mean_mb": statistics.median(result["worker_mean_mb"] for result in results),
         "load": {name: {figure: statistics.median(result["load"][name][figure] for result in results)
-                        for figure in ("per_second", "p50_ms", "p99_ms")}
+                        for figure in ("per_second", "per_cpu_second", "p50_ms", "p99_ms")}
                  for name in results[0]["load"]},
         "rounds": results,
     }
@@ -361,6 +403,8 @@ def figures_table(imports: dict, servers: dict, workers: list[int]) -> list[Figu
             one, other = before["load"][name], after["load"][name]
             figures += [
                 Figure(f"uvicorn {count}w: {name}", "req/s", one["per_second"], other["per_second"], True),
+                Figure(f"uvicorn {count}w: {name} per server CPU s", "req", one["per_cpu_second"],
+                       other["per_cpu_second"], True),
                 Figure(f"uvicorn {count}w: {name} p50", "ms", one["p50_ms"], other["p50_ms"], False),
                 Figure(f"uvicorn {count}w: {name} p99", "ms", one["p99_ms"], other["p99_ms"], False),
             ]
@@ -405,6 +449,9 @@ def server_measure(checkout: Checkout, workers: int, args) -> dict:
             # How the work spread over the processes: CPU seconds each used, warm-up included.
             measured["cpu_s"] = {pid: seconds - cpu_from.get(pid, 0.0) for pid, seconds in server.cpu().items()}
             busiest = max(measured["cpu_s"].values()) / (sum(measured["cpu_s"].values()) or 1)
+            # What one core of the server answers when it has the core to itself: on a busy machine the
+            # server gets a share of the cores and req/s says more about the neighbours than about it.
+            measured["per_cpu_second"] = measured["answered"] / (sum(measured["cpu_s"].values()) or float("nan"))
             measured["uneven"] = workers > 1 and busiest > 0.8
             failed = {status: number for status, number in measured["statuses"].items() if status != "200"}
             if failed:
@@ -413,6 +460,7 @@ def server_measure(checkout: Checkout, workers: int, args) -> dict:
             uneven = "   UNEVEN: one worker did most of the work" if measured["uneven"] else ""
             print(f"  {checkout.label:<6} uvicorn {workers}w {name:<9} {measured['per_second']:7.0f} req/s   "
                   f"p50 {measured['p50_ms']:6.1f} ms   p99 {measured['p99_ms']:6.1f} ms   "
+                  f"{measured['per_cpu_second']:6.0f} req per server CPU s   "
                   f"({measured['requests']} in {args.seconds:g} s, {args.connections} connections; CPU s "
                   f"{', '.join(f'{seconds:.1f}' for seconds in measured['cpu_s'].values())})   "
                   f"load {os.getloadavg()[0]:.2f}{uneven}", flush=True)
@@ -436,6 +484,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--volunteers", type=int, default=50, help="volunteers with credit in the seeded run")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this file")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (databases, server logs)")
+    parser.add_argument("--redis", action="store_true",
+                        help="serve with Redis (a redis-server of the bench's own; each checkout a database of it), "
+                             "as production does: the cache, the channel layer and the API's snapshots")
     return parser.parse_args()
 
 
@@ -448,11 +499,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
     scratch = Path(tempfile.mkdtemp(prefix="bench-webtier-"))
     baseline_path = scratch / "baseline"
+    redis = None
     try:
         print(f"{os.cpu_count()} CPUs; {uptime()}; scratch {scratch}", flush=True)
         current = checkout_current(scratch)
         baseline = checkout_baseline_add(args.baseline, scratch)
         checkouts = [baseline, current]
+        if args.redis:
+            redis = redis_start(scratch)
+            for number, checkout in enumerate(checkouts):
+                checkout.env["REDIS_URL"] = f"{redis.url}/{number}"
         for checkout in checkouts:
             print(f"{checkout.label:<6} {checkout.commit} at {checkout.path}", flush=True)
             checkout_prepare(checkout, args.volunteers)
@@ -500,6 +556,8 @@ def main() -> None:
             }, indent=2))
             print(f"wrote {args.json}")
     finally:
+        if redis is not None:
+            redis.stop()
         checkout_baseline_remove(baseline_path)
         if args.keep:
             print(f"kept {scratch}")

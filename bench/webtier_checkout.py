@@ -116,9 +116,12 @@ def seed(slug: str, volunteers: int) -> dict:
         RunCreditTotal.objects.create(run=run, **total)
         # The rows stand in for a rollup pass, which moves the boards' version (runs/credit/boards.py caches
         # boards under it); a checkout from before that cache has no such version.
+        # With REDIS_URL, the version is published once this transaction commits (portal/snapshots.py).
         CreditRollup = apps.get_model("runs", "CreditRollup")
         if any(field.name == "boards_version" for field in CreditRollup._meta.get_fields()):
-            CreditRollup.objects.update_or_create(pk=1, defaults={"boards_version": 1})
+            from runs.models import CreditRollup  # the model's class: its boards_changed, which app models lack
+
+            CreditRollup.boards_changed()
     return {"run": run.slug, "volunteers": len(people)}
 
 
