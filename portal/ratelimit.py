@@ -11,12 +11,13 @@ get-then-set would let a burst through). A refused attempt takes its count back,
 that waits the `Retry-After` it was told gets in. Limits come from `settings.RATE_LIMITS`.
 """
 
+import functools
 import hashlib
 import math
 import time
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import DEFAULT_CACHE_ALIAS, BaseCache, caches
 from django.http import HttpResponse, JsonResponse
 
 from portal.errors import error_response
@@ -31,6 +32,14 @@ class RateLimited(Exception):
         self.name, self.retry_after = name, retry_after
         self.detail = f"too many attempts; try again in {retry_after} s"
         super().__init__(self.detail)
+
+
+@functools.cache
+def counters() -> BaseCache:
+    """The cache the counters live in, one for the process. `django.core.cache.cache` is one per thread and
+    async context: each agent socket, which checks a limit as it connects (runs/ingest/consumers.py), kept a
+    Redis connection of its own for its whole life, and 10,000 sockets reach Redis's default maxclients."""
+    return caches.create_connection(DEFAULT_CACHE_ALIAS)
 
 
 def _counter_key(name: str, key: str, slot: int) -> str:
@@ -66,17 +75,17 @@ def rate_limit_hit(*, name: str, key: str) -> None:
     count_allowed, slot_seconds, keys = _slots(name, key, now)
     counter = keys[-1]
     timeout = math.ceil(slot_seconds * (SLOTS + 1)) + 1
-    cache.add(counter, 0, timeout=timeout)
+    counters().add(counter, 0, timeout=timeout)
     try:
-        count = cache.incr(counter)
+        count = counters().incr(counter)
     except ValueError:  # the counter expired between add and incr: this is the new slot's first
-        cache.add(counter, 1, timeout=timeout)
+        counters().add(counter, 1, timeout=timeout)
         count = 1
-    earlier = cache.get_many(keys[:-1])
+    earlier = counters().get_many(keys[:-1])
     counts = [earlier.get(slot_key, 0) for slot_key in keys[:-1]] + [count]
     if sum(counts) > count_allowed:
         try:
-            cache.decr(counter)
+            counters().decr(counter)
         except ValueError:  # expired meanwhile: nothing left to take back
             pass
         counts[-1] -= 1
@@ -90,7 +99,7 @@ def rate_limit_check(*, name: str, key: str) -> None:
     """
     now = time.time()
     count_allowed, slot_seconds, keys = _slots(name, key, now)
-    found = cache.get_many(keys)
+    found = counters().get_many(keys)
     counts = [found.get(slot_key, 0) for slot_key in keys]
     if sum(counts) >= count_allowed:
         raise RateLimited(name, _retry_after(counts, count_allowed, slot_seconds, now))

@@ -1,6 +1,8 @@
 """Rate limits: log-in per IP and username, sign-up per IP, token creation per volunteer, joins per
 agent token. Counted atomically in the cache (locmem by default, Redis when REDIS_URL is set)."""
 
+import asyncio
+import contextvars
 import datetime
 import json
 import logging
@@ -9,7 +11,7 @@ import threading
 import uuid
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.core.cache import cache
 from django.urls import reverse
@@ -17,7 +19,7 @@ from django.urls import reverse
 from accounts.services import token_create, token_revoke
 from portal import ratelimit
 from portal.asgi import application
-from portal.ratelimit import RateLimited, rate_limit_hit
+from portal.ratelimit import RateLimited, rate_limit_check, rate_limit_hit
 from tests.agent_wire import report
 from tests.factories import PASSWORD, RunFactory, join_body
 
@@ -42,6 +44,26 @@ def test_the_counter_refuses_past_the_limit_and_says_when_to_retry(limits):
         rate_limit_hit(name="login", key=key)
     assert 1 <= refused.value.retry_after <= DAY + DAY // ratelimit.SLOTS  # the window slides a slot at a time
     rate_limit_hit(name="login", key=str(uuid.uuid4()))  # another key has its own count
+
+
+def test_every_async_context_counts_in_the_one_cache_of_the_process(limits, monkeypatch):
+    """`django.core.cache.cache` is one per async context: counted there, every agent socket (a context of
+    its own) kept a Redis connection open for as long as it was open."""
+    made = []
+    create = ratelimit.caches.create_connection
+    monkeypatch.setattr(ratelimit.caches, "create_connection", lambda alias: made.append(alias) or create(alias))
+    ratelimit.counters.cache_clear()
+
+    async def sockets_connect() -> None:
+        check = sync_to_async(rate_limit_check, thread_sensitive=False)
+        await asyncio.gather(*(check(name="token_failures", key=f"10.0.0.{i}") for i in range(20)))
+
+    try:
+        # A context of nothing, as uvicorn's: the sockets' tasks do not inherit this test's caches.
+        contextvars.Context().run(asyncio.run, sockets_connect())
+    finally:
+        ratelimit.counters.cache_clear()
+    assert made == ["default"]
 
 
 def test_a_window_later_the_count_starts_afresh(limits, monkeypatch):
