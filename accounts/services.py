@@ -46,12 +46,20 @@ class EmailUnverified(Exception):
 
 def token_create(*, user: User, name: str, run=None, lifetime: datetime.timedelta | None = None) -> tuple[AgentToken, str]:
     """Create a token and return it with its secret, which is never stored and shown only now."""
+    token, secret = token_new(user=user, name=name, run=run, lifetime=lifetime)
+    token.save()
+    return token, secret
+
+
+def token_new(*, user: User, name: str, run=None, lifetime: datetime.timedelta | None = None) -> tuple[AgentToken, str]:
+    """An unsaved token and its secret: `token_create` saves one, a setup of thousands saves them in one
+    `bulk_create` (bench/ingest.py)."""
     if settings.ACCOUNT_EMAIL_VERIFICATION_REQUIRED and not user.email_verified:
         # A throwaway address cannot train (and collect credit) in bulk: each account needs a mailbox.
         raise EmailUnverified(f"{user.username} has not confirmed their e-mail address yet")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     lifetime = lifetime or datetime.timedelta(days=settings.AGENT_TOKEN_DEFAULT_DAYS)
-    token = AgentToken.objects.create(
+    token = AgentToken(
         user=user,
         name=name,
         run=run,
