@@ -196,8 +196,10 @@ HIVEMIND_ACCESS_MINUTES = env_int("HIVEMIND_ACCESS_MINUTES", 30, minimum=1)
 # Agents training at once on one agent token, and for one volunteer across their tokens.
 AGENT_TOKEN_MAX_LIVE_SESSIONS = env_int("AGENT_TOKEN_MAX_LIVE_SESSIONS", 8, minimum=1)
 VOLUNTEER_MAX_LIVE_SESSIONS = env_int("VOLUNTEER_MAX_LIVE_SESSIONS", 32, minimum=1)
-# Open agent sockets per token in one web process (an agent holds one; reconnects overlap briefly).
+# Open agent sockets per token (an agent holds one; reconnects overlap briefly): across all web processes
+# with REDIS_URL, where a killed process's sockets stop counting within the lease (runs/ingest/token_sockets.py).
 AGENT_TOKEN_MAX_SOCKETS = env_int("AGENT_TOKEN_MAX_SOCKETS", 16, minimum=1)
+AGENT_SOCKET_LEASE_SECONDS = env_int("AGENT_SOCKET_LEASE_SECONDS", 30, minimum=3)
 # Where the contribution certificates' PNG looks for its fonts (runs/credit/certificates.py).
 CERTIFICATE_FONT_DIRS = env_list("CERTIFICATE_FONT_DIRS", ["/usr/share/fonts", "/usr/local/share/fonts"])
 DATA_URL_MAX_AGE_SECONDS = env_int("DATA_URL_MAX_AGE_SECONDS", 7 * 24 * 3600, minimum=60)

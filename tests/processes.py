@@ -1,13 +1,16 @@
 """Processes the tests start and end themselves: a DHT peer on loopback, a forked child that
-sleeps. (Reaping what hivemind leaves behind, which the benchmarks do too, is
+sleeps, a redis-server. (Reaping what hivemind leaves behind, which the benchmarks do too, is
 harness/processes.py's `children_reap`.)"""
 
 import contextlib
 import multiprocessing
 import socket
+import subprocess
 import time
+from pathlib import Path
 
 import psutil
+import redis
 
 
 def free_port() -> int:
@@ -70,3 +73,32 @@ def loopback_dhts(count: int) -> list:
     first = DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], startup_timeout=60)
     return [first] + [DHT(start=True, initial_peers=first.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                           startup_timeout=60) for _ in range(count - 1)]
+
+
+class RedisServer:
+    """A redis-server of the test's own on a free loopback port, in ``folder``; killed and started
+    again on the same port as a test needs (Debian's redis-server, as `.ci/run` installs)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port, self.process = folder, free_port(), None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                   "--dir", str(self.folder)]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            assert self.process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+    def _answers(self) -> bool:
+        try:
+            return redis.Redis(port=self.port, socket_timeout=2).ping()
+        except redis.ConnectionError:
+            return False

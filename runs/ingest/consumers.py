@@ -1,6 +1,5 @@
 """`WS /ws/agent/`: agents' contribution reports, acknowledged only once durably stored."""
 
-import collections
 import logging
 import time
 
@@ -16,6 +15,7 @@ from portal.logs import log_context
 from portal.metrics import AGENT_SOCKETS_OPEN, INGEST_ACK_SECONDS, REPORTS_ACCEPTED, REPORTS_REFUSED
 from portal.ratelimit import RateLimited
 from runs.ingest import reports
+from runs.ingest.token_sockets import token_sockets_for_settings
 from runs.models import Run, TrainingSession
 
 logger = logging.getLogger(__name__)
@@ -25,9 +25,9 @@ SESSION_RECHECK_SECONDS = 5.0
 run_admissions = reports.RunAdmissions(max_age=SESSION_RECHECK_SECONDS)
 REPORTS_PER_SECOND = float(settings.REPORT_RATE_PER_SECOND)
 BURST = settings.REPORT_RATE_BURST  # a reconnecting agent resends its spool at once
-# Open agent sockets per agent token in this web process: each agent holds one, and each costs the
+# Open agent sockets per agent token, in every web process: each agent holds one, and each costs a
 # process a connection's memory and a pace; a token cannot open them by the thousand.
-SOCKETS_OPEN: collections.Counter[int] = collections.Counter()
+token_sockets = token_sockets_for_settings()
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -65,12 +65,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._send_error(None, "server_error", "the portal cannot check agent tokens now; connect again later")
             await self.close(code=1011)
             return
-        if SOCKETS_OPEN[self.token.pk] >= settings.AGENT_TOKEN_MAX_SOCKETS:
+        self.socket_id = await token_sockets.socket_admit(token_id=self.token.pk, limit=settings.AGENT_TOKEN_MAX_SOCKETS)
+        if self.socket_id is None:
             await self._send_error(None, "too_many_connections", f"agent token “{self.token.name}” already has "
                                    f"{settings.AGENT_TOKEN_MAX_SOCKETS} connections open; close one first")
             await self.close(code=4429)
             return
-        SOCKETS_OPEN[self.token.pk] += 1
         AGENT_SOCKETS_OPEN.inc()
         self.counted_token = self.token.pk
         self.sessions: dict[int, TrainingSession] = {}
@@ -81,9 +81,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         token = getattr(self, "counted_token", None)
         if token is not None:
             AGENT_SOCKETS_OPEN.dec()
-            SOCKETS_OPEN[token] -= 1
-            if not SOCKETS_OPEN[token]:
-                del SOCKETS_OPEN[token]
+            await token_sockets.socket_release(token_id=token, socket_id=self.socket_id)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if not hasattr(self, "sessions"):
