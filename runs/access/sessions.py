@@ -64,7 +64,11 @@ def _key_proof_check(*, run: Run, request: JoinRequest) -> None:
 
 def _live_sessions_check(*, token: AgentToken) -> None:
     """JoinRefused when the token, or its owner across tokens, already has as many live sessions as
-    the settings allow: each session is a machine training, and claims scale with them."""
+    the settings allow: each session is a machine training, and claims scale with them. Counted in
+    the database, so for every web process at once; the volunteer's row is locked until the join's
+    transaction ends, so that two joins at once (in two processes) cannot both count the sessions
+    before either is stored and both take the last place."""
+    list(User.objects.select_for_update().filter(pk=token.user_id).values_list("pk"))
     live = TrainingSession.objects.filter(ended_at=None, last_seen_at__gte=timezone.now() - LIVE_SESSION_SEEN_WITHIN)
     if live.filter(token=token).count() >= settings.AGENT_TOKEN_MAX_LIVE_SESSIONS:
         raise JoinRefused(429, "too_many_sessions", f"agent token “{token.name}” already has "
