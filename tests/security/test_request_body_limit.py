@@ -83,7 +83,8 @@ def test_every_upload_form_fits_under_the_limit():
 
 
 def test_the_proxys_documented_limit_is_the_portals():
-    deploy = (Path(django_settings.BASE_DIR) / "docs" / "deploy.md").read_text()
+    root = Path(django_settings.BASE_DIR)
+    deploy = (root / "docs" / "deploy.md").read_text() + (root / "deploy" / "nginx" / "portal.conf").read_text()
     (nginx,) = set(re.findall(r"client_max_body_size (\d+)m;", deploy))
     (caddy,) = set(re.findall(r"max_size (\d+)MiB", deploy))
     assert int(nginx) * MiB == int(caddy) * MiB == django_settings.REQUEST_BODY_MAX_BYTES
