@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
-import multiprocessing
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from peer_agent.device import device_info, device_resolve
 from peer_agent.display import logging_setup
 from peer_agent.exit_status import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
 from peer_agent.i18n import _, ngettext
-from peer_agent.join import join_command
+from peer_agent.join import exit_at_once, join_command
 from peer_agent.portal import PortalClient, PortalError, PortalRefused
 from peer_agent.protocol import RunConfig
 from peer_agent.settings import SettingsError, add_arguments, credentials_store, settings_from_args
@@ -80,16 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run() -> None:
     """The ``peer-agent`` command (console script and ``python -m peer_agent``): :func:`main`, then an
-    exit that waits for nothing more. hivemind can hold the interpreter's exit past the agent's stop
-    bound (STOP_WITHIN_S in peer_agent.join): its step executor still waiting on a call that its DHT
-    process never received (peer_agent.join.swarm_leave). What the agent keeps is on disk by then."""
-    code = main()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for child in multiprocessing.active_children():  # hivemind's DHT and averagers, if still there
-        child.terminate()
-    os._exit(code)
+    exit that waits for nothing more (peer_agent.join.exit_at_once): what the agent keeps is on disk by then."""
+    exit_at_once(main())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand
 from hivemind.utils.logging import use_hivemind_log_handler
 
-from peer_agent.join import StopRequest
+from peer_agent.join import StopRequest, exit_at_once
 from runs.swarm.coordinator import Coordinator
 
 
@@ -21,3 +21,10 @@ class Command(BaseCommand):
         # ignored SIGTERM kept the coordinator from exiting after "coordinator stopped".
         StopRequest(event=coordinator.stopping, notice="Stopping: leaving the runs' swarms (Ctrl-C again to quit now)").install()
         coordinator.serve()
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """As Django runs a command from the command line (closing the database connections after it), then an
+        exit that waits for nothing more (peer_agent.join.exit_at_once): every backbone peer is shut down and
+        its state kept by then. ``call_command`` runs the command without this, in the caller's process."""
+        super().run_from_argv(argv)
+        exit_at_once(0)
