@@ -17,7 +17,19 @@ The per-connection rate limit (5 reports/s) is lifted in the server: this measur
 `per_report` (a transaction per report on a pool thread), `one_thread` (a transaction per report
 on Channels' single sync thread, the baseline of docs/design.md).
 
+At thousands of sockets one client process would be the bottleneck, not the portal: with
+`--client-processes K` the agents are split over K processes (spawned, each with its share of the
+sockets and of the rate), which connect and authenticate, then start together; their latencies and
+counts are merged. Each phase also prints what every report became (sent, acknowledged, refused,
+never answered, acknowledged twice), the server's memory per idle authenticated socket (its RSS
+before the agents connect and once they all have, on a fresh server), and, over the window, the
+server's CPU, its event loop's lag, the writer's batches, the client processes' CPU and the
+machine's; the end checks per session that every report sent is stored once. Both sides raise
+their limit on open files (one per socket) to the hard limit.
+
     DATABASE_URL=postgres://... .venv/bin/python -m bench.ingest --agents 100 1000 --viewers 500
+    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m bench.ingest --agents 10000 \
+        --rate 2000 --writers batch --client-processes 4
 """
 
 import argparse
@@ -25,14 +37,25 @@ import asyncio
 import base64
 import dataclasses
 import datetime
+import functools
 import json
+import multiprocessing
 import os
+import queue
+import resource
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
 
 WRITER_ENV = "BENCH_INGEST_WRITER"
 CHECKS_ENV = "BENCH_INGEST_CHECKS"
@@ -42,6 +65,91 @@ EVIDENCE_RULES = ("local_epoch_ahead_of_swarm", "speed_beyond_device", "samples_
 
 
 # --- the server side (runs inside uvicorn) ------------------------------------------------------
+
+def open_files_raise() -> str:
+    """Raise this process's soft limit on open files to its hard limit: every socket is one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return f"open files {soft} -> {hard} (hard limit {hard})"
+
+
+@dataclass
+class ServerTally:
+    """What the server measures of itself since `/bench/stats?reset`: the writer's batches and the lag of
+    its event loop (a loop kept busy delays every ack)."""
+    batches: int = 0
+    reports: int = 0
+    largest: int = 0
+    storing: float = 0.0  # seconds in the writer's batches: insert, commit, acks, last_seen_at
+    noting: float = 0.0  # of which updating the sessions' last_seen_at
+    lags: list[float] = field(default_factory=list)
+    since: float = field(default_factory=time.perf_counter)
+    cpu: float = 0.0
+
+
+def writer_timed(writer, tally_now: Callable[[], ServerTally]) -> None:
+    """Time the writer's batches (runs.ingest.reports.ReportWriter) into the current tally."""
+    store, note_seen = writer._store, writer._note_seen
+
+    async def timed_store(batch) -> None:
+        began = time.perf_counter()
+        try:
+            await store(batch)
+        finally:
+            tally = tally_now()
+            tally.batches, tally.reports = tally.batches + 1, tally.reports + len(batch)
+            tally.largest, tally.storing = max(tally.largest, len(batch)), tally.storing + time.perf_counter() - began
+
+    async def timed_note_seen(session_ids) -> None:
+        began = time.perf_counter()
+        try:
+            await note_seen(session_ids)
+        finally:
+            tally_now().noting += time.perf_counter() - began
+
+    writer._store, writer._note_seen = timed_store, timed_note_seen
+
+
+async def loop_lag_watch(tally_now: Callable[[], ServerTally]) -> None:
+    while True:
+        began = time.perf_counter()
+        await asyncio.sleep(0.01)
+        tally_now().lags.append(time.perf_counter() - began - 0.01)
+
+
+def stats_application(django_asgi_app, writer):
+    """Django's HTTP application plus `GET /bench/stats` (`?reset` starts a new tally): the server's RSS, open
+    files, and its tally since the last reset; with ``writer`` (the portal's ReportWriter), its batches."""
+    process = psutil.Process()
+    tallies = [ServerTally()]
+    watching: list[asyncio.Task] = []
+    if writer is not None:
+        writer_timed(writer, lambda: tallies[-1])
+
+    def figures(tally: ServerTally) -> dict:
+        lags = sorted(tally.lags) or [float("nan")]
+        cpu = process.cpu_times()
+        wall = time.perf_counter() - tally.since
+        return {"rss_mb": process.memory_info().rss / 2**20, "open_files": process.num_fds(),
+                "cpu": (cpu.user + cpu.system - tally.cpu) / wall, "seconds": wall,
+                "batches": tally.batches, "reports": tally.reports, "largest": tally.largest,
+                "storing": tally.storing, "noting": tally.noting,
+                "lag_p50": lags[len(lags) // 2], "lag_p99": lags[int(len(lags) * 0.99)], "lag_max": lags[-1]}
+
+    async def application(scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/bench/stats":
+            return await django_asgi_app(scope, receive, send)
+        answer = figures(tallies[-1])
+        if scope["query_string"] == b"reset":
+            cpu = process.cpu_times()
+            tallies.append(ServerTally(cpu=cpu.user + cpu.system))
+        if not watching:
+            watching.append(asyncio.create_task(loop_lag_watch(lambda: tallies[-1])))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+    return application
+
 
 def commitment_refusal_before(*, report, session, pace):
     """A commitment's checks before issue 29: the signature only, without the bounds on its micro-batch,
@@ -64,6 +172,7 @@ def server_application():
     from channels.db import database_sync_to_async
     from channels.generic.websocket import AsyncWebsocketConsumer
     from channels.routing import ProtocolTypeRouter, URLRouter
+    from django.conf import settings
     from django.urls import path
 
     from portal.asgi import django_asgi_app
@@ -72,6 +181,10 @@ def server_application():
 
     class EchoConsumer(AsyncWebsocketConsumer):
         channel_layer_alias = None  # bare, like the agent socket: no channel layer
+        # Nor a hop to Channels' one sync thread per frame: with it, 10,000 echo sockets opening at once wait
+        # there, unread (uvicorn reads a socket again only once its frame is handled), and uvicorn closes them
+        # when their pongs stay unread for 20 s.
+        dispatch = consumers.AgentConsumer.dispatch
 
         async def receive(self, text_data=None, bytes_data=None):
             await self.send(text_data=text_data)
@@ -94,17 +207,21 @@ def server_application():
     if writer != "batch":
         reports.report_writer = PerReportWriter(thread_sensitive=writer == "one_thread")
     consumers.REPORTS_PER_SECOND, consumers.BURST = 1e9, 1e9
+    # As in production (docs/deploy.md): with DEBUG on, each database connection keeps its last 9,000 queries.
+    settings.DEBUG = False
+    print(f"server: {open_files_raise()}", flush=True)
     return ProtocolTypeRouter({
-        "http": django_asgi_app,
+        "http": stats_application(django_asgi_app, reports.report_writer if writer == "batch" else None),
         "websocket": URLRouter([path("ws/echo/", EchoConsumer.as_asgi()), *websocket_urlpatterns]),
     })
 
 
-def server_start(port: int, writer: str, conn_max_age: int, checks: str = "current") -> subprocess.Popen:
+def server_start(port: int, writer: str, conn_max_age: int, checks: str = "current", backlog: int = 2048) -> subprocess.Popen:
     env = {**os.environ, WRITER_ENV: writer, CHECKS_ENV: checks, "DB_CONN_MAX_AGE": str(conn_max_age)}
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--factory", "bench.ingest:server_application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning", "--no-access-log", "--lifespan", "off"], env=env)
+         "--port", str(port), "--log-level", "warning", "--no-access-log", "--lifespan", "off",
+         "--backlog", str(backlog)], env=env)
     deadline = time.monotonic() + 300  # importing Django on a loaded machine takes a while
     while time.monotonic() < deadline:
         assert process.poll() is None, "uvicorn exited"
@@ -134,14 +251,38 @@ class Agent:
 class Tally:
     latencies: list[float] = field(default_factory=list)  # of answers received inside the window
     answers: int = 0  # acks (or echoes) over the whole phase
-    errors: dict[str, int] = field(default_factory=dict)
+    errors: Counter[str] = field(default_factory=Counter)
+    sent: int = 0  # reports sent over the whole phase, each connection's first included
+    refused: int = 0  # answered with an error frame that names the report
+    doubles: int = 0  # acks of a report already acknowledged on its connection, or never sent on it
+    busy: list[float] = field(default_factory=list)  # each client process's CPU over the phase, in cores
+    joins: list[float] = field(default_factory=list)  # seconds from opening a connection to its first answer
+
+    @property
+    def unanswered(self) -> int:
+        return self.sent - self.answers - self.refused
+
+    def merge(self, other: "Tally") -> None:
+        self.latencies += other.latencies
+        self.answers, self.sent = self.answers + other.answers, self.sent + other.sent
+        self.refused, self.doubles = self.refused + other.refused, self.doubles + other.doubles
+        self.errors.update(other.errors)
+        self.busy += other.busy
+        self.joins += other.joins
 
     def line(self, name: str, seconds: float) -> str:
         rate = len(self.latencies) / seconds
         ordered = sorted(self.latencies) or [float("nan")]
         p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-        errors = f"  errors {self.errors}" if self.errors else ""
+        errors = f"  errors {dict(self.errors)}" if self.errors else ""
         return f"{name:<26} {rate:9.0f} msg/s   p50 {p50 * 1000:7.1f} ms   p99 {p99 * 1000:7.1f} ms{errors}"
+
+    def counts(self) -> str:
+        busy = "/".join(f"{cores:.0%}" for cores in self.busy)
+        joins = sorted(self.joins) or [float("nan")]
+        return (f"  {self.sent} sent, {self.answers} answered, {self.refused} refused, {self.unanswered} never answered "
+                f"(lost), {self.doubles} answered twice; connection to first answer p50 {joins[len(joins) // 2]:.1f} s "
+                f"p99 {joins[int(len(joins) * 0.99)]:.1f} s; client processes busy {busy} of a core")
 
 
 def run_create(slug: str):
@@ -160,30 +301,36 @@ def run_create(slug: str):
 
 
 def agents_create(count: int, peer_batch_run, keyed: bool = False) -> list[Agent]:
-    """Volunteers, tokens and sessions for `count` agents, straight through the ORM; with ``keyed``, each
+    """Volunteers, tokens and sessions for `count` agents, each with a token of its own (so that no token
+    reaches AGENT_TOKEN_MAX_SOCKETS), straight through the ORM in three bulk inserts; with ``keyed``, each
     session has a peer key of its own, as a join proves it, to sign commitments with."""
-    from django.utils import timezone
-    from hivemind.utils.crypto import RSAPrivateKey
+    from django.utils import timezone  # Django is set up in main()
 
-    from accounts.models import User
-    from accounts.services import token_create
+    from accounts.models import AgentToken, User
+    from accounts.services import token_new
     from runs.models import TrainingSession
 
     stamp = int(time.time())
     names = [f"bench-{stamp}-{i}" for i in range(count)]
     verified = timezone.now()
     users = User.objects.bulk_create([User(username=name, email=f"{name}@example.org", email_verified_at=verified)
-                                      for name in names])
-    agents = []
-    for user in users:
-        token, secret = token_create(user=user, name="bench")
-        key = RSAPrivateKey() if keyed else None
-        session = TrainingSession.objects.create(
-            run=peer_batch_run, user=user, token=token, agent_version="bench",
-            peer_public_key=key.get_public_key().to_bytes().decode() if key else "ssh-rsa AAAA",
-            access_expires_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
-        agents.append(Agent(secret=secret, session_id=session.pk, key=key, run_id=peer_batch_run.hivemind_run_id))
-    return agents
+                                      for name in names], batch_size=1000)
+    tokens, secrets = zip(*(token_new(user=user, name="bench") for user in users), strict=True)
+    AgentToken.objects.bulk_create(tokens, batch_size=1000)
+    keys = [peer_key_new() if keyed else None for _ in users]
+    expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=2)
+    sessions = TrainingSession.objects.bulk_create([
+        TrainingSession(run=peer_batch_run, user=user, token=token, agent_version="bench", access_expires_at=expires,
+                        peer_public_key=key.get_public_key().to_bytes().decode() if key else "ssh-rsa AAAA")
+        for user, token, key in zip(users, tokens, keys, strict=True)], batch_size=1000)
+    return [Agent(secret=secret, session_id=session.pk, key=key, run_id=peer_batch_run.hivemind_run_id)
+            for secret, session, key in zip(secrets, sessions, keys, strict=True)]
+
+
+def peer_key_new():
+    from hivemind.utils.crypto import RSAPrivateKey  # imports torch: only runs with commitments need it
+
+    return RSAPrivateKey()
 
 
 def commitment_frame(agent: Agent, micro_batch_size: int, micro_batches: int) -> dict:
@@ -222,26 +369,39 @@ def report_frame(agent: Agent, samples: int, commitment_every: int = 0, micro_ba
 
 
 async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float, seconds: float,
-                rate: float = 0.0) -> Tally:
-    """Every agent connects, then all send: in a closed loop (the next report once the previous is
-    answered) or, with ``rate``, at that many reports/s in all, each agent on its own schedule
-    whether or not its previous report was answered yet. Answers inside the window are timed."""
-    import websockets
+                rate: float = 0.0, before_start: Callable[[], None] | None = None, connect_rate: float = 0.0) -> Tally:
+    """Every agent connects (with ``connect_rate``, that many a second) and sends its first report, then
+    (after ``before_start``, run in a thread) all send: in a closed loop (the next report once the previous
+    is answered) or, with ``rate``, at that many reports/s in all, each agent on its own schedule whether or
+    not its previous report was answered yet. Answers inside the window are timed."""
+    import websockets  # the client's library: the server side of this module does without it
 
     tally = Tally()
     connected, start = asyncio.Event(), asyncio.Event()
     ready = 0
     opening = asyncio.Semaphore(100)
 
+    def arrived() -> None:
+        nonlocal ready
+        ready += 1
+        if ready == len(agents):
+            connected.set()
+
+    def closed(error: Exception) -> None:
+        close = getattr(error, "rcvd", None)  # the server's close frame, if it sent one
+        tally.errors[f"closed {close.code} {close.reason}".strip() if close else "closed"] += 1
+
     def answered(answer: dict) -> bool:
         if answer.get("type") == "error":
-            tally.errors[answer["code"]] = tally.errors.get(answer["code"], 0) + 1
+            tally.errors[answer["code"]] += 1
+            tally.refused += answer.get("seq") is not None
             return False
         tally.answers += 1
         return True
 
     async def closed_loop(ws, agent: Agent, window_from: float, window_to: float) -> None:
         while (sent := time.perf_counter()) < window_to:
+            tally.sent += 1
             await ws.send(frame(agent))
             answer = json.loads(await ws.recv())
             at = time.perf_counter()
@@ -257,13 +417,16 @@ async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float,
             while sending or sent_at:
                 try:
                     answer = json.loads(await ws.recv())
-                except websockets.ConnectionClosed:
-                    # Reports in flight may be stored without an ack: an agent would resend them.
-                    tally.errors["closed"] = tally.errors.get("closed", 0) + 1
+                except websockets.ConnectionClosed as error:
+                    closed(error)  # reports in flight may be stored without an ack: an agent would resend them
                     return
                 at = time.perf_counter()
                 sent = sent_at.pop(answer.get("seq"), None)
-                if answered(answer) and sent is not None and window_from <= at <= window_to:
+                if not answered(answer):
+                    continue
+                if sent is None:
+                    tally.doubles += 1
+                elif window_from <= at <= window_to:
                     tally.latencies.append(at - sent)
 
         receiving = asyncio.create_task(receive())
@@ -272,43 +435,175 @@ async def drive(base: str, path: str, agents: list[Agent], frame, warmup: float,
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             text = frame(agent)
             sent_at[agent.seq] = time.perf_counter()
+            tally.sent += 1
             await ws.send(text)
             due += interval
         sending = False
         if not sent_at:
             receiving.cancel()  # it waits for an answer that no report will bring
-        await asyncio.wait_for(asyncio.gather(receiving, return_exceptions=True), timeout=60)
+        try:
+            await asyncio.wait_for(asyncio.gather(receiving, return_exceptions=True), timeout=60)
+        except TimeoutError:
+            tally.errors["no answer within 60 s"] += 1
 
     async def one(index: int, agent: Agent) -> None:
-        nonlocal ready
-        async with opening:
-            # No permessage-deflate: it would cost the echo (long frames both ways) more than an ack.
-            ws = await websockets.connect(f"{base}{path}", additional_headers={"Authorization": f"Bearer {agent.secret}"},
-                                          open_timeout=60, ping_interval=None, compression=None)
+        if connect_rate:
+            await asyncio.sleep(index / connect_rate)
+        opened = time.perf_counter()
         try:
-            # The first report authenticates the session and loads its pace: done before the window.
-            await ws.send(frame(agent))
-            answered(json.loads(await ws.recv()))
-            ready += 1
-            if ready == len(agents):
-                connected.set()
+            async with opening:
+                # No permessage-deflate: it would cost the echo (long frames both ways) more than an ack.
+                ws = await websockets.connect(f"{base}{path}", additional_headers={"Authorization": f"Bearer {agent.secret}"},
+                                              open_timeout=120, ping_interval=None, compression=None)
+        except (OSError, TimeoutError, websockets.InvalidHandshake) as error:  # a limit hit: counted, not fatal
+            tally.errors[f"connect: {type(error).__name__}"] += 1
+            arrived()
+            return
+        try:
+            try:
+                # The first report authenticates the session and loads its pace: done before the window.
+                tally.sent += 1
+                await ws.send(frame(agent))
+                answered(json.loads(await ws.recv()))
+                tally.joins.append(time.perf_counter() - opened)
+            finally:
+                arrived()
             await start.wait()
             window_from, window_to = time.perf_counter() + warmup, time.perf_counter() + warmup + seconds
-            try:
-                if rate:
-                    await paced(ws, agent, index, window_from, window_to)
-                else:
-                    await closed_loop(ws, agent, window_from, window_to)
-            except websockets.ConnectionClosed:
-                tally.errors["closed"] = tally.errors.get("closed", 0) + 1
+            if rate:
+                await paced(ws, agent, index, window_from, window_to)
+            else:
+                await closed_loop(ws, agent, window_from, window_to)
+        except websockets.ConnectionClosed as error:
+            closed(error)
         finally:
             await ws.close()
 
     tasks = [asyncio.create_task(one(index, agent)) for index, agent in enumerate(agents)]
-    await asyncio.wait_for(connected.wait(), timeout=300)
+    await asyncio.wait_for(connected.wait(), timeout=1200)  # 10,000 sockets on a loaded machine take minutes
+    if before_start is not None:
+        await asyncio.to_thread(before_start)
     start.set()
+    began, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*tasks)
+    tally.busy.append((time.process_time() - cpu) / (time.perf_counter() - began))
     return tally
+
+
+def client_process(base: str, path: str, agents: list[Agent], frame, warmup: float, seconds: float, rate: float,
+                   connect_rate: float, ready, go, results, index: int) -> None:
+    """One of `--client-processes`: its agents connect and send their first reports, it says so on
+    ``ready`` and waits for ``go``, then drives; its tally and its agents' sequence numbers and epochs go
+    back on ``results``."""
+    open_files_raise()
+
+    def started() -> None:
+        ready.put(index)
+        go.wait()
+
+    tally = asyncio.run(drive(base, path, agents, frame, warmup, seconds, rate, started, connect_rate))
+    results.put((index, tally, [(agent.seq, agent.epoch, agent.cursor) for agent in agents]))
+
+
+def drive_split(base: str, path: str, agents: list[Agent], frame, warmup: float, seconds: float, rate: float,
+                processes: int, before_start: Callable[[], None] | None = None, connect_rate: float = 0.0) -> Tally:
+    """`drive`, with the agents split over ``processes`` client processes (1: this one) that start together
+    once every one has connected its share; the tallies merged, the agents' state brought back."""
+    if processes <= 1:
+        return asyncio.run(drive(base, path, agents, frame, warmup, seconds, rate, before_start, connect_rate))
+    context = multiprocessing.get_context("spawn")  # a fork would share this process's database connection
+    ready, results, go = context.Queue(), context.Queue(), context.Event()
+    shares = [range(first, len(agents), processes) for first in range(processes)]
+    workers = [context.Process(target=client_process, daemon=True, args=(
+        base, path, [agents[i] for i in share], frame, warmup, seconds, rate * len(share) / len(agents),
+        connect_rate * len(share) / len(agents), ready, go, results, index)) for index, share in enumerate(shares)]
+    for worker in workers:
+        worker.start()
+
+    def collect(channel) -> list:
+        deadline, got = time.monotonic() + 1500, []
+        while len(got) < len(workers):
+            try:
+                got.append(channel.get(timeout=5))
+            except queue.Empty:
+                failed = [worker.exitcode for worker in workers if worker.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    raise RuntimeError(f"client processes failed ({failed}) or timed out") from None
+        return got
+
+    collect(ready)
+    if before_start is not None:
+        before_start()
+    go.set()
+    tally = Tally()
+    for index, part, states in collect(results):
+        tally.merge(part)
+        for i, (seq, epoch, cursor) in zip(shares[index], states, strict=True):
+            agents[i].seq, agents[i].epoch, agents[i].cursor = seq, epoch, cursor
+    for worker in workers:
+        worker.join()
+    return tally
+
+
+class ServerWatch:
+    """The server's figures around one phase, from its `/bench/stats`: the memory per idle socket, and over
+    the window its CPU, its event loop's lag and the writer's batches, with the machine's CPU."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/bench/stats"
+        self.lines: list[str] = []
+        self.timers: list[threading.Timer] = []
+
+    def stats(self, reset: bool = False) -> dict:
+        with urllib.request.urlopen(self.url + ("?reset" if reset else ""), timeout=60) as answer:
+            return json.load(answer)
+
+    def phase(self, count: int, warmup: float, seconds: float, memory: bool) -> Callable[[], None]:
+        """What to run once ``count`` agents have connected, before they start: with ``memory``, the RSS then
+        against the RSS now, before they connect; and the reads that open and close the window."""
+        before = self.stats(reset=True)["rss_mb"]  # and the tally of the connections' opening starts
+        self.lines, machine = [], []
+
+        def window_open() -> None:
+            self.stats(reset=True)
+            machine.append(psutil.cpu_times())
+
+        def window_close() -> None:
+            self.lines.append(self.window_line(self.stats(), machine[0], psutil.cpu_times()))
+
+        def started() -> None:
+            now = self.stats()
+            self.lines.append(f"  opening {count} connections: {now['seconds']:.0f} s, server {now['cpu']:.0%} of a core, "
+                              f"event loop lag p99 {now['lag_p99'] * 1000:.0f} ms max {now['lag_max'] * 1000:.0f} ms")
+            if memory:
+                time.sleep(2)  # the last first reports' writes done: the sockets idle
+                now = self.stats()
+                self.lines.append(f"  server RSS {before:.0f} MB before, {now['rss_mb']:.0f} MB with {count} idle "
+                                  f"authenticated sockets ({now['open_files']} open files): "
+                                  f"{(now['rss_mb'] - before) * 1024 / count:.1f} KiB per socket")
+            self.timers = [threading.Timer(warmup, window_open), threading.Timer(warmup + seconds, window_close)]
+            for timer in self.timers:
+                timer.start()
+
+        return started
+
+    def report(self) -> list[str]:
+        for timer in self.timers:
+            timer.join()
+        return self.lines
+
+    @staticmethod
+    def window_line(stats: dict, cpu_from, cpu_to) -> str:
+        spent = {name: getattr(cpu_to, name) - getattr(cpu_from, name) for name in cpu_to._fields}
+        idle = spent["idle"] + spent.get("iowait", 0.0)
+        writer = ""
+        if stats["batches"]:
+            writer = (f"; writer {stats['batches']} batches of {stats['reports'] / stats['batches']:.1f} reports "
+                      f"(largest {stats['largest']}), busy {stats['storing'] / stats['seconds']:.0%} of the window "
+                      f"(last_seen_at {stats['noting'] / stats['seconds']:.0%})")
+        return (f"  window: server {stats['cpu']:.0%} of a core, event loop lag p50 {stats['lag_p50'] * 1000:.1f} ms "
+                f"p99 {stats['lag_p99'] * 1000:.1f} ms max {stats['lag_max'] * 1000:.0f} ms{writer}; "
+                f"machine's {os.cpu_count()} CPUs {1 - idle / sum(spent.values()):.0%} busy")
 
 
 async def watch(base: str, slug: str, viewers: int, agents: list[Agent], peer_batch: int, seconds: float) -> tuple[int, str]:
@@ -373,16 +668,26 @@ def main() -> None:
     parser.add_argument("--commitment-every", type=int, default=0,
                         help="reports per epoch: every that many, a report carries the closed epoch's signed commitment "
                              "(0: none); `--checks before` then checks its signature only, as before issue 29")
+    parser.add_argument("--client-processes", type=int, default=1,
+                        help="processes the agents are split over (1: this one); one process holding thousands of sockets "
+                             "measures itself, not the portal")
+    parser.add_argument("--connect-rate", type=float, default=0.0,
+                        help="connections opened per second in all (0: as fast as 100 handshakes at a time per process go)")
+    parser.add_argument("--backlog", type=int, default=4096,
+                        help="uvicorn's --backlog, the queue of connections not yet accepted (capped by net.core.somaxconn)")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    import django
+    import django  # set up here, not at import: uvicorn and the client processes import this module too
 
     django.setup()
+    # Models and settings once Django is set up; the client processes import none of it.
     from django.conf import settings
     from django.core.management import call_command
+    from django.db.models import Count
 
+    from runs.ingest.reports import ReportWriter
     from runs.models import ContributionEvent, StepCommitment
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
@@ -391,34 +696,53 @@ def main() -> None:
     training = run.config["training"]
     peer_batch = training["per_device_batch_size"] * training.get("gradient_accumulation_steps", 1)
     micro_batch_size = training["per_device_batch_size"]
+    began = time.perf_counter()
     agents = agents_create(max(args.agents), run, keyed=bool(args.commitment_every))
     load = lambda: os.getloadavg()[0]  # noqa: E731
     print(f"database {engine}, channel layer {settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1]}, "
-          f"{os.cpu_count()} CPUs, load {load():.2f}, window {args.seconds:g} s after {args.warmup:g} s")
+          f"{os.cpu_count()} CPUs, load {load():.2f}, window {args.seconds:g} s after {args.warmup:g} s; "
+          f"{len(agents)} volunteers, tokens and sessions made in {time.perf_counter() - began:.1f} s")
+    somaxconn = Path("/proc/sys/net/core/somaxconn").read_text().strip()
+    print(f"limits: bench {open_files_raise()}; uvicorn --backlog {args.backlog} (net.core.somaxconn {somaxconn}); "
+          f"a token of its own per agent (AGENT_TOKEN_MAX_SOCKETS {settings.AGENT_TOKEN_MAX_SOCKETS}); writer batches "
+          f"of at most {ReportWriter.max_batch}; agent sockets use no channel layer; "
+          f"{args.client_processes} client process(es)")
+    frame = functools.partial(report_frame, samples=peer_batch, commitment_every=args.commitment_every,
+                              micro_batch_size=micro_batch_size)
     acked = 0
     figures: dict[tuple[str, str, int, float], list[float]] = {}
     phases = [(checks, writer) for writer in args.writers.split(",") for checks in args.checks.split(",")]
     for index, (checks, writer) in enumerate(phases):
         port = args.port + index  # the previous server's port may still be closing
         base = f"ws://127.0.0.1:{port}"
-        server = server_start(port, writer, args.conn_max_age, checks)
+        server = server_start(port, writer, args.conn_max_age, checks, args.backlog)
+        watch_server = ServerWatch(port)
         try:
+            # A few reports first: what the server loads on its first agent does not count as the sockets' memory
+            # (each phase's is its RSS once its sockets are open against its RSS before they open).
+            acked += asyncio.run(drive(base, "/ws/agent/", agents[:10], frame, 0, 1.0)).answers
             for count in args.agents:
                 for rate in args.rate:
                     some = agents[:count]
-                    frame = lambda agent: report_frame(agent, peer_batch, args.commitment_every, micro_batch_size)  # noqa: E731
-                    ingest = asyncio.run(drive(base, "/ws/agent/", some, frame, args.warmup, args.seconds, rate))
+                    ingest = drive_split(base, "/ws/agent/", some, frame, args.warmup, args.seconds, rate,
+                                         args.client_processes, watch_server.phase(count, args.warmup, args.seconds, True),
+                                         args.connect_rate)
+                    ingest_lines = watch_server.report()
                     # The same frames, from copies: what the echo is sent is not stored, so it must not move
                     # the agents' epochs and stream cursors past what the portal holds.
                     copies = [dataclasses.replace(agent) for agent in some]
-                    echo = asyncio.run(drive(base, "/ws/echo/", copies, frame, args.warmup, args.seconds, rate))
+                    echo = drive_split(base, "/ws/echo/", copies, frame, args.warmup, args.seconds, rate,
+                                       args.client_processes, watch_server.phase(count, args.warmup, args.seconds, False),
+                                       args.connect_rate)
                     acked += ingest.answers
                     figures.setdefault((checks, writer, count, rate), []).append(len(ingest.latencies) / args.seconds)
                     ratio = len(ingest.latencies) / max(len(echo.latencies), 1)
                     offered = f", {rate:g}/s offered" if rate else ""
                     print(ingest.line(f"{writer} ({checks} checks), {count} agents{offered}", args.seconds))
+                    print("\n".join([ingest.counts(), *ingest_lines]))
                     print(echo.line(f"echo, {count} agents{offered}", args.seconds)
                           + f"   ingest/echo {ratio:.2f}   load {load():.2f}")
+                    print("\n".join([echo.counts(), *watch_server.report()]))
             if args.viewers and writer == "batch":
                 answers, line = asyncio.run(watch(base, run.slug, args.viewers, agents[:100], peer_batch, args.seconds))
                 acked += answers
@@ -441,6 +765,12 @@ def main() -> None:
     commitments = StepCommitment.objects.filter(session__run=run).count()
     print(f"durable check: {stored} events stored, {acked} acknowledged"
           + (f"; {commitments} commitments stored" if args.commitment_every else ""))
+    # Exactly once, per session: its agent sent seq 1..agent.seq, each of which must be stored, and once.
+    held = {row["session_id"]: row for row in ContributionEvent.objects.filter(session__run=run).values("session_id")
+            .annotate(rows=Count("id"), seqs=Count("seq", distinct=True))}
+    missing = sum(agent.seq - held.get(agent.session_id, {"seqs": 0})["seqs"] for agent in agents)
+    print(f"exactly once: {sum(agent.seq for agent in agents)} reports sent, {missing} never stored, "
+          f"{sum(row['rows'] - row['seqs'] for row in held.values())} stored twice")
 
 
 if __name__ == "__main__":
