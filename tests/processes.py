@@ -4,6 +4,7 @@ harness/processes.py's `children_reap`.)"""
 
 import contextlib
 import multiprocessing
+import random
 import socket
 import subprocess
 import time
@@ -17,6 +18,20 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def restartable_port() -> int:
+    """A free loopback port below the kernel's ephemeral range: while a server is down, no other
+    process's outgoing connection can take its port, so it starts again on the same one."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(max(1024, ephemeral_low - 10000), ephemeral_low), 100):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free loopback port")
 
 
 def _sleep_when_ready(ready) -> None:
@@ -80,7 +95,7 @@ class RedisServer:
     again on the same port as a test needs (Debian's redis-server, as `.ci/run` installs)."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder, self.port, self.process = folder, free_port(), None
+        self.folder, self.port, self.process = folder, restartable_port(), None
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:

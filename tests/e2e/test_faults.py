@@ -13,10 +13,8 @@ queues a task, and the one credit rollup the live totals need is run here, as be
 
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,12 +26,12 @@ import httpx
 import psutil
 import psycopg
 import pytest
-import redis
 from websockets.sync.client import ClientConnection, connect
 
 from harness.processes import children_reap
 from peer_agent.spool import SpoolSummary, spool_files, spool_read
 from tests.e2e.agents import ROOT, agent, wait_for
+from tests.processes import RedisServer, restartable_port
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 
@@ -64,20 +62,6 @@ print("SECRETS", json.dumps(secrets))
 ROLLUP = "from runs.credit.rollup import credit_rollup; credit_rollup()"
 
 
-def free_port() -> int:
-    """A free loopback port below the kernel's ephemeral range: while a server is down, no other
-    process's outgoing connection can take its port, so it starts again on the same one."""
-    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(max(1024, ephemeral_low - 10000), ephemeral_low), 100):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free loopback port")
-
-
 def as_postgres(command: list[str]) -> list[str]:
     """initdb and postgres refuse to run as root: run them as the postgres user then (as .ci/run does)."""
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
@@ -87,7 +71,7 @@ class Postgres:
     """A PostgreSQL server of the test's own, in a folder the postgres user may write."""
 
     def __init__(self, work: Path) -> None:
-        self.work, self.data, self.port = work, work / "data", free_port()
+        self.work, self.data, self.port = work, work / "data", restartable_port()
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/portal"
 
     def create(self) -> None:
@@ -117,28 +101,6 @@ class Postgres:
         # A connection per query: the server restarts under the test.
         with psycopg.connect(self.url, connect_timeout=10) as connection:
             return connection.execute(query, params).fetchall()
-
-
-class Redis:
-    def __init__(self, work: Path) -> None:
-        self.work, self.port, self.process = work, free_port(), None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", str(self.work)]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self._answers, 30, "redis-server to start")
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
-    def _answers(self) -> bool:
-        try:
-            return redis.Redis(port=self.port, socket_timeout=2).ping()
-        except redis.ConnectionError:
-            return False
 
 
 class Service:
@@ -220,7 +182,7 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
     work.chmod(0o755)
     if os.geteuid() == 0:
         shutil.chown(work, "postgres")
-    postgres, cache = Postgres(work), Redis(work)
+    postgres, cache = Postgres(work), RedisServer(work)
     homes = {name: tmp_path / name for name in VOLUNTEERS}
     agents: dict[str, subprocess.Popen] = {}
     with ExitStack() as cleanup:
@@ -235,7 +197,7 @@ def test_agents_train_through_restarts_of_every_server_and_each_report_counts_on
             "CREDIT_ROLLUP_SETTLE_SECONDS": "0", "LOG_LEVEL": "WARNING",
         }
         secrets = json.loads(manage(env, "shell", "-c", PREPARE).split("SECRETS ", 1)[1])
-        port = free_port()
+        port = restartable_port()
         portal = f"http://127.0.0.1:{port}"
         web = Service("web", [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
                               "--port", str(port), "--log-level", "warning"], env, tmp_path)
