@@ -561,7 +561,7 @@ class ServerWatch:
     def phase(self, count: int, warmup: float, seconds: float, memory: bool) -> Callable[[], None]:
         """What to run once ``count`` agents have connected, before they start: with ``memory``, the RSS then
         against the RSS now, before they connect; and the reads that open and close the window."""
-        before = self.stats(reset=True)["rss_mb"]  # and the tally of the connections' opening starts
+        before = self.stats(reset=True)  # and the tally of the connections' opening starts
         self.lines, machine = [], []
 
         def window_open() -> None:
@@ -578,9 +578,10 @@ class ServerWatch:
             if memory:
                 time.sleep(2)  # the last first reports' writes done: the sockets idle
                 now = self.stats()
-                self.lines.append(f"  server RSS {before:.0f} MB before, {now['rss_mb']:.0f} MB with {count} idle "
-                                  f"authenticated sockets ({now['open_files']} open files): "
-                                  f"{(now['rss_mb'] - before) * 1024 / count:.1f} KiB per socket")
+                sockets = max(now["open_files"] - before["open_files"], 1)  # those still open
+                self.lines.append(f"  server RSS {before['rss_mb']:.0f} MB before, {now['rss_mb']:.0f} MB with {sockets} "
+                                  f"idle authenticated sockets of {count} ({now['open_files']} open files): "
+                                  f"{(now['rss_mb'] - before['rss_mb']) * 1024 / sockets:.1f} KiB per socket")
             self.timers = [threading.Timer(warmup, window_open), threading.Timer(warmup + seconds, window_close)]
             for timer in self.timers:
                 timer.start()
