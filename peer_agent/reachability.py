@@ -50,6 +50,10 @@ RELAY_WAIT_S = 20.0
 PROBE_START_TRIES = 3
 PROBE_RETRY_PAUSE_S = 2.0
 CALL_TIMEOUT_S = DIAL_TIMEOUT_S + PROBE_STARTUP_S
+# A backbone's answer can be lost on its way back: CI once saw a backbone log "reachable" 1 s after
+# the request while the agent waited out CALL_TIMEOUT_S for it, and the check answered "none". An
+# unanswered request is asked once more; a backbone that answers with an error is not.
+ASK_TRIES = 2
 ELSEWHERE = "not the IP address the request came from"
 # What one relayed connection carries, each way, before the relay resets it: the p2p daemon of
 # hivemind 1.1.12 serves relays with go-libp2p's default limits (128 KiB, 2 min), whatever its
@@ -269,7 +273,8 @@ class DialQueue:
     the backbone one short-lived daemon at a time, and the rest are told to come back. And at most
     ``per_source`` dials in ``window_s`` for one source (the IPs the caller is connected from, or its
     peer id when it has no direct connection): peer ids cost nothing to make, addresses do, so one
-    host cannot keep the queue to itself. An agent asks at most twice per check (direct, then relayed)."""
+    host cannot keep the queue to itself. An agent asks at most twice per check (direct, then
+    relayed), and each once more when its answer was lost (``ASK_TRIES``), CALL_TIMEOUT_S later."""
 
     def __init__(self, waiting: int = 4, per_source: int = 4, window_s: float = 60.0) -> None:
         self.lock, self.waiting, self.limit = asyncio.Lock(), 0, waiting
@@ -332,14 +337,18 @@ async def _ask(p2p, backbones: list[str], maddrs: list[str]) -> DialBackAnswer:
     from hivemind.p2p import PeerID
 
     problems = []
+    request = StringValue(value=DialBackRequest(maddrs=maddrs[:MAX_DIALBACK_MADDRS]).model_dump_json())
     for backbone in dict.fromkeys(filter(None, map(_peer_id, backbones))):
-        request = StringValue(value=DialBackRequest(maddrs=maddrs[:MAX_DIALBACK_MADDRS]).model_dump_json())
-        try:
-            answer = await asyncio.wait_for(p2p.call_protobuf_handler(
-                PeerID.from_base58(backbone), DIALBACK_HANDLER, request, StringValue), CALL_TIMEOUT_S)
-            return DialBackAnswer.model_validate_json(answer.value)
-        except Exception as exc:  # an older backbone without the handler, or one that is down: the next
-            problems.append(f"{backbone[-8:]}: {_first_line(exc)}")
+        for attempt in range(1, ASK_TRIES + 1):
+            try:
+                answer = await asyncio.wait_for(p2p.call_protobuf_handler(
+                    PeerID.from_base58(backbone), DIALBACK_HANDLER, request, StringValue), CALL_TIMEOUT_S)
+                return DialBackAnswer.model_validate_json(answer.value)
+            except TimeoutError:
+                problems.append(f"{backbone[-8:]}: no answer within {CALL_TIMEOUT_S:g} s (try {attempt})")
+            except Exception as exc:  # an older backbone without the handler, or one that is down: the next
+                problems.append(f"{backbone[-8:]}: {_first_line(exc)}")
+                break
     return DialBackAnswer(reachable=False, detail="no backbone peer answered: " + "; ".join(problems)[:1900])
 
 

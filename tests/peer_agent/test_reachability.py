@@ -172,3 +172,45 @@ def test_the_dial_back_budget_is_per_source_and_comes_back_after_its_window():
     assert queue.admit({"11.77.0.3"}, now=3), "another host has its own"
     assert queue.admit({"11.77.0.2"}, now=61), "the window moved on"
     assert queue.admit({"12D3KooWRelayedOnly"}, now=61), "a caller with no direct connection is counted by peer id"
+
+
+def test_an_answer_lost_on_its_way_back_is_asked_for_again_and_an_error_answer_is_not(monkeypatch):
+    """CI once saw a backbone log "reachable" while the agent's call waited out its timeout."""
+    import asyncio
+
+    from google.protobuf.wrappers_pb2 import StringValue
+
+    from peer_agent import reachability
+    from peer_agent.protocol import DialBackAnswer
+
+    monkeypatch.setattr(reachability, "CALL_TIMEOUT_S", 0.05)
+    reachable = StringValue(value=DialBackAnswer(reachable=True, dialed=["/ip4/11.77.0.2/tcp/4001"]).model_dump_json())
+
+    class Caller:
+        def __init__(self, *outcomes):
+            self.outcomes, self.asked = list(outcomes), []
+
+        async def call_protobuf_handler(self, peer_id, name, request, answer_type):
+            self.asked.append(peer_id.to_base58())
+            outcome = self.outcomes.pop(0)
+            if outcome == "lost":
+                await asyncio.sleep(1)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+    backbones = [f"/ip4/11.77.0.1/tcp/1/p2p/{BACKBONE}", f"/ip4/11.77.0.9/tcp/1/p2p/{OTHER}"]
+    maddrs = ["/ip4/11.77.0.2/tcp/4001"]
+
+    lost_once = Caller("lost", reachable)
+    assert asyncio.run(reachability._ask(lost_once, backbones, maddrs)).reachable
+    assert lost_once.asked == [BACKBONE, BACKBONE]
+
+    lost_twice = Caller("lost", "lost", reachable)
+    assert asyncio.run(reachability._ask(lost_twice, backbones, maddrs)).reachable
+    assert lost_twice.asked == [BACKBONE, BACKBONE, OTHER], "after two lost answers, the next backbone"
+
+    refused = Caller(RuntimeError("protocol not supported"), "lost", "lost")
+    answer = asyncio.run(reachability._ask(refused, backbones, maddrs))
+    assert not answer.reachable and refused.asked == [BACKBONE, OTHER, OTHER]
+    assert "protocol not supported" in answer.detail and "no answer within" in answer.detail
