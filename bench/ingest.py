@@ -80,8 +80,8 @@ class ServerTally:
     batches: int = 0
     reports: int = 0
     largest: int = 0
-    storing: float = 0.0  # seconds in the writer's batches: insert, commit, acks, last_seen_at
-    noting: float = 0.0  # of which updating the sessions' last_seen_at
+    storing: float = 0.0  # seconds in the writer's batches: insert, commit, acks
+    noting: float = 0.0  # seconds updating the sessions' last_seen_at, beside the batches
     lags: list[float] = field(default_factory=list)
     since: float = field(default_factory=time.perf_counter)
     cpu: float = 0.0
@@ -89,7 +89,7 @@ class ServerTally:
 
 def writer_timed(writer, tally_now: Callable[[], ServerTally]) -> None:
     """Time the writer's batches (runs.ingest.reports.ReportWriter) into the current tally."""
-    store, note_seen = writer._store, writer._note_seen
+    store, sessions_note = writer._store, writer._sessions_note
 
     async def timed_store(batch) -> None:
         began = time.perf_counter()
@@ -100,14 +100,14 @@ def writer_timed(writer, tally_now: Callable[[], ServerTally]) -> None:
             tally.batches, tally.reports = tally.batches + 1, tally.reports + len(batch)
             tally.largest, tally.storing = max(tally.largest, len(batch)), tally.storing + time.perf_counter() - began
 
-    async def timed_note_seen(session_ids) -> None:
+    async def timed_sessions_note(unseen) -> None:
         began = time.perf_counter()
         try:
-            await note_seen(session_ids)
+            await sessions_note(unseen)
         finally:
             tally_now().noting += time.perf_counter() - began
 
-    writer._store, writer._note_seen = timed_store, timed_note_seen
+    writer._store, writer._sessions_note = timed_store, timed_sessions_note
 
 
 async def loop_lag_watch(tally_now: Callable[[], ServerTally]) -> None:
@@ -601,7 +601,7 @@ class ServerWatch:
         if stats["batches"]:
             writer = (f"; writer {stats['batches']} batches of {stats['reports'] / stats['batches']:.1f} reports "
                       f"(largest {stats['largest']}), busy {stats['storing'] / stats['seconds']:.0%} of the window "
-                      f"(last_seen_at {stats['noting'] / stats['seconds']:.0%})")
+                      f"(last_seen_at beside it {stats['noting'] / stats['seconds']:.0%})")
         return (f"  window: server {stats['cpu']:.0%} of a core, event loop lag p50 {stats['lag_p50'] * 1000:.1f} ms "
                 f"p99 {stats['lag_p99'] * 1000:.1f} ms max {stats['lag_max'] * 1000:.0f} ms{writer}; "
                 f"machine's {os.cpu_count()} CPUs {1 - idle / sum(spent.values()):.0%} busy")

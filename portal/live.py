@@ -22,7 +22,7 @@ from portal.metrics import VIEWER_SOCKETS_OPEN
 
 logger = logging.getLogger(__name__)
 
-# How soon a ban, a list change or a sign-out reaches an open feed: the bound the agent socket keeps
+# How soon a ban, a list change or a sign-out reaches an open feed: the agent socket's re-check interval
 # for its reports (SESSION_RECHECK_SECONDS in runs/ingest/consumers.py).
 VIEWER_RECHECK_SECONDS = 5.0
 

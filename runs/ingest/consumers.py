@@ -159,7 +159,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def _session(self, session_id: int) -> tuple[TrainingSession, str]:
         """The session and its run's status: checked fully when this connection first names the
         session, then re-checked through the run's shared admission, so that bans, finished runs
-        and revoked tokens act within SESSION_RECHECK_SECONDS."""
+        and revoked tokens act within twice SESSION_RECHECK_SECONDS (reports.RunAdmissions)."""
         session = self.sessions.get(session_id)
         if session is None:
             session, pace, admission = await db(reports.report_session_paced)(

@@ -156,13 +156,20 @@ class RunAdmissions:
     A connection checks its session fully once (`report_session`); re-checking every session
     on its own every few seconds cost, at 100 agents, 200 queries that arrived together and
     held acks back by up to half a second (docs/benchmarks.md, section 5); at 10,000 agents it
-    would be 4,000 queries/s.
+    would be 4,000 queries/s. While the next fetch is in flight, reports read the last answer as
+    long as it is younger than twice ``max_age``: at 10,000 sockets, every report waiting for the
+    fetch every 5 s held acks back by seconds (docs/benchmarks.md, section 25). So a ban or a
+    revocation stops credit within twice ``max_age``; with ``max_age`` 0 every report waits.
     """
 
-    def __init__(self, max_age: float) -> None:
-        self.max_age = max_age
-        # Per event loop, as ReportWriter: a fetch in flight is a task of one loop.
+    def __init__(self, max_age: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age, self.clock = max_age, clock
+        # Per event loop, as ReportWriter: a fetch in flight is a task of one loop (and in tests, where
+        # run ids restart with each database, a loop's answers are not another test's).
         self._fetches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, tuple[float, asyncio.Task]]] = (
+            weakref.WeakKeyDictionary())
+        # run id -> when the fetch that answered began, and its answer
+        self._answers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, tuple[float, RunAdmission]]] = (
             weakref.WeakKeyDictionary())
         self._tokens: dict[int, set[int]] = {}  # run id -> tokens whose sockets reported to it
 
@@ -170,17 +177,31 @@ class RunAdmissions:
         loop = asyncio.get_running_loop()
         fetches = self._fetches.setdefault(loop, {})
         # A token joins the next fetch: it was checked when its socket connected, so a revocation
-        # since then shows within max_age, as for the other tokens.
+        # since then shows with the next answer, as for the other tokens.
         tokens = self._tokens.setdefault(run_id, set())
         tokens.add(token_id)
+        answers = self._answers.setdefault(loop, {})
+        now = self.clock()
+        answered_at, answer = answers.get(run_id, (-float("inf"), None))
+        if now - answered_at < self.max_age:
+            return answer
         fetch = fetches.get(run_id)
-        stale = fetch is None or time.monotonic() - fetch[0] >= self.max_age or (
-            fetch[1].done() and (fetch[1].cancelled() or fetch[1].exception() is not None))
-        if stale:
-            fetch = (time.monotonic(), loop.create_task(db(run_admission)(run_id=run_id, token_ids=frozenset(tokens))))
+        if fetch is None or now - fetch[0] >= self.max_age or fetch[1].done():
+            fetch = (now, loop.create_task(db(run_admission)(run_id=run_id, token_ids=frozenset(tokens))))
+            fetch[1].add_done_callback(lambda task, began=now: self._answered(answers, run_id, began, task))
             fetches[run_id] = fetch
+        if now - answered_at < 2 * self.max_age:
+            return answer
         # Shielded: a socket that closes while it waits must not cancel the others' fetch.
         return await asyncio.shield(fetch[1])
+
+    @staticmethod
+    def _answered(answers: dict[int, tuple[float, RunAdmission]], run_id: int, began: float,
+                  fetch: asyncio.Task) -> None:
+        if fetch.cancelled() or fetch.exception() is not None:
+            return  # the next report fetches again; one that waited sees the error
+        if began > answers.get(run_id, (-float("inf"), None))[0]:
+            answers[run_id] = (began, fetch.result())
 
 
 # --- plausibility ------------------------------------------------------------------------------
@@ -513,6 +534,9 @@ class ReportWriter:
         # One queue and drain task per event loop (tests run each communicator in its own loop).
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue] = weakref.WeakKeyDictionary()
         self._seen_at: dict[int, float] = {}
+        # Sessions to note as seen, and the one task noting them, per event loop
+        self._unseen: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[int]] = weakref.WeakKeyDictionary()
+        self._noting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task] = weakref.WeakKeyDictionary()
 
     async def store(self, *, session_id: int, report: Report, swarm_epoch: int | None = None,
                     beyond_reach: str | None = None) -> None:
@@ -555,15 +579,29 @@ class ReportWriter:
                 stored.set_result(None)
             else:
                 stored.set_exception(outcome)
-        await self._note_seen({event.session_id for event in events})
+        self._note_seen({event.session_id for event in events})
 
-    async def _note_seen(self, session_ids: set[int]) -> None:
-        """One UPDATE per batch for the sessions not noted for a while, after the acks are out."""
+    def _note_seen(self, session_ids: set[int]) -> None:
+        """Note the sessions not noted for a while, beside the writer: one UPDATE at a time, of every
+        session waiting, while the next batches commit. Awaited in the writer's loop, the update took
+        61% of its time at 10,000 sockets and held the next batch's acks (docs/benchmarks.md, section 25)."""
         now = time.monotonic()
-        stale = sorted(pk for pk in session_ids if self._seen_at.get(pk, 0.0) < now - self.seen_every)
-        if stale:
-            self._seen_at.update(dict.fromkeys(stale, now))
-            await db(sessions_seen)(session_ids=stale)
+        stale = {pk for pk in session_ids if self._seen_at.get(pk, 0.0) < now - self.seen_every}
+        if not stale:
+            return
+        self._seen_at.update(dict.fromkeys(stale, now))
+        loop = asyncio.get_running_loop()
+        self._unseen.setdefault(loop, set()).update(stale)
+        noting = self._noting.get(loop)
+        if noting is None or noting.done():
+            self._noting[loop] = loop.create_task(self._sessions_note(self._unseen[loop]))
+
+    @staticmethod
+    async def _sessions_note(unseen: set[int]) -> None:
+        while unseen:
+            session_ids = sorted(unseen)
+            unseen.clear()
+            await db(sessions_seen)(session_ids=session_ids)
 
 
 report_writer = ReportWriter()

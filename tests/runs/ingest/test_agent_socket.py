@@ -195,3 +195,32 @@ def test_the_sockets_of_one_run_share_one_admission_check(monkeypatch):
     # read one shared admission.
     assert fetches == [run.pk] * (20 + 1)
     assert ContributionEvent.objects.filter(session__run=run).count() == 60
+
+
+def test_reports_read_the_last_admission_while_the_next_is_fetched_until_it_is_twice_too_old(monkeypatch):
+    """At 10,000 sockets every report waiting for the run's re-check held acks back by seconds."""
+    fetched = []
+
+    def fetch(*, run_id, token_ids) -> reports.RunAdmission:
+        fetched.append(run_id)
+        return reports.RunAdmission(status=f"answer {len(fetched)}", slug="", banned=frozenset(), refused_tokens={})
+
+    monkeypatch.setattr(reports, "run_admission", fetch)
+    now = [100.0]
+    admissions = reports.RunAdmissions(max_age=5.0, clock=lambda: now[0])
+
+    async def story() -> list[str]:
+        seen = [(await admissions.admission(run_id=7, token_id=1)).status]  # nothing to read yet: it waits
+        now[0] += 4.9
+        seen.append((await admissions.admission(run_id=7, token_id=1)).status)  # fresh: no fetch
+        now[0] += 0.2
+        seen.append((await admissions.admission(run_id=7, token_id=1)).status)  # stale: a fetch starts, the last answer
+        await admissions._fetches[asyncio.get_running_loop()][7][1]  # the fetch's thread answers
+        await asyncio.sleep(0)
+        seen.append((await admissions.admission(run_id=7, token_id=1)).status)
+        now[0] += 10.0  # twice too old: the report waits for the next fetch
+        seen.append((await admissions.admission(run_id=7, token_id=1)).status)
+        return seen
+
+    assert asyncio.run(story()) == ["answer 1", "answer 1", "answer 1", "answer 2", "answer 3"]
+    assert fetched == [7, 7, 7]
