@@ -9,8 +9,11 @@ report, which authenticates its session, is sent before the clock starts; answer
 window count), and then the same N
 connections do the same against the echo. Printed: acknowledged reports/s, ack latency p50/p99, the
 echo's messages/s and the ratio; then a check that the database holds exactly the acknowledged
-reports. With `--viewers`, that many browsers watch `WS /ws/runs/{slug}/live/` while 100 agents
-report: snapshots delivered per second and how far apart viewers get the same snapshot.
+reports. With `--viewers`, that many browsers (split over `--client-processes`, opened at
+`--connect-rate`) watch `WS /ws/runs/{slug}/live/` while 100 agents report (`--watch-rate`) and the
+credit rollup runs every `--rollup-every` seconds: snapshots delivered per second, how far apart
+viewers get the same snapshot, and how long after each rollup commit that moved the run's confirmed
+samples each viewer got a snapshot showing them (p50/p99/max, and the pairs never delivered).
 
 The per-connection rate limit (5 reports/s) is lifted in the server: this measures capacity.
 `--writers` compares ways of storing: `batch` (runs.ingest.reports.ReportWriter, what the portal uses),
@@ -30,11 +33,15 @@ their limit on open files (one per socket) to the hard limit.
     DATABASE_URL=postgres://... .venv/bin/python -m bench.ingest --agents 100 1000 --viewers 500
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m bench.ingest --agents 10000 \
         --rate 2000 --writers batch --client-processes 4
+    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m bench.ingest --agents 100 --writers batch \
+        --viewers 1000 10000 --client-processes 4 --connect-rate 500 --watch-rate 100 --seconds 12
 """
 
 import argparse
 import asyncio
 import base64
+import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -50,8 +57,9 @@ import sys
 import threading
 import time
 import urllib.request
+import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -607,50 +615,253 @@ class ServerWatch:
                 f"machine's {os.cpu_count()} CPUs {1 - idle / sum(spent.values()):.0%} busy")
 
 
-async def watch(base: str, slug: str, viewers: int, agents: list[Agent], peer_batch: int, seconds: float) -> tuple[int, str]:
-    """`viewers` browsers on the live page while the agents report; delivered snapshots and spread."""
-    import websockets
+@dataclass
+class ViewerTally:
+    """What one client process's viewers received once told to record: per viewer, each frame's arrival on
+    the machine's monotonic clock (shared by its processes), a digest of its text, and the confirmed
+    samples it shows (``totals.samples``: what a rollup moves)."""
+    frames: list[list[tuple[float, int, int]]] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    busy: list[float] = field(default_factory=list)  # each client process's CPU while recording, in cores
+    connecting: list[float] = field(default_factory=list)  # each process's seconds to open all its viewers
 
-    received: list[list[tuple[float, int]]] = [[] for _ in range(viewers)]
-    stop = asyncio.Event()
-    opening = asyncio.Semaphore(100)
+    def merge(self, other: "ViewerTally") -> None:
+        self.frames += other.frames
+        self.errors.update(other.errors)
+        self.busy += other.busy
+        self.connecting += other.connecting
+
+
+def snapshot_spread(frames: list[list[tuple[float, int, int]]], began: float, ended: float) -> tuple[list, dict, list]:
+    """The frames received in [began, ended], the first arrival of each distinct text, and how long after
+    its first arrival each frame came (sorted)."""
+    delivered = [(at, digest) for times in frames for at, digest, _ in times if began <= at <= ended]
+    first_seen: dict[int, float] = {}
+    for at, digest in delivered:
+        first_seen[digest] = min(first_seen.get(digest, at), at)
+    return delivered, first_seen, sorted(at - first_seen[digest] for at, digest in delivered)
+
+
+def rollup_deliveries(frames: list[list[tuple[float, int, int]]], commits: list[tuple[float, int]]) -> tuple[list[float], int]:
+    """For each commit of the rollup (when, the confirmed samples it left) that moved the samples, and each
+    viewer: how long after the commit the viewer got the first frame showing at least those samples
+    (sorted), and how many (viewer, commit) pairs never got one. The first commit is what viewers had before."""
+    delays, never = [], 0
+    for (_, before), (committed, samples) in zip(commits, commits[1:]):
+        if samples <= before:
+            continue  # nothing new to show
+        for times in frames:
+            seen = next((at for at, _, shown in times if shown >= samples), None)
+            if seen is None:
+                never += 1
+            else:
+                delays.append(seen - committed)
+    return sorted(delays), never
+
+
+def percentiles(values: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(values) or [float("nan")]
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], ordered[-1]
+
+
+async def view(base: str, slug: str, viewers: int, connect_rate: float, connected: Callable[[], None],
+               recording: Callable[[], None], stopped: Callable[[], None]) -> ViewerTally:
+    """``viewers`` browsers on the live page, opened at ``connect_rate`` a second (0: 100 handshakes at a time);
+    once all are open, ``connected`` (run in a thread), then frames are recorded from when ``recording``
+    returns until ``stopped`` does. Each distinct text is parsed once per process."""
+    import websockets  # the client's library: the server side of this module does without it
+
+    tally = ViewerTally(frames=[[] for _ in range(viewers)])
+    shown: dict[int, int] = {}  # digest -> the confirmed samples its snapshot shows
+    opening, opened = asyncio.Semaphore(100), asyncio.Event()
+    record, stop = asyncio.Event(), asyncio.Event()
+    ready = 0
+    if not viewers:
+        opened.set()
+
+    def arrived() -> None:
+        nonlocal ready
+        ready += 1
+        if ready == viewers:
+            opened.set()
 
     async def viewer(index: int) -> None:
-        async with opening:
-            ws = await websockets.connect(f"{base}/ws/runs/{slug}/live/", origin=base.replace("ws://", "http://"),
-                                          open_timeout=60, ping_interval=None, max_size=None)
+        if connect_rate:
+            await asyncio.sleep(index / connect_rate)
+        try:
+            async with opening:
+                # Browsers offer permessage-deflate, as this client does by default.
+                ws = await websockets.connect(f"{base}/ws/runs/{slug}/live/", origin=base.replace("ws://", "http://"),
+                                              open_timeout=120, ping_interval=None, max_size=None)
+        except (OSError, TimeoutError, websockets.InvalidHandshake) as error:  # a limit hit: counted, not fatal
+            tally.errors[f"connect: {type(error).__name__}"] += 1
+            return
+        finally:
+            arrived()
         try:
             while not stop.is_set():
                 try:
                     text = await asyncio.wait_for(ws.recv(), timeout=0.5)
                 except TimeoutError:
                     continue
-                received[index].append((time.perf_counter(), hash(text)))
+                if record.is_set():
+                    digest = zlib.crc32(text.encode())
+                    if digest not in shown:
+                        shown[digest] = json.loads(text)["totals"]["samples"]
+                    tally.frames[index].append((time.monotonic(), digest, shown[digest]))
+        except websockets.ConnectionClosed as error:
+            close = getattr(error, "rcvd", None)
+            tally.errors[f"closed {close.code}" if close else "closed"] += 1
         finally:
             await ws.close()
 
-    viewing = [asyncio.create_task(viewer(i)) for i in range(viewers)]
-    await asyncio.sleep(2)
-    began = time.perf_counter()
-    reporting = asyncio.create_task(drive(base, "/ws/agent/", agents, lambda a: report_frame(a, peer_batch), 0, seconds))
-    tally = await reporting
-    ended = time.perf_counter()
+    began = time.monotonic()
+    tasks = [asyncio.create_task(viewer(index)) for index in range(viewers)]
+    await asyncio.wait_for(opened.wait(), timeout=1200)
+    tally.connecting.append(time.monotonic() - began)
+    await asyncio.to_thread(connected)
+    await asyncio.to_thread(recording)
+    record.set()
+    cpu, began = time.process_time(), time.monotonic()
+    await asyncio.to_thread(stopped)
+    tally.busy.append((time.process_time() - cpu) / (time.monotonic() - began))
     stop.set()
-    await asyncio.gather(*viewing, return_exceptions=True)
-    first_seen: dict[int, float] = {}
-    for times in received:
-        for at, text in times:
-            if began <= at <= ended:
-                first_seen[text] = min(first_seen.get(text, at), at)
-    delivered = [(at, text) for times in received for at, text in times if began <= at <= ended]
-    spread = sorted(at - first_seen[text] for at, text in delivered) or [float("nan")]
-    watching = sum(1 for times in received if times)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return tally
+
+
+def viewer_process(base: str, slug: str, viewers: int, connect_rate: float, ready, go, done, results, index: int) -> None:
+    """One of `--client-processes` watching: its viewers open, it says so on ``ready``, records from ``go``
+    until ``done``, and sends its tally back on ``results``."""
+    open_files_raise()
+    tally = asyncio.run(view(base, slug, viewers, connect_rate, lambda: ready.put(index), go.wait, done.wait))
+    results.put(tally)
+
+
+def rollup_pass(run) -> float:
+    """What the coordinator's monitor and the credit rollup do: each agent's epoch confirmed with all it
+    reported (as tests/factories.py's epoch_confirm), then runs.credit.rollup.credit_rollup. Its seconds."""
+    from django.db.models import Sum  # Django is set up in main()
+    from django.utils import timezone
+
+    from runs.credit.rollup import credit_rollup
+    from runs.models import ContributionEvent, SessionEpoch
+
+    began, now = time.monotonic(), timezone.now()
+    reported = (ContributionEvent.objects.filter(session__run=run, local_epoch=0).values("session_id")
+                .annotate(samples=Sum("samples")))
+    for row in reported:
+        SessionEpoch.objects.update_or_create(session_id=row["session_id"], epoch=0, defaults=dict(
+            reported_samples=row["samples"], announced_samples=row["samples"], status=SessionEpoch.Status.VERIFIED,
+            checked_at=now))
+    credit_rollup()
+    return time.monotonic() - began
+
+
+@contextlib.contextmanager
+def rollup_commits_stamped(run) -> Iterator[list[tuple[float, int]]]:
+    """While open, each commit of the credit rollup in this process appends to ``stamps`` when it committed
+    (on the machine's monotonic clock, which the client processes share) and the run's confirmed samples it
+    left (the live snapshot's ``totals.samples``) to the list it yields. Every transaction of the rollup takes the watermark's
+    lock (runs.credit.rollup.watermark_lock)."""
+    from django.db import transaction  # Django is set up in main()
+    from django.db.models import Sum
+
+    from runs.credit import rollup
+    from runs.models import RunCredit
+
+    lock, stamps = rollup.watermark_lock, []
+
+    def committed() -> None:
+        at = time.monotonic()
+        stamps.append((at, RunCredit.objects.filter(run=run).aggregate(total=Sum("samples_verified"))["total"] or 0))
+
+    def stamped():
+        row = lock()
+        transaction.on_commit(committed)
+        return row
+
+    rollup.watermark_lock = stamped
+    try:
+        yield stamps
+    finally:
+        rollup.watermark_lock = lock
+
+
+def rollups_run(run, every: float, stop: threading.Event) -> list[float]:
+    """A rollup pass every ``every`` seconds until ``stop``, on a thread of its own; their seconds."""
+    from django.db import connection  # Django is set up in main()
+
+    took = []
+    try:
+        while not stop.is_set():
+            took.append(rollup_pass(run))
+            stop.wait(max(0.0, every - took[-1]))
+        return took
+    finally:
+        connection.close()
+
+
+def watch(base: str, run, viewers: int, agents: list[Agent], frame, seconds: float, processes: int, connect_rate: float,
+          rate: float, rollup_every: float, server: "ServerWatch") -> tuple[int, list[str]]:
+    """`viewers` browsers on the run's live page, split over ``processes`` client processes, while the agents
+    report (at ``rate`` reports/s in all; 0: a closed loop) and the credit rollup runs every ``rollup_every``
+    seconds: delivered snapshots and their spread, and how long after each rollup committed every viewer
+    got a snapshot showing it."""
+    context = multiprocessing.get_context("spawn")  # a fork would share this process's database connection
+    ready, results, go, done = context.Queue(), context.Queue(), context.Event(), context.Event()
+    shares = [len(range(first, viewers, processes)) for first in range(processes)]
+    workers = [context.Process(target=viewer_process, daemon=True, args=(
+        base, run.slug, share, connect_rate * share / viewers, ready, go, done, results, index))
+        for index, share in enumerate(shares)]
+    for worker in workers:
+        worker.start()
+    results_of = lambda channel: [channel.get(timeout=1500) for _ in workers]  # noqa: E731
+    results_of(ready)
+    stop = threading.Event()
+    with rollup_commits_stamped(run) as stamps:
+        rollup_pass(run)  # the earlier phases' reports confirmed before the window
+        stamps[:-1] = []  # what viewers see when the window opens
+        server.stats(reset=True)
+        machine = psutil.cpu_times()
+        go.set()
+        began = time.monotonic()
+        rolling = concurrent.futures.ThreadPoolExecutor(1).submit(rollups_run, run, rollup_every, stop)
+        tally = asyncio.run(drive(base, "/ws/agent/", agents, frame, 0, seconds, rate))
+        stop.set()
+        took = percentiles(rolling.result())
+        ended = time.monotonic()
+    window = ServerWatch.window_line(server.stats(), machine, psutil.cpu_times())
+    time.sleep(3)  # the last pass's snapshot on its way
+    done.set()
+    viewed = ViewerTally()
+    for part in results_of(results):
+        viewed.merge(part)
+    for worker in workers:
+        worker.join()
+    delivered, first_seen, spread = snapshot_spread(viewed.frames, began, ended)
+    watching = sum(1 for times in viewed.frames if times)
     reports = tally.answers / (ended - began)
-    return tally.answers, (f"{viewers} viewers ({watching} got snapshots), {len(agents)} agents sending {reports:.0f} reports/s: "
-            f"{len(delivered) / (ended - began):.0f} snapshots/s delivered "
-            f"({len(delivered) / (ended - began) / max(watching, 1):.2f} per viewer per s), "
-            f"{len(first_seen) / (ended - began):.2f} distinct snapshots/s; same snapshot reached viewers within "
-            f"p50 {spread[len(spread) // 2] * 1000:.0f} ms, p99 {spread[int(len(spread) * 0.99)] * 1000:.0f} ms of the first")
+    p50, p99, _ = percentiles(spread)
+    delays, never = rollup_deliveries(viewed.frames, stamps)
+    d50, d99, dmax = percentiles(delays)
+    late = sum(1 for delay in delays if delay > 2.0)
+    moved = sum(1 for (_, before), (_, samples) in zip(stamps, stamps[1:]) if samples > before)
+    busy = "/".join(f"{cores:.0%}" for cores in viewed.busy)
+    errors = f"; errors {dict(viewed.errors)}" if viewed.errors else ""
+    return tally.answers, [
+        f"{viewers} viewers ({watching} got snapshots), {len(agents)} agents sending {reports:.0f} reports/s: "
+        f"{len(delivered) / (ended - began):.0f} snapshots/s delivered "
+        f"({len(delivered) / (ended - began) / max(watching, 1):.2f} per viewer per s), "
+        f"{len(first_seen) / (ended - began):.2f} distinct snapshots/s; same snapshot reached viewers within "
+        f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms of the first",
+        f"  rollup passes every {rollup_every:g} s (each p50 {took[0] * 1000:.0f} ms, max {took[2] * 1000:.0f} ms), "
+        f"{moved} commits moved the confirmed samples; a snapshot showing a commit reached each viewer p50 {d50 * 1000:.0f} ms, "
+        f"p99 {d99 * 1000:.0f} ms, max {dmax * 1000:.0f} ms after it committed; {late} (viewer, commit) pairs after "
+        f"more than 2 s, {never} never (of {len(delays) + never})",
+        f"  opening {viewers} viewers over {processes} client process(es): {max(viewed.connecting):.0f} s{errors}; "
+        f"client processes busy {busy} of a core while recording",
+        window]
 
 
 def main() -> None:
@@ -661,7 +872,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds sent before the window opens")
     parser.add_argument("--rate", type=float, nargs="+", default=[0.0],
                         help="reports/s offered by all agents together, one measurement each (0: closed loop, capacity)")
-    parser.add_argument("--viewers", type=int, default=0, help="live-page viewers to measure fan-out with (0: skip)")
+    parser.add_argument("--viewers", type=int, nargs="+", default=[0],
+                        help="live-page viewers to measure fan-out with, one measurement each (0: skip); split over "
+                             "--client-processes and opened at --connect-rate")
+    parser.add_argument("--watch-rate", type=float, default=0.0,
+                        help="reports/s the 100 agents offer while viewers watch (0: a closed loop, as fast as acknowledged)")
+    parser.add_argument("--rollup-every", type=float, default=2.0,
+                        help="seconds between the credit rollup's passes while viewers watch")
     parser.add_argument("--conn-max-age", type=int, default=60, help="DB_CONN_MAX_AGE of the server (0: a connection per call)")
     parser.add_argument("--checks", default="current",
                         help="the agent socket's checks: current, or before (without the ones that judge claims on the "
@@ -744,10 +961,13 @@ def main() -> None:
                     print(echo.line(f"echo, {count} agents{offered}", args.seconds)
                           + f"   ingest/echo {ratio:.2f}   load {load():.2f}")
                     print("\n".join([echo.counts(), *watch_server.report()]))
-            if args.viewers and writer == "batch":
-                answers, line = asyncio.run(watch(base, run.slug, args.viewers, agents[:100], peer_batch, args.seconds))
-                acked += answers
-                print(line)
+            for viewers in args.viewers if writer == "batch" else []:
+                if viewers:
+                    print(f"load {load():.2f} before {viewers} viewers")
+                    answers, lines = watch(base, run, viewers, agents[:100], frame, args.seconds, args.client_processes,
+                                           args.connect_rate, args.watch_rate, args.rollup_every, watch_server)
+                    acked += answers
+                    print("\n".join([*lines, f"  load {load():.2f}"]))
         finally:
             server.terminate()
             server.wait(timeout=30)
