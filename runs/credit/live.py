@@ -1,12 +1,12 @@
 """`WS /ws/runs/{slug}/live/`: the run's leaderboard and pace, for whoever may see the run, asked again
 every few seconds; `WS /ws/leaderboard/live/`: the board across all runs, everyone's. Each is pushed
-at most twice a second."""
+at most twice a second, read once for all the viewers of a snapshot in the process."""
 
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 
-from portal.live import PushingConsumer, cached, cached_snapshot, current_viewer
+from portal.live import PushingConsumer, SharedSnapshot, cached, current_viewer
 from runs.access.rules import run_may_view, run_seen_by_all, visible_run
 from runs.credit.boards import BY, WINDOWS, board_snapshot, run_snapshot
 from runs.models import Run
@@ -14,24 +14,19 @@ from runs.models import Run
 PUSH_INTERVAL = 0.5
 
 
-async def snapshot_text(run: Run) -> str:
-    return await cached_snapshot(("run", run.pk), lambda: run_snapshot(run=run), PUSH_INTERVAL)
-
-
 class RunLiveConsumer(PushingConsumer):
     refusal_code = 4404  # as for a run that does not exist
 
     async def connect(self) -> None:
         slug = self.scope["url_route"]["kwargs"]["slug"]
-        self.run = await database_sync_to_async(visible_run)(slug=slug, user=self.scope.get("user"))
+        self.run = await database_sync_to_async(visible_run, thread_sensitive=False)(slug=slug, user=self.scope.get("user"))
         if self.run is None:
             await self.close(code=self.refusal_code)
             return
         self.feed = f"snapshot of run {self.run.slug}"
+        run = self.run
+        self.shared = SharedSnapshot.join(("run", run.pk), lambda: run_snapshot(run=run), PUSH_INTERVAL)
         await self.start()
-
-    async def snapshot(self) -> str:
-        return await snapshot_text(self.run)
 
     async def may_watch(self) -> bool:
         """The run's row is read once per recheck for all its viewers; only a run not seen by all
@@ -58,8 +53,7 @@ class BoardLiveConsumer(PushingConsumer):
             await self.close(code=4400)
             return
         self.feed = f"board by {self.by} over {self.window}"
+        by, window = self.by, self.window
+        self.shared = SharedSnapshot.join(("board", by, window), lambda: board_snapshot(by=by, window=window),
+                                          PUSH_INTERVAL)
         await self.start()
-
-    async def snapshot(self) -> str:
-        return await cached_snapshot(("board", self.by, self.window),
-                                     lambda: board_snapshot(by=self.by, window=self.window), PUSH_INTERVAL)

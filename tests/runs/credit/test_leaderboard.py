@@ -6,10 +6,12 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from accounts.services import team_create
 from portal.asgi import application
+from runs.credit import boards, live
 from runs.credit.rollup import credit_rollup
 from runs.credit.schemas import LeaderboardRow, LiveSnapshot
 from tests.factories import RunFactory, UserFactory, report, session_for
@@ -196,3 +198,34 @@ def test_live_snapshot_round_trips_through_json():
         samples_per_second=88.0, alive_peers=3, epoch=41, loss=None, pace_source="monitor")
     assert snapshot.model_dump(mode="json")["type"] == "snapshot"
     assert LiveSnapshot.model_validate_json(snapshot.model_dump_json()) == snapshot
+
+
+@pytest.mark.django_db(transaction=True)
+def test_viewers_of_one_run_share_one_read_per_interval_and_each_gets_a_change(monkeypatch):
+    """One poller per run in the process reads the snapshot and hands each new one to every viewer
+    (portal/live.py's SharedSnapshot): viewers no longer poll each on their own."""
+    run = RunFactory(slug="shared-run")
+    contribute(run, UserFactory(username="amina"), 64)
+    credit_rollup()
+    vik = UserFactory(username="vik")
+    reads = []
+    monkeypatch.setattr(live, "run_snapshot", lambda run: reads.append(run.pk) or boards.run_snapshot(run=run))
+
+    async def three_viewers():
+        viewers = [WebsocketCommunicator(application, "/ws/runs/shared-run/live/", headers=[(b"origin", b"http://127.0.0.1")])
+                   for _ in range(3)]
+        for viewer in viewers:
+            assert (await viewer.connect(timeout=10))[0]
+        first = [json.loads(await viewer.receive_from(timeout=10)) for viewer in viewers]
+        await database_sync_to_async(contribute)(run, vik, 32, seq=2)
+        await database_sync_to_async(credit_rollup)()
+        changed = [json.loads(await viewer.receive_from(timeout=10)) for viewer in viewers]
+        for viewer in viewers:
+            await viewer.disconnect()
+        return first, changed
+
+    began = time.monotonic()
+    first, changed = async_to_sync(three_viewers)()
+    assert first[0] == first[1] == first[2] and changed[0] == changed[1] == changed[2] != first[0]
+    assert changed[0]["totals"]["samples"] == 96
+    assert len(reads) <= 2 + (time.monotonic() - began) / live.PUSH_INTERVAL, "one read per interval for all three"
