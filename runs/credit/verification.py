@@ -23,7 +23,7 @@ import datetime
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Min, Q, Sum
+from django.db.models import Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -367,6 +367,21 @@ def commitments_to_check(*, run: Run, epochs: set[int]) -> list[StepCommitment]:
     pending = StepCommitment.objects.filter(session__run=run, outcome=_Outcome.PENDING, epoch__in=epochs,
                                             session__suspended_at__isnull=True)
     return list(pending.select_related("session").order_by("epoch", "id")[:500])
+
+
+def flags_settle(*, run: Run) -> int:
+    """Judge again the flagged epochs whose commitment was judged off the swarm's state or unchecked after
+    the flag: the evidence rejects them (:func:`_session_epoch_judge`). A commitment stored unchecked at the
+    door (late, or reaching beyond the session's work: runs/ingest/reports.py) goes through no check that
+    would judge its epoch: CI saw a suspended liar's late commitment arrive in the seconds before the
+    ingest refused its session, after the suspension had flagged the epoch. Returns how many."""
+    off_the_swarm = StepCommitment.objects.filter(session_id=OuterRef("session_id"), epoch=OuterRef("epoch"),
+                                                  outcome__in=(_Outcome.DIVERGED, _Outcome.UNCHECKED))
+    flagged = list(SessionEpoch.objects.filter(session__run=run, status=_Status.FLAGGED)
+                   .filter(Exists(off_the_swarm)).values_list("session_id", "epoch"))
+    for session_id, epoch in flagged:
+        _rejudge(run=run, session_id=session_id, epochs=[epoch])
+    return len(flagged)
 
 
 def commitments_uncheckable(*, run: Run, before_epoch: int) -> int:

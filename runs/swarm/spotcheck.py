@@ -243,11 +243,14 @@ class Validator:
         how many were checked. A commitment whose steps claim a state that one peer served and no second
         volunteer's commitment claims yet waits a little (``CORROBORATION_WAIT_EPOCHS``)."""
         spot_checks = self._spot_checks_on()
-        held, served = dict(self.held), dict(self.served)  # the holder adds and drops states meanwhile
-        seen = set(held) | set(served)
-        if spot_checks is None or not seen:
+        if spot_checks is None:
             return 0
         run, config = spot_checks
+        verification.flags_settle(run=run)
+        held, served = dict(self.held), dict(self.served)  # the holder adds and drops states meanwhile
+        seen = set(held) | set(served)
+        if not seen:
+            return 0
         # An epoch's steps are checked against its neighbours' states too (below): the window reaches one further.
         verification.commitments_uncheckable(run=run, before_epoch=min(seen) - 1)
         newest, checked = max(seen), 0

@@ -13,6 +13,7 @@ import signal
 from collections import Counter
 
 import pytest
+from django.db.models import Exists, OuterRef
 
 from accounts.services import token_create
 from harness.processes import children_reap
@@ -85,6 +86,13 @@ def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_b
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
         children_reap()
+    # A late commitment the liar sent in the seconds before the ingest refused its suspended session is stored
+    # unchecked at the door, after the suspension flagged its epoch: the validator's next cycle rejects that epoch.
+    flagged_off_the_swarm = SessionEpoch.objects.filter(session__user=liar, status="flagged").filter(Exists(
+        commitments.filter(session_id=OuterRef("session_id"), epoch=OuterRef("epoch"),
+                           outcome__in=["diverged", "unchecked"])))
+    serve_until(coordinator, lambda: not flagged_off_the_swarm.exists(), 120,
+                "the validator to reject the flagged epochs whose commitments were judged off the swarm")
 
     computed = int((tmp_path / "mallory" / "computed").read_text())
     for user in (honest, second, liar):  # the figures docs/trust.md quotes (pytest -s shows them)

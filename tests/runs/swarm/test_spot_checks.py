@@ -11,6 +11,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from peer_agent.protocol import EpochCommitment, StepCommitment
 from peer_agent.spotcheck import commitment_sign
 from runs.credit import verification
+from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS, LATE_COMMITMENT
 from runs.models import RunEvent, SessionEpoch, TrainingSession
 from runs.models import StepCommitment as StoredCommitment
 from tests.agent_wire import exchange, report
@@ -447,3 +448,29 @@ def test_a_suspended_sessions_epoch_judged_off_the_swarm_is_rejected_before_the_
     assert verification.commitments_uncheckable(run=run, before_epoch=9) == 1
     assert status(rahim, 8).status == "rejected"
     assert "no state of epoch 8 was held" in status(rahim, 8).detail
+
+
+def test_a_flagged_epoch_whose_commitment_came_late_is_rejected_by_the_validators_next_cycle(run):
+    """The ingest stores a late commitment as unchecked at the door (runs/ingest/reports.py), and no check judges
+    its epoch then. CI62: the liar of tests/security/test_liar_agents.py, suspended, sent its dark epoch's late
+    commitment in the seconds before the ingest refused its session; the suspension had flagged the epoch, and
+    an organizer accepting the flag would have credited work nobody checked."""
+    rahim = session_for(run, username="rahim")
+    for epoch in (4, 5, 6):
+        reported(rahim, 32, epoch=epoch, checked=False)
+        verification.announced_record(session_id=rahim.pk, epoch=epoch, announced=32)
+    judge(run, 6)
+    assert status(rahim, 6).status == "provisional", "no commitment yet"
+    check(committed(rahim, 4, 32), 0.93)
+    check(committed(rahim, 5, 32), 0.71)
+    assert status(rahim, 6).status == "flagged", "the suspension flagged it"
+    StoredCommitment.objects.create(
+        session=rahim, epoch=6, micro_batch_size=4, shuffle_buffer=1000, steps=[[0, 32, FINGERPRINT]], samples=32,
+        outcome="unchecked", check_detail=LATE_COMMITMENT.format(epoch=6, swarm=13, window=COMMITMENT_WINDOW_EPOCHS))
+    assert status(rahim, 6).status == "flagged"
+
+    assert verification.flags_settle(run=run) == 1
+    assert status(rahim, 6).status == "rejected"
+    assert "after the deadline" in status(rahim, 6).detail
+    assert status(rahim, 4).status == "flagged", "a failed check's flag stays the organizer's to decide"
+    assert verification.flags_settle(run=run) == 0
