@@ -184,6 +184,10 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "home"
 AGENT_TOKEN_DEFAULT_DAYS = env_int("AGENT_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+# Where a hosted notebook service opens notebooks/join-a-run.ipynb from this portal's repository (e.g. Colab's
+# https://colab.research.google.com/github/<owner>/<repo>/blob/main/notebooks/join-a-run.ipynb); the join
+# pages link it. Empty: no link (the service must reach the portal, so only a public portal sets it).
+JOIN_NOTEBOOK_HOSTED_URL = env_str("JOIN_NOTEBOOK_HOSTED_URL", "")
 # Accounts are created from the link mailed at sign-up (accounts/signup.py), and agent tokens need a
 # confirmed address (accounts/verification.py). A closed deployment whose accounts staff create can
 # turn this off: sign-up then creates the account at once.

@@ -31,5 +31,6 @@ urlpatterns = [
     path("runs/<slug:slug>/flags/", organizer.run_flags, name="run-flags"),
     path("runs/<slug:slug>/flags/<int:pk>/<str:decision>/", organizer.run_flag_decide, name="run-flag-decide"),
     path("runs/<slug:slug>/suspended/<int:pk>/lift/", organizer.run_session_unsuspend, name="run-session-unsuspend"),
+    path("agent/", pages.agent_links, name="agent-links"),
     path("agent/<str:filename>", pages.agent_wheel, name="agent-wheel"),
 ]

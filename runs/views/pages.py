@@ -11,6 +11,7 @@ from django.core.paginator import Paginator
 from django.db.models import Q
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
 
 from accounts.services import token_create
@@ -118,6 +119,8 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
         "needs_code": refusal is not None and refusal.code == "invite_only",
         "install_command": _install_command(portal_url),
         "join_command": _join_command(portal_url, run),
+        "portal_url": portal_url,
+        "hosted_notebook": settings.JOIN_NOTEBOOK_HOSTED_URL,
         "unverified": request.user.is_authenticated and verification_required(request.user),
     }
     if request.method == "POST" and request.POST.get("action") == "code":
@@ -149,6 +152,14 @@ def run_join_page(request: HttpRequest, slug: str) -> HttpResponse:
         response["Cache-Control"] = "no-store"  # the page carries the secret
         return response
     return render(request, "runs/run_join.html", context)
+
+
+def agent_links(request: HttpRequest) -> HttpResponse:
+    """pip's ``--find-links`` page: a link to the agent's current wheel, whose name changes with each
+    build (notebooks/join-a-run.ipynb installs from it); none before `manage.py agent_wheel` ran."""
+    wheel = agent_wheel_path()
+    link = format_html('<a href="{}">{}</a>', wheel.name, wheel.name) if wheel else ""
+    return HttpResponse(format_html("<!DOCTYPE html>\n<html><body>{}</body></html>\n", link))
 
 
 def agent_wheel(request: HttpRequest, filename: str) -> FileResponse:

@@ -3,11 +3,16 @@ with getpass and joins; it holds no secret (runs/views/notebook.py). Executed in
 live portal in tests/e2e/test_join_notebook.py."""
 
 import re
+import subprocess
+import sys
+import urllib.request
 
 import nbformat
+import pytest
 from django.core.management import call_command
 
 from runs.models import Run
+from runs.views.notebook import HOSTED_NOTEBOOK, hosted_join_notebook, join_notebook
 from tests.factories import RunFactory
 
 
@@ -58,3 +63,58 @@ def test_a_run_name_with_markup_and_quotes_stays_text_in_the_notebook(client, db
     assert notebook.cells[0].cell_type == "markdown" and "<script>" not in notebook.cells[0].source
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in notebook.cells[0].source
     assert notebook.cells[1].source.endswith(f'RUN = "{run.slug}"')
+
+
+def test_the_notebook_a_hosted_service_opens_is_the_portals_own_with_the_portal_and_run_typed_in():
+    """notebooks/join-a-run.ipynb is what `manage.py hosted_notebook` writes, and past its first two cells it runs
+    what a run's own notebook runs (executed against a live portal in tests/e2e/test_join_notebook.py)."""
+    committed = HOSTED_NOTEBOOK.read_text(encoding="utf-8")
+    assert committed == hosted_join_notebook(), "run `.venv/bin/python manage.py hosted_notebook` and commit the file"
+    hosted = nbformat.reads(committed, as_version=4)
+    nbformat.validate(hosted)
+    own = nbformat.reads(join_notebook(run=RunFactory.build(slug="bengali-demo"), portal_url="https://portal.example"),
+                         as_version=4)
+    assert [cell.id for cell in hosted.cells] == [cell.id for cell in own.cells]
+    assert [cell.source for cell in hosted.cells[3:]] == [cell.source for cell in own.cells[3:]]
+    assert hosted.cells[2].source == "%pip install --quiet --find-links {PORTAL}/agent/ peer-agent"
+
+    parameters = hosted.cells[1].source
+    with pytest.raises(AssertionError, match="type the portal's address"):
+        exec(parameters, {})  # as opened: nothing typed in yet
+    typed = parameters.replace('PORTAL = ""', 'PORTAL = " https://portal.example/ "', 1).replace(
+        'RUN = ""', 'RUN = "bengali-demo"', 1)
+    namespace = {}
+    exec(typed, namespace)
+    assert (namespace["PORTAL"], namespace["RUN"]) == ("https://portal.example", "bengali-demo")
+
+
+def test_the_join_page_links_the_hosted_notebook_only_where_the_portal_names_a_service(client_for, volunteer, settings):
+    run = RunFactory()
+    page = client_for(volunteer).get(f"/runs/{run.slug}/join/").content.decode()
+    assert 'id="join-notebook-hosted"' not in page
+    settings.JOIN_NOTEBOOK_HOSTED_URL = "https://colab.research.google.com/github/o/r/blob/main/notebooks/join-a-run.ipynb"
+    page = client_for(volunteer).get(f"/runs/{run.slug}/join/").content.decode()
+    link = re.search(r'id="join-notebook-hosted" href="([^"]+)" target="_blank" rel="noopener"', page)
+    assert link and link.group(1) == settings.JOIN_NOTEBOOK_HOSTED_URL, page
+    assert "<code>http://testserver</code>" in page and f"<code>{run.slug}</code>" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pip_finds_this_portals_agent_wheel_on_its_agent_page(live_server, settings, tmp_path):
+    """What the hosted notebook's install cell relies on: pip's --find-links reads the portal's /agent/ page."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    assert live_server_get(f"{live_server.url}/agent/") == "<!DOCTYPE html>\n<html><body></body></html>\n"
+    call_command("agent_wheel", verbosity=0)
+    # Into a folder of its own, without its dependencies (this environment has them): the install cell's resolution.
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--find-links", f"{live_server.url}/agent/",
+         "--target", str(tmp_path / "got"), "peer-agent"], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    built = [path.name for path in (tmp_path / "media" / "agent").iterdir()]
+    assert re.search(r"Successfully installed peer[-_]agent-", installed.stdout), installed.stdout
+    assert (tmp_path / "got" / "peer_agent" / "notebook.py").exists(), built
+
+
+def live_server_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return answer.read().decode()
