@@ -1,5 +1,5 @@
 """The join page offers the run as a Jupyter notebook: it installs this portal's agent, asks for the token
-with getpass and joins; it holds no secret (runs/views/notebook.py). Executed in a real kernel against a
+with getpass and joins; it holds no secret (runs/setup/notebooks.py). Executed in a real kernel against a
 live portal in tests/e2e/test_join_notebook.py."""
 
 import re
@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from runs.models import Run
-from runs.views.notebook import HOSTED_NOTEBOOK, hosted_join_notebook, join_notebook
+from runs.setup.notebooks import HOSTED_NOTEBOOK, hosted_join_notebook, join_notebook
 from tests.factories import RunFactory
 
 
@@ -72,8 +72,8 @@ def test_the_notebook_a_hosted_service_opens_is_the_portals_own_with_the_portal_
     assert committed == hosted_join_notebook(), "run `.venv/bin/python manage.py hosted_notebook` and commit the file"
     hosted = nbformat.reads(committed, as_version=4)
     nbformat.validate(hosted)
-    own = nbformat.reads(join_notebook(run=RunFactory.build(slug="bengali-demo"), portal_url="https://portal.example"),
-                         as_version=4)
+    own = nbformat.reads(join_notebook(run=RunFactory.build(slug="bengali-demo"), portal_url="https://portal.example",
+                                       package="https://portal.example/agent/peer_agent-1.0-py3-none-any.whl"), as_version=4)
     assert [cell.id for cell in hosted.cells] == [cell.id for cell in own.cells]
     assert [cell.source for cell in hosted.cells[3:]] == [cell.source for cell in own.cells[3:]]
     assert hosted.cells[2].source == "%pip install --quiet --find-links {PORTAL}/agent/ peer-agent"
