@@ -36,8 +36,6 @@ EXERCISED = [
     (r"(time )?(\S+=\S+ )*\.venv/bin/python manage\.py migrate( \w+)?", DEMO_TEST),
     (r"python manage\.py collectstatic --noinput", "tests/test_docs_commands.py::test_collectstatic_gathers_the_pages_assets"),
     (r"python manage\.py agent_wheel", WHEEL_TEST),
-    (r"pip install --find-links <portal>/agent/ peer-agent",
-     "tests/runs/views/test_join_notebook.py::test_pip_finds_this_portals_agent_wheel_on_its_agent_page"),
     (r"python manage\.py createsuperuser", "tests/test_docs_commands.py::test_createsuperuser_makes_an_admin"),
     (r"python manage\.py run_coordinator( --run \S+)?",
      "tests/runs/swarm/test_coordinator.py::test_active_runs_get_a_backbone_peer_whose_addresses_agents_bootstrap_from"),

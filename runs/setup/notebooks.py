@@ -63,7 +63,7 @@ def join_notebook(*, run: Run, portal_url: str, package: str) -> str:
 
 def hosted_join_notebook() -> str:
     """The notebook for any run (notebooks/join-a-run.ipynb), in English: the portal and the run are typed
-    into its first cell (a form in Colab), and pip finds the agent's wheel on the portal's /agent/ page."""
+    into its first cell (a form in Colab), and the agent's wheel is read from the portal's /agent/ page."""
     with translation.override("en"):
         return _joining(
             parameters=('PORTAL = ""  #@param {type:"string"}\nRUN = ""  #@param {type:"string"}\n\n'
@@ -71,7 +71,13 @@ def hosted_join_notebook() -> str:
                         'PORTAL, RUN = PORTAL.strip().rstrip("/"), RUN.strip()\n'
                         'assert PORTAL.startswith(("https://", "http://")) and RUN, '
                         '"type the portal\'s address (https://...) and the run\'s name above"'),
-            install="%pip install --quiet --find-links {PORTAL}/agent/ peer-agent",
+            # The wheel this portal serves, by its own URL: a package of the same name on an index is not asked for.
+            install=("import re\nimport urllib.request\n\n"
+                     'with urllib.request.urlopen(f"{PORTAL}/agent/", timeout=60) as page:\n'
+                     '    wheel = re.search(r\'href="(peer_agent-[^"]+\\.whl)"\', page.read().decode())\n'
+                     'assert wheel, "this portal serves no agent wheel: ask its organizers to build one"\n'
+                     'WHEEL = f"{PORTAL}/agent/{wheel.group(1)}"\n'
+                     "%pip install --quiet {WHEEL}"),
             title="# " + _("Join a run of a DeDLOC portal"),
             where="<portal>/runs/<run>/join/")
 
