@@ -1,15 +1,13 @@
 """bench/ingest.py's client processes: agents split over processes report to a server as one, and what every
 report became comes back merged (sent, answered, lost, answered twice), with the agents' sequence numbers."""
 
-import asyncio
 import functools
 import json
-import threading
 
 import pytest
-import websockets
 
 from bench.ingest import Agent, drive_split, report_frame
+from tests.bench.loopback import serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -17,26 +15,12 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def acking_server():
     """A websocket server on loopback that acknowledges every report by its seq, as the agent socket does."""
-    loop = asyncio.new_event_loop()
-    started, stop = threading.Event(), asyncio.Event()
-    address = {}
-
     async def acknowledge(ws) -> None:
         async for text in ws:
             await ws.send(json.dumps({"type": "ack", "seq": json.loads(text)["seq"]}))
 
-    async def serve() -> None:
-        async with websockets.serve(acknowledge, "127.0.0.1", 0) as server:
-            address["port"] = server.sockets[0].getsockname()[1]
-            started.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert started.wait(30)
-    yield f"ws://127.0.0.1:{address['port']}"
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(30)
+    with serving(acknowledge) as url:
+        yield url
 
 
 def test_agents_split_over_processes_report_as_one_and_every_report_is_answered_once(acking_server):

@@ -3,13 +3,12 @@
 
 import asyncio
 import json
-import threading
 import time
 
 import pytest
-import websockets
 
 from bench.ingest import ViewerTally, rollup_deliveries, snapshot_spread, view
+from tests.bench.loopback import serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,27 +39,13 @@ def test_viewer_tallies_of_processes_merge_and_the_spread_is_of_the_frames_in_th
 @pytest.fixture
 def pushing_server():
     """A websocket server on loopback that pushes a run's live snapshot, its confirmed samples rising, every 50 ms."""
-    loop = asyncio.new_event_loop()
-    started, stop = threading.Event(), asyncio.Event()
-    address = {}
-
     async def push(ws) -> None:
         for samples in range(1000):
             await ws.send(json.dumps({"type": "snapshot", "totals": {"samples": samples}}))
             await asyncio.sleep(0.05)
 
-    async def serve() -> None:
-        async with websockets.serve(push, "127.0.0.1", 0) as server:
-            address["port"] = server.sockets[0].getsockname()[1]
-            started.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert started.wait(30)
-    yield f"ws://127.0.0.1:{address['port']}"
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(30)
+    with serving(push) as url:
+        yield url
 
 
 def test_viewers_record_each_frame_with_the_samples_it_shows_only_between_go_and_done(pushing_server):
