@@ -156,7 +156,8 @@ EVALUATION_TIMEOUT_SECONDS = env_int("EVALUATION_TIMEOUT_SECONDS", 1800, minimum
 EVALUATION_EVERY_SECONDS = env_int("EVALUATION_EVERY_SECONDS", 30, minimum=1)
 # An evaluation takes minutes (the held-out pass, and each probe fine-tuned from three seeds): it has a
 # queue and a worker of its own (docs/deploy.md), so that the credit rollup and e-mails never wait behind one.
-CELERY_TASK_ROUTES = {"runs.tasks.evaluations_task": {"queue": "evaluations"}}
+CELERY_TASK_ROUTES = {"runs.tasks.evaluations_task": {"queue": "evaluations"},
+                      "runs.swarm.recompute.spot_check_task": {"queue": "validations"}}
 # Periodic tasks live in each app's tasks.py (found by autodiscovery); a task that a service queues lives
 # beside that service, so that the service need not import the tasks module that imports it back.
 CELERY_IMPORTS = ["accounts.notifications", "accounts.signup", "accounts.password_reset", "runs.setup.services"]
@@ -171,6 +172,12 @@ CELERY_BEAT_SCHEDULE = {
     "tokens-expiring": {"task": "accounts.tasks.tokens_expiring_task", "schedule": 3600.0},
     "notification-emails-pending": {"task": "accounts.tasks.notification_emails_pending_task", "schedule": 600.0},
 }
+
+# Spot checks' recomputation (runs/swarm/recompute.py): off, each run's coordinator recomputes in a thread of
+# its own; on, it only schedules, and validator workers on any host consume the validations queue
+# (docs/deploy.md). A check queued this long ago and not recorded is queued again (its worker was lost).
+SPOT_CHECK_WORKERS = env_bool("SPOT_CHECK_WORKERS", False)
+SPOT_CHECK_REQUEUE_SECONDS = env_int("SPOT_CHECK_REQUEUE_SECONDS", 1800, minimum=60)
 
 # --- auth --------------------------------------------------------------------------------------
 

@@ -35,8 +35,8 @@ def options(words: list[str]) -> set[str]:
     return {word.split("=")[0] for word in words if word.startswith("-")}
 
 
-def test_compose_runs_the_web_worker_evaluator_beat_and_coordinator_from_the_image():
-    assert set(PORTAL_SERVICES) == {"web", "worker", "evaluator", "beat", "coordinator"}
+def test_compose_runs_the_web_worker_evaluator_validator_beat_and_coordinator_from_the_image():
+    assert set(PORTAL_SERVICES) == {"web", "worker", "evaluator", "validator", "beat", "coordinator"}
 
 
 @pytest.mark.parametrize("name", sorted(PORTAL_SERVICES))

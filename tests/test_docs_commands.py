@@ -33,6 +33,8 @@ EXERCISED = [
     (r"make messages", "tests/portal/test_translations.py::test_every_marked_string_has_a_bengali_translation"),
     (r"LANGUAGE=bn peer-agent status", CLI_TESTS + "test_status_speaks_bengali_when_the_environment_asks_for_it"),
     (r"python manage\.py migrate", DEMO_TEST),
+    # The demo starts its validator worker so (runs/management/commands/demo.py, validator_command).
+    (r"celery -A portal worker -Q validations --include runs\.swarm\.recompute --pool solo --loglevel INFO", DEMO_TEST),
     (r"(time )?(\S+=\S+ )*\.venv/bin/python manage\.py migrate( \w+)?", DEMO_TEST),
     (r"python manage\.py collectstatic --noinput", "tests/test_docs_commands.py::test_collectstatic_gathers_the_pages_assets"),
     (r"python manage\.py agent_wheel", WHEEL_TEST),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, Min, OuterRef, Q, Sum
 from django.utils import timezone
@@ -363,10 +364,19 @@ def _pending_reject(*, session_id: int, epoch: int, now: datetime.datetime) -> i
 # --- spot checks: what the coordinator's validator (runs/swarm/spotcheck.py) records ------------------
 
 def commitments_to_check(*, run: Run, epochs: set[int]) -> list[StepCommitment]:
-    """The run's commitments not checked yet for the epochs whose state the validator holds, oldest first."""
-    pending = StepCommitment.objects.filter(session__run=run, outcome=_Outcome.PENDING, epoch__in=epochs,
-                                            session__suspended_at__isnull=True)
+    """The run's commitments not checked yet for the epochs whose state the validator holds, oldest first:
+    those not queued for a validator worker, or whose worker was lost (:func:`_queue_lost_before`)."""
+    pending = StepCommitment.objects.filter(
+        Q(queued_at__isnull=True) | Q(queued_at__lt=_queue_lost_before()), session__run=run, outcome=_Outcome.PENDING,
+        epoch__in=epochs, session__suspended_at__isnull=True)
     return list(pending.select_related("session").order_by("epoch", "id")[:500])
+
+
+def _queue_lost_before() -> datetime.datetime:
+    """A check queued for a validator worker before this and not recorded lost its worker (it died with the
+    message, or the broker did): the validator queues it again, and a retry that finds it recorded does
+    nothing (runs/swarm/recompute.py)."""
+    return timezone.now() - datetime.timedelta(seconds=settings.SPOT_CHECK_REQUEUE_SECONDS)
 
 
 def flags_settle(*, run: Run) -> int:
@@ -386,8 +396,10 @@ def flags_settle(*, run: Run) -> int:
 
 def commitments_uncheckable(*, run: Run, before_epoch: int) -> int:
     """Pending commitments for epochs before ``before_epoch``, which the validator no longer holds (or
-    never did): marked unchecked and their epochs judged again. Returns how many."""
-    stale = list(StepCommitment.objects.filter(session__run=run, outcome=_Outcome.PENDING, epoch__lt=before_epoch))
+    never did): marked unchecked and their epochs judged again. A check queued for a validator worker waits
+    for it, unless its worker was lost: the states it needs are kept. Returns how many."""
+    stale = list(StepCommitment.objects.filter(session__run=run, outcome=_Outcome.PENDING, epoch__lt=before_epoch)
+                 .exclude(queued_at__gte=_queue_lost_before()))
     for commitment in stale:
         _outcome_save(commitment, _Outcome.UNCHECKED, detail=NO_STATE_HELD.format(epoch=commitment.epoch))
         _rejudge(run=run, session_id=commitment.session_id, epochs=[commitment.epoch])

@@ -49,6 +49,7 @@ class StepCommitment(models.Model):
     received_at = models.DateTimeField(default=timezone.now)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.PENDING)
     checked_at = models.DateTimeField(null=True, blank=True)
+    queued_at = models.DateTimeField(null=True, blank=True, help_text="When its check was queued for a validator worker.")
     check_detail = models.CharField(max_length=500, blank=True)
     checked_steps = models.JSONField(default=list, blank=True, help_text="[[cursor, distance], ...] recomputed.")
 

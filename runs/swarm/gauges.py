@@ -27,6 +27,8 @@ RUN_GAUGES = {
     "dedloc_run_pending_credit": "Credit reported but not confirmed yet (pending and flagged).",
     "dedloc_run_flagged_epochs": "Session epochs flagged by the monitor, waiting for an organizer's decision.",
     "dedloc_run_spot_checks_pending": "Committed epochs the validator has not checked yet (it falls behind as this grows).",
+    "dedloc_run_spot_checks_queued": "Spot checks queued for validator workers and not recorded yet (SPOT_CHECK_WORKERS).",
+    "dedloc_run_spot_check_queue_age_seconds": "How long the oldest of those has waited (0 with none queued).",
     "dedloc_run_spot_checks_failed": "Spot checks in the run whose recomputed work did not match the commitment.",
     "dedloc_run_suspended_sessions": "Sessions suspended by failed spot checks, waiting for an organizer.",
 }
@@ -44,6 +46,10 @@ class RunGauges:
         runs = (Run.objects.filter(status=Run.Status.ACTIVE)
                 .annotate(flagged=_count(SessionEpoch, status=SessionEpoch.Status.FLAGGED),
                           checks_pending=_count(StepCommitment, outcome=outcome.PENDING),
+                          checks_queued=_count(StepCommitment, outcome=outcome.PENDING, queued_at__isnull=False),
+                          queued_since=Subquery(StepCommitment.objects.filter(
+                              session__run=OuterRef("pk"), outcome=outcome.PENDING, queued_at__isnull=False)
+                              .order_by("queued_at").values("queued_at")[:1]),
                           checks_failed=_count(StepCommitment, outcome=outcome.FAILED),
                           suspended=_count(TrainingSession, suspended_at__isnull=False))
                 .order_by("slug"))
@@ -70,6 +76,8 @@ def run_figures(*, run: Run, now: datetime.datetime, pending_credit: float) -> d
         "dedloc_run_pending_credit": pending_credit,
         "dedloc_run_flagged_epochs": run.flagged,
         "dedloc_run_spot_checks_pending": run.checks_pending,
+        "dedloc_run_spot_checks_queued": run.checks_queued,
+        "dedloc_run_spot_check_queue_age_seconds": (now - run.queued_since).total_seconds() if run.queued_since else 0.0,
         "dedloc_run_spot_checks_failed": run.checks_failed,
         "dedloc_run_suspended_sessions": run.suspended,
         "dedloc_run_alive_peers": 0,

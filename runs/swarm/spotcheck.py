@@ -22,27 +22,35 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
+from django.conf import settings
 from django.db import close_old_connections
-from django.db.models import F, Q
+from django.db.models import F, Min, Q
+from django.utils import timezone
 from hivemind.p2p import PeerID
 from hivemind.utils.timed_storage import ValueWithExpiration
 
 from peer_agent.metrics import dht_result
-from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig
-from peer_agent.spotcheck import BatchReplay, Sketch, data_seed, fingerprint_distance, fingerprint_encode, step_fingerprint
+from peer_agent.spotcheck import fingerprint_distance
 from runs.credit import verification
 from runs.ingest.reports import COMMITMENT_WINDOW_EPOCHS
 from runs.models import ContributionEvent, Run, RunSample, SessionEpoch, StepCommitment, TrainingSession
 from runs.swarm.checkpoints import Checkpointer, state_epoch_trusted
+from runs.swarm.recompute import (
+    STATE_AGREEMENT,
+    STATE_EXACT,
+    Recomputer,
+    spot_check_task,
+    state_name,
+    state_sketch,
+    state_write,
+    states_prune,
+)
 from runs.swarm.state import UNREACHABLE
 
 if TYPE_CHECKING:
@@ -80,28 +88,15 @@ HELD_EPOCHS = COMMITMENT_WINDOW_EPOCHS + 2
 ABSENT_BEHIND_EPOCHS = 2
 HOLD_UNTICKED_S = 30.0  # six of the coordinator's heartbeats (5 s) missed: it no longer holds the duties
 
-REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them; others replay from the start
-# How far apart two downloads of one state may be: states travel in fp16 (rounding by at most 5e-4),
-# while one optimizer step moves parameters by about the learning rate (LAMB scales it by each layer's norm).
-# A session whose step was computed further than this from the held state trained elsewhere.
-STATE_AGREEMENT = 1e-3
 # Two downloads of one state: peers hold the same bytes after an all-reduce and an optimizer step on them,
 # and the wire's fp16 rounds them alike. States further apart than this are kept apart even when within
 # STATE_AGREEMENT: late in a run one step can move parameters by less than 1e-3, and a validator that
 # kept only the first of two such states recomputed honest steps at the wrong one (a demo's two agents
 # were suspended at epoch 567).
 STATE_SAME = 1e-6
-# How far a step's claimed parameters may be from the state it is recomputed at for a mismatch to count as
-# faked: the wire's fp16 rounding (about 3e-4 relative) and the sketch's own error. A step claimed further
-# off, though within STATE_AGREEMENT, may have been computed at a state the validator never held, one step
-# away: late in a run a step that small moves the gradient by more than the tolerance (a demo agent's
-# honest step recomputed 0.104 away beside a held state). Such a step diverged: its epoch earns nothing,
-# and nothing is held against the session.
-STATE_EXACT = 5e-4
 # How long a commitment whose steps claim a state only one peer served waits for a second volunteer's
 # commitment to claim it too: commitments come when each session closes the epoch, seconds apart.
 CORROBORATION_WAIT_EPOCHS = 3
-_random = secrets.SystemRandom()
 
 
 def parameters_apart(first: list, second: list) -> float:
@@ -145,8 +140,8 @@ class Validator:
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
         self._dialed: dict[str, tuple[float, bool]] = {}  # source -> when it was last dialed (monotonic), reached
         self._hold_spent = 0.0  # seconds the last try at holding a state took
-        self._replays: dict[int, BatchReplay] = {}  # session -> its stream, advanced as checks go
-        self._model = None
+        self._recomputer: Recomputer | None = None  # built at the first check made here
+        self._names: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its stored name
         self._threads: dict[str, threading.Thread] = {}
         self._next_check = 0.0
         self._ticked = time.monotonic()
@@ -253,6 +248,8 @@ class Validator:
             return 0
         # An epoch's steps are checked against its neighbours' states too (below): the window reaches one further.
         verification.commitments_uncheckable(run=run, before_epoch=min(seen) - 1)
+        if settings.SPOT_CHECK_WORKERS:
+            self._states_prune(min(seen))
         newest, checked = max(seen), 0
         for commitment in verification.commitments_to_check(run=run, epochs=epochs_checkable(seen)):
             if self._closed:
@@ -316,20 +313,10 @@ class Validator:
         key = (epoch, id(state))
         cached = self._sketches.get(key)
         if cached is None or cached[0] is not state:  # an id is reused once its state is dropped
-            cached = self._sketches[key] = (state, fingerprint_encode(Sketch(self.run_id, epoch, state).apply(state)))
+            cached = self._sketches[key] = (state, state_sketch(self.run_id, epoch, state))
             while len(self._sketches) > 2 * HELD_EPOCHS * STATES_PER_EPOCH:
                 self._sketches.pop(next(iter(self._sketches)), None)
         return cached[1]
-
-    def _state_load(self, config: RunConfig, state: list) -> None:
-        """Load ``state`` into the validator's model (built at the first use)."""
-        if self._model is None:
-            tokenizer = self.checkpointer.tokenizer
-            self._model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                                      init_seed=zlib.crc32(self.run_id.encode()))
-        with torch.no_grad():
-            for param, value in zip(self._model.parameters(), state, strict=True):
-                param.copy_(value)
 
     def _hold(self, swarm_epoch: int, reading: int | None = None) -> None:
         """Download from peers picked at random (``HOLD_SOURCES_PER_TRY`` at most) and hold each state of
@@ -554,64 +541,36 @@ class Validator:
                                                               states_disagreed=F("states_disagreed") + disagreed)
 
     def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: list[list]) -> None:
-        tokenizer = self.checkpointer.tokenizer
-        session_id = commitment.session_id
-        replay = self._replays.pop(session_id, None)  # put back last: the dict runs from least to most recently used
-        if replay is not None:
-            self._replays[session_id] = replay
-        if replay is None or replay.micro_batch_size != commitment.micro_batch_size:
-            data = config.model_copy(update={"data": config.data.model_copy(
-                update={"shuffle_buffer": commitment.shuffle_buffer})})
-            files = [data_file.file.path for data_file in run.data_files.all()] if config.data.source == "files" else None
-            replay = self._replays[session_id] = BatchReplay(
-                data, tokenizer, seed=data_seed(self.run_id, session_id),
-                micro_batch_size=commitment.micro_batch_size, data_files=files)
-            while len(self._replays) > REPLAYS_KEPT:
-                del self._replays[next(iter(self._replays))]
-        sketches = [self._sketch(commitment.epoch, state) for state in states]
-        steps = commitment.steps
-        # cursor -> distance to the nearest held state; step index -> the held states it may have been
-        # computed at, nearest first (a sketch tells apart states 1e-3 apart, not closer ones)
-        diverged, computed_at, claimed_apart = {}, {}, {}
-        for index, step in enumerate(steps):
-            claimed = step_parameters(steps, index)
-            apart = [fingerprint_distance(claimed, sketch) if claimed is not None else 0.0 for sketch in sketches]
-            near = sorted((state for state in range(len(states)) if apart[state] <= STATE_AGREEMENT),
-                          key=apart.__getitem__)
-            if near:
-                computed_at[index], claimed_apart[index] = near, apart[near[0]]
-            else:
-                diverged[step[0]] = min(apart)
-        at_state = sorted(computed_at)
-        drawn = [at_state[index] for index in steps_draw([steps[index][1] for index in at_state],
-                                                          config.verification.checks_per_epoch)]
-        # The stream is read forwards only (going back replays it from the start); each state is loaded once.
-        micro_batches = {index: replay.micro_batches(steps[index][0], max(1, steps[index][1] // commitment.micro_batch_size))
-                         for index in sorted(drawn)}
-        distances, loaded = {}, None
-        for index in sorted(drawn, key=computed_at.__getitem__):
-            # The nearest state first; a step that does not recompute there is tried at the others its
-            # sketch cannot tell apart, and fails only if it recomputes at none.
-            for state in computed_at[index]:
-                if state != loaded:
-                    loaded = state
-                    self._state_load(config, states[state])
-                recomputed = step_fingerprint(self._model, micro_batches[index], self.run_id, commitment.epoch)
-                distance = fingerprint_distance(steps[index][2], recomputed)
-                distances[steps[index][0]] = min(distance, distances.get(steps[index][0], distance))
-                if distance <= config.verification.tolerance:
-                    break
-            cursor = steps[index][0]
-            if distances[cursor] > config.verification.tolerance and claimed_apart[index] > STATE_EXACT:
-                diverged[cursor] = claimed_apart[index]
-                del distances[cursor]
-        outcome = verification.check_record(
-            commitment=commitment, distances=dict(sorted(distances.items())), diverged=diverged,
-            tolerance=config.verification.tolerance, failures_to_suspend=config.verification.failures_to_suspend)
-        logger.info("run %s: spot check of session %d, epoch %d: %s (%s)", self.slug, session_id, commitment.epoch,
-                    outcome, ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in sorted(distances.items())) +
-                    (f"; {len(diverged)} micro-batches computed off the held states" if diverged else ""))
+        """Check ``commitment`` against ``states``: here, or queued for a validator worker (runs/swarm/recompute.py)."""
+        if not settings.SPOT_CHECK_WORKERS:
+            if self._recomputer is None:
+                self._recomputer = Recomputer(run_id=self.run_id, slug=self.slug, tokenizer=self.checkpointer.tokenizer)
+            self._recomputer.check(run, config, commitment, states,
+                                   sketches=[self._sketch(commitment.epoch, state) for state in states])
+            return
+        names = [self._published(commitment.epoch, state) for state in states]
+        spot_check_task.apply_async((commitment.pk, names))
+        # Marked after sending: a worker that recorded the outcome first leaves a decided row marked, which
+        # nothing reads; one marked first and never sent would wait SPOT_CHECK_REQUEUE_SECONDS.
+        StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=timezone.now())
 
+    def _published(self, epoch: int, state: list) -> str:
+        """The name under which ``state`` is kept in the media storage for the checks of ``epoch``, written once."""
+        key = (epoch, id(state))
+        cached = self._names.get(key)
+        if cached is None or cached[0] is not state:  # an id is reused once its state is dropped
+            name = state_name(run_pk=self.run_pk, epoch=epoch, state=state)
+            state_write(name, state)
+            cached = self._names[key] = (state, name)
+            while len(self._names) > 2 * HELD_EPOCHS * STATES_PER_EPOCH:
+                self._names.pop(next(iter(self._names)), None)
+        return cached[1]
+
+    def _states_prune(self, oldest_held: int) -> None:
+        """Delete the kept states that neither a queued check nor the window of held epochs needs."""
+        queued = StepCommitment.objects.filter(session__run_id=self.run_pk, outcome=StepCommitment.Outcome.PENDING,
+                                               queued_at__isnull=False).aggregate(oldest=Min("epoch"))["oldest"]
+        states_prune(run_pk=self.run_pk, before_epoch=min(oldest_held, queued if queued is not None else oldest_held) - 1)
 
 def epochs_checkable(seen: set[int]) -> set[int]:
     """The epochs whose commitments may be checked, given those a state was seen for: each beside such an
@@ -632,25 +591,3 @@ def state_agreed(served: dict[str, list]) -> list[list]:
     return [served[peer] for peer in peers
             if any(parameters_apart(served[peer], served[other]) <= STATE_AGREEMENT for other in peers if other != peer)]
 
-
-def steps_draw(samples: list[int], k: int) -> list[int]:
-    """``k`` distinct indices of ``samples`` (all of them when there are fewer), each draw with a chance in
-    proportion to its samples among those not drawn yet: a step that claims many samples is as likely to
-    be checked as the many small steps it stands for. Sorted, in stream order."""
-    weights = dict(enumerate(samples))
-    drawn = []
-    while weights and len(drawn) < k:
-        index = _random.choices(list(weights), weights=list(weights.values()))[0]
-        drawn.append(index)
-        del weights[index]
-    return sorted(drawn)
-
-
-def step_parameters(steps: list[list], index: int) -> str | None:
-    """The parameters a session says the micro-batch at ``index`` of its stored commitment was computed
-    at: those of its step's first micro-batch, the nearest before it that carries them (None from agents
-    before 0.9.0)."""
-    for step in reversed(steps[:index + 1]):
-        if len(step) > 3:
-            return step[3]
-    return None

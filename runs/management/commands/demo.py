@@ -2,8 +2,8 @@
 
 It prepares a demo organizer, two volunteers in a team and an active run of a small ALBERT on a corpus the
 project generates, with downstream probes on labelled sets generated to go with it, then starts the
-web server, a Celery worker with beat, the coordinator and peer agents that join through the real
-CLI and token flow. Ctrl-C stops every process it started.
+web server, a Celery worker with beat, workers for evaluations and spot checks, the coordinator and peer
+agents that join through the real CLI and token flow. Ctrl-C stops every process it started.
 """
 
 import contextlib
@@ -137,6 +137,14 @@ def evaluator_command() -> list[str]:
             "--hostname=evaluator@%h", "--loglevel=WARNING"]
 
 
+def validator_command() -> list[str]:
+    """A validator worker (runs/swarm/recompute.py): the demo's coordinator only schedules its spot checks, as a
+    run whose volunteers outgrow one host would, and this worker recomputes them. Its module loads torch, which
+    no other worker needs."""
+    return [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "validations", "--include",
+            "runs.swarm.recompute", "--pool", "solo", "--hostname=validator@%h", "--loglevel=WARNING"]
+
+
 def coordinator_command() -> list[str]:
     return [sys.executable, "manage.py", "run_coordinator"]
 
@@ -193,7 +201,8 @@ class Command(BaseCommand):
             self._start("web", web_command(host, port))
             self._start("worker", worker_command())
             self._start("evaluator", evaluator_command())
-            self._start("coordinator", coordinator_command())
+            self._start("validator", validator_command())
+            self._start("coordinator", coordinator_command(), {"SPOT_CHECK_WORKERS": "1"})
             backbone_wait(run, since=started)
             for volunteer in volunteers[:agents]:
                 home = settings.VAR_DIR / "demo-agents" / volunteer.username

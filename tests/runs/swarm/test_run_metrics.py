@@ -92,6 +92,10 @@ def test_each_active_run_shows_its_swarm_heartbeat_and_credit_awaiting_confirmat
                                               (caught, "failed"), (caught, "pending"), (session, "pending")]):
         StepCommitment.objects.create(session=owner, epoch=epoch, micro_batch_size=8, shuffle_buffer=64,
                                       steps=[[0, 8, "AAAA"]], samples=8, outcome=outcome)
+    # Queued for a validator worker: the oldest waited five minutes.
+    StepCommitment.objects.filter(session__run=run, epoch=4).update(queued_at=now - datetime.timedelta(minutes=5))
+    StepCommitment.objects.filter(session__run=run, epoch=5).update(queued_at=now)
+    StepCommitment.objects.filter(session__run=run, epoch=1).update(queued_at=now - datetime.timedelta(hours=1))  # recorded
     RunCreditTotal.objects.update_or_create(run=run, defaults={"credit_provisional": 12.5})
     silent = RunFactory(slug="never-coordinated", coordinator_heartbeat_at=None)
     RunFactory(slug="paused-run", status=Run.Status.PAUSED)
@@ -105,6 +109,9 @@ def test_each_active_run_shows_its_swarm_heartbeat_and_credit_awaiting_confirmat
     assert scraped.value("dedloc_run_flagged_epochs", run=run.slug) == 2
     assert scraped.value("dedloc_run_spot_checks_pending", run=run.slug) == 3
     assert scraped.value("dedloc_run_spot_checks_failed", run=run.slug) == 2
+    assert scraped.value("dedloc_run_spot_checks_queued", run=run.slug) == 2
+    assert 300 <= scraped.value("dedloc_run_spot_check_queue_age_seconds", run=run.slug) < 300 + 300
+    assert scraped.value("dedloc_run_spot_check_queue_age_seconds", run=silent.slug) == 0
     assert scraped.value("dedloc_run_suspended_sessions", run=run.slug) == 1
     assert scraped.value("dedloc_run_suspended_sessions", run=silent.slug) == 0
     assert scraped.value("dedloc_run_pending_credit", run=run.slug) == 12.5

@@ -361,7 +361,7 @@ def test_the_signature_covers_the_parameters_each_step_was_computed_at(keyed_ses
 
 
 def test_a_step_takes_the_parameters_of_its_steps_first_micro_batch():
-    from runs.swarm.spotcheck import step_parameters
+    from runs.swarm.recompute import step_parameters
 
     steps = [[0, 8, FINGERPRINT, "P0"], [1, 8, FINGERPRINT], [2, 8, FINGERPRINT, "P2"], [3, 8, FINGERPRINT]]
     assert [step_parameters(steps, index) for index in range(4)] == ["P0", "P0", "P2", "P2"]
@@ -380,19 +380,19 @@ def test_with_spot_checks_off_the_announced_figures_decide(run):
 def test_checks_are_drawn_after_the_commitment_in_proportion_to_each_steps_samples(monkeypatch):
     # Issue 29: drawn uniformly by entry, one huge faked entry among many small real ones was checked
     # with a chance of 1/(n+1) whatever it claimed. Drawn by samples, it is checked as often as its share.
-    from runs.swarm import spotcheck
+    from runs.swarm import recompute
 
-    assert isinstance(spotcheck._random, random.SystemRandom), "unpredictable, never seeded"
+    assert isinstance(recompute._random, random.SystemRandom), "unpredictable, never seeded"
     # The proportions are checked on a seeded stand-in: the same 4000 draws on every run.
-    monkeypatch.setattr(spotcheck, "_random", random.Random(0))
+    monkeypatch.setattr(recompute, "_random", random.Random(0))
     samples = [1] * 9 + [9]  # the last entry claims half of the samples
-    drawn = [spotcheck.steps_draw(samples, 1)[0] for _ in range(4000)]
+    drawn = [recompute.steps_draw(samples, 1)[0] for _ in range(4000)]
     assert set(drawn) == set(range(10)), "every step can be drawn"
     share = drawn.count(9) / len(drawn)
     assert 0.45 < share < 0.55, share  # 0.5 expected; 4000 draws put it within ±0.05 but once in 10^10
-    three = spotcheck.steps_draw(samples, 3)
+    three = recompute.steps_draw(samples, 3)
     assert len(set(three)) == 3 and three == sorted(three), "distinct steps, in stream order"
-    assert spotcheck.steps_draw([4, 4], 5) == [0, 1], "all of them when there are fewer"
+    assert recompute.steps_draw([4, 4], 5) == [0, 1], "all of them when there are fewer"
 
 
 def test_a_suspended_volunteer_cannot_start_a_clean_session_and_only_an_organizer_lifts_it(run, client):

@@ -300,7 +300,6 @@ def corroboration(db, monkeypatch):
 
     run = RunFactory()
     checks = Validator(run_pk=run.pk, run_id="run", slug="run", dht=None, checkpointer=Peers())
-    checks._model = Parameters()
     checked = []
     monkeypatch.setattr(checks, "_check", lambda run, config, commitment, states: checked.append(
         (commitment.session.user.username, [parameters_apart(state, NEW) == 0.0 for state in states])))
