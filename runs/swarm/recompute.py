@@ -17,6 +17,7 @@ import io
 import logging
 import secrets
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -61,7 +62,7 @@ class Recomputer:
         self._model = None
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, least recently used first
 
-    def check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: list[list],
+    def check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: Sequence[list],
               sketches: list[str] | None = None) -> str | None:
         """Check ``commitment`` against ``states`` (their sketches for its epoch, when the caller has them)
         and record the outcome; None when another check recorded it first."""
@@ -206,6 +207,21 @@ def _recomputer_for(run: Run) -> Recomputer:
     return recomputer
 
 
+class StoredStates(Sequence):
+    """The states a queued check names, each read from the storage only when a drawn step needs it: the
+    check names every state its epoch's steps may claim (a few per epoch and its neighbours, 72 MB each at
+    sahajBERT's size), and recomputes at one or two of them."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index):
+        return _state_for(self.names[index])
+
+
 def _state_for(name: str) -> list:
     state = _states.pop(name, None)
     if state is None:
@@ -217,9 +233,10 @@ def _state_for(name: str) -> list:
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def spot_check_task(commitment_pk: int, states: list[str]) -> str | None:
+def spot_check_task(commitment_pk: int, states: list[str], sketches: list[str]) -> str | None:
     """On a validator worker: check a commitment against the states the coordinator kept for it (their names
-    in the media storage). Returns the outcome, None when there was nothing to record."""
+    in the media storage, and their sketches for the commitment's epoch, which the coordinator computed
+    already). Returns the outcome, None when there was nothing to record."""
     commitment = StepCommitment.objects.select_related("session__run").filter(pk=commitment_pk).first()
     if commitment is None or commitment.outcome != StepCommitment.Outcome.PENDING or commitment.session.suspended_at:
         return None
@@ -228,14 +245,13 @@ def spot_check_task(commitment_pk: int, states: list[str]) -> str | None:
     if not config.verification.spot_checks:
         return None
     try:
-        loaded = [_state_for(name) for name in states]
+        return _recomputer_for(run).check(run, config, commitment, StoredStates(states), sketches)
     except FileNotFoundError:
         # Pruned meanwhile: the coordinator decides again, holding its states or marking the commitment unchecked.
         logger.warning("run %s: the states of session %d's epoch %d are gone; the check goes back to the coordinator",
                        run.slug, commitment.session_id, commitment.epoch)
         StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=None)
         return None
-    return _recomputer_for(run).check(run, config, commitment, loaded)
 
 
 def steps_draw(samples: list[int], k: int) -> list[int]:

@@ -542,14 +542,14 @@ class Validator:
 
     def _check(self, run: Run, config: RunConfig, commitment: StepCommitment, states: list[list]) -> None:
         """Check ``commitment`` against ``states``: here, or queued for a validator worker (runs/swarm/recompute.py)."""
+        sketches = [self._sketch(commitment.epoch, state) for state in states]
         if not settings.SPOT_CHECK_WORKERS:
             if self._recomputer is None:
                 self._recomputer = Recomputer(run_id=self.run_id, slug=self.slug, tokenizer=self.checkpointer.tokenizer)
-            self._recomputer.check(run, config, commitment, states,
-                                   sketches=[self._sketch(commitment.epoch, state) for state in states])
+            self._recomputer.check(run, config, commitment, states, sketches)
             return
         names = [self._published(commitment.epoch, state) for state in states]
-        spot_check_task.apply_async((commitment.pk, names))
+        spot_check_task.apply_async((commitment.pk, names, sketches))
         # Marked after sending: a worker that recorded the outcome first leaves a decided row marked, which
         # nothing reads; one marked first and never sent would wait SPOT_CHECK_REQUEUE_SECONDS.
         StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=timezone.now())

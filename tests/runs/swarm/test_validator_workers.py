@@ -96,7 +96,7 @@ def test_a_check_queued_for_a_worker_recomputes_there_and_counts_once(world):
 
     # Queued again after its worker seemed lost, the first check's outcome stands: recorded once.
     checked_at = honest.checked_at
-    assert recompute.spot_check_task(honest.pk, [name]) is None
+    assert recompute.spot_check_task(honest.pk, [name], [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]) is None
     StepCommitment.objects.filter(pk=liar.pk).update(outcome=StepCommitment.Outcome.PENDING)
     assert recompute.outcome_record(commitment=liar, distances={0: 0.0}, diverged={}, config=config) == "passed"
     assert recompute.outcome_record(commitment=liar, distances={0: 1.0}, diverged={}, config=config) is None
@@ -138,6 +138,6 @@ def test_kept_states_go_once_no_queued_check_needs_them_and_a_check_that_lost_it
     assert not default_storage.exists(name) and default_storage.exists(later), "kept: the window's epochs"
 
     StepCommitment.objects.filter(pk=commitment.pk).update(outcome=StepCommitment.Outcome.PENDING)
-    assert recompute.spot_check_task(commitment.pk, [name]) is None
+    assert recompute.spot_check_task(commitment.pk, [name], [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]) is None
     commitment.refresh_from_db()
     assert commitment.outcome == "pending" and commitment.queued_at is None, "the validator decides again"
