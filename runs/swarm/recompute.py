@@ -233,10 +233,11 @@ def _state_for(name: str) -> list:
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def spot_check_task(commitment_pk: int, states: list[str], sketches: list[str]) -> str | None:
+def spot_check_task(commitment_pk: int, states: list[str], sketches: list[str] | None = None) -> str | None:
     """On a validator worker: check a commitment against the states the coordinator kept for it (their names
     in the media storage, and their sketches for the commitment's epoch, which the coordinator computed
-    already). Returns the outcome, None when there was nothing to record."""
+    already; a check queued by an older coordinator has none, and they are computed here). Returns the
+    outcome, None when there was nothing to record."""
     commitment = StepCommitment.objects.select_related("session__run").filter(pk=commitment_pk).first()
     if commitment is None or commitment.outcome != StepCommitment.Outcome.PENDING or commitment.session.suspended_at:
         return None
