@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -168,6 +169,13 @@ class Validator:
         self._closed = True
         for thread in self._threads.values():
             thread.join(timeout)
+        if settings.SPOT_CHECK_WORKERS and self.held:
+            try:
+                # A run that ends leaves no one to prune its states (72 MB each at sahajBERT's size); a holder of
+                # the duties after this one writes again what its checks need (_published).
+                self._states_prune(oldest_held=sys.maxsize)
+            except Exception:  # the database or the storage may be the reason for the stop
+                logger.warning("run %s: could not delete the states kept for validator workers", self.slug, exc_info=True)
 
     def _cycle(self) -> None:
         try:
@@ -559,11 +567,10 @@ class Validator:
         key = (epoch, id(state))
         cached = self._names.get(key)
         if cached is None or cached[0] is not state:  # an id is reused once its state is dropped
-            name = state_name(run_pk=self.run_pk, epoch=epoch, state=state)
-            state_write(name, state)
-            cached = self._names[key] = (state, name)
+            cached = self._names[key] = (state, state_name(run_pk=self.run_pk, epoch=epoch, state=state))
             while len(self._names) > 2 * HELD_EPOCHS * STATES_PER_EPOCH:
                 self._names.pop(next(iter(self._names)), None)
+        state_write(cached[1], state)  # written once; again if a stopping holder of the duties deleted it
         return cached[1]
 
     def _states_prune(self, oldest_held: int) -> None:

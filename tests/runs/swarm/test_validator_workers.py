@@ -141,3 +141,21 @@ def test_kept_states_go_once_no_queued_check_needs_them_and_a_check_that_lost_it
     assert recompute.spot_check_task(commitment.pk, [name], [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]) is None
     commitment.refresh_from_db()
     assert commitment.outcome == "pending" and commitment.queued_at is None, "the validator decides again"
+
+
+def test_a_stopping_validator_deletes_the_states_no_queued_check_needs(world):
+    run, config, _, model, checks = world
+    commitment = committed(world, "amina")
+    state = state_of(model)
+    checks.held[EPOCH] = [state]  # it held the duties
+    checks._check(run, config, commitment, [state])
+    name = recompute.state_name(run_pk=run.pk, epoch=EPOCH, state=state)
+    assert default_storage.exists(name)
+    StepCommitment.objects.filter(pk=commitment.pk).update(outcome=StepCommitment.Outcome.PENDING)
+    checks.shutdown()
+    assert default_storage.exists(name), "a queued check still needs it"
+    StepCommitment.objects.filter(pk=commitment.pk).update(outcome=StepCommitment.Outcome.PASSED)
+    checks.shutdown()
+    assert not default_storage.exists(name)
+    checks._published(EPOCH, state)
+    assert default_storage.exists(name), "written again for a check that needs it"
