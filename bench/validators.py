@@ -227,7 +227,7 @@ def _print(outcome: Outcome, baseline: Outcome) -> None:
           f"{outcome.checks_per_second:.2f} checks/s (x{outcome.checks_per_second / baseline.checks_per_second:.2f}), "
           f"epochs kept up {outcome.epochs_kept_up}, lag p50 {_percentile(outcome.lag, 50):.1f} s "
           f"p95 {_percentile(outcome.lag, 95):.1f} s max {max(outcome.lag, default=float('nan')):.1f} s, "
-          f"drained {outcome.drain:.1f} s after the last arrival", flush=True)
+          f"drained {outcome.drain:.1f} s after the last arrival; {uptime()}", flush=True)
 
 
 if __name__ == "__main__":
