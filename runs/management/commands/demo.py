@@ -158,7 +158,7 @@ def agent_launch(volunteer: User, url: str, home) -> tuple[list[str], dict]:
     return [sys.executable, "-m", "peer_agent", "join", "--portal", url, RUN_SLUG], env
 
 
-def backbone_wait(run: Run, since: datetime.datetime, timeout: float = 180) -> None:
+def backbone_wait(run: Run, since: datetime.datetime, timeout: float = 300) -> None:
     """Wait until the coordinator has announced the run's backbone peer (a heartbeat after ``since``:
     the addresses of an earlier demo's peer are gone with it)."""
     deadline = time.monotonic() + timeout
@@ -201,9 +201,11 @@ class Command(BaseCommand):
             self._start("web", web_command(host, port))
             self._start("worker", worker_command())
             self._start("evaluator", evaluator_command())
-            self._start("validator", validator_command())
             self._start("coordinator", coordinator_command(), {"SPOT_CHECK_WORKERS": "1"})
             backbone_wait(run, since=started)
+            # Only now: its start (torch, hivemind, the data pipeline) slowed the coordinator's on a loaded machine
+            # (CI66), and the checks it consumes are queued once agents train.
+            self._start("validator", validator_command())
             for volunteer in volunteers[:agents]:
                 home = settings.VAR_DIR / "demo-agents" / volunteer.username
                 self._start(f"agent {volunteer.username}", *agent_launch(volunteer, url, home))
