@@ -26,7 +26,6 @@ import argparse
 import queue
 import shutil
 import statistics
-import sys
 import threading
 import time
 import zlib
@@ -157,8 +156,10 @@ class _Holder:
 
 
 def _worker_start(log: Path, number: int, threads: int):
-    command = [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "validations", "--include",
-               "runs.swarm.recompute", "--pool", "solo", f"--hostname=validator{number}@%h", "--loglevel=INFO"]
+    from runs.management.commands.demo import validator_command  # Django is set up by then (demo_lab)
+
+    # INFO: the worker says " ready." once it consumes.
+    command = validator_command(name=f"validator{number}", loglevel="INFO")
     process = process_start(command, {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}, log)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while " ready." not in (log.read_text(errors="replace") if log.exists() else ""):

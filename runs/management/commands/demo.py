@@ -137,12 +137,12 @@ def evaluator_command() -> list[str]:
             "--hostname=evaluator@%h", "--loglevel=WARNING"]
 
 
-def validator_command() -> list[str]:
+def validator_command(name: str = "validator", loglevel: str = "WARNING") -> list[str]:
     """A validator worker (runs/swarm/recompute.py): the demo's coordinator only schedules its spot checks, as a
     run whose volunteers outgrow one host would, and this worker recomputes them. Its module loads torch, which
-    no other worker needs."""
+    no other worker needs. bench/validators.py starts several, each named apart."""
     return [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "validations", "--include",
-            "runs.swarm.recompute", "--pool", "solo", "--hostname=validator@%h", "--loglevel=WARNING"]
+            "runs.swarm.recompute", "--pool", "solo", f"--hostname={name}@%h", f"--loglevel={loglevel}"]
 
 
 def coordinator_command() -> list[str]:
