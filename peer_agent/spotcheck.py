@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -162,17 +162,22 @@ class BatchReplay:
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
         self.position = 0  # the cursor of the next micro-batch the replay yields
 
-    def micro_batches(self, cursor: int, count: int) -> list[dict[str, torch.Tensor]]:
-        """The ``count`` micro-batches from ``cursor`` on."""
+    def micro_batches(self, cursor: int, count: int, *, before_each: Callable[[], None] | None = None
+                      ) -> list[dict[str, torch.Tensor]]:
+        """The ``count`` micro-batches from ``cursor`` on. ``before_each`` is called before each micro-batch is
+        read, skipped ones too, and may raise to stop a long replay: the replay stays where it was stopped."""
         if self._batches is None or cursor < self.position:
             stream = dataset_stream(self.config, data_files=self.data_files, seed=self.seed)
             self._batches = batches(self.tokenizer, self.config, stream, self.micro_batch_size, seed=self.seed)
             self.position = 0
-        while self.position < cursor:
-            next(self._batches)
+        found = []
+        while self.position < cursor + count:
+            if before_each is not None:
+                before_each()
+            batch = next(self._batches)
             self.position += 1
-        found = [next(self._batches) for _ in range(count)]
-        self.position += count
+            if self.position > cursor:
+                found.append(batch)
         return found
 
 

@@ -1,4 +1,4 @@
-"""Every long-running portal process (web, Celery worker with beat, beat alone, coordinator) stops
+"""Every long-running portal process (web, Celery worker with beat, beat alone, validator worker, coordinator) stops
 within 10 s of SIGTERM, as `docker compose stop` and Ctrl-C ask it to, and with LOG_FORMAT=json
 writes every log record as one JSON line; the web's lines carry the request id that its answer
 names."""
@@ -18,7 +18,7 @@ import pytest
 from websockets.sync.client import connect
 
 from harness.processes import children_reap
-from runs.management.commands.demo import coordinator_command, web_command, worker_command
+from runs.management.commands.demo import coordinator_command, validator_command, web_command, worker_command
 from tests.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +130,27 @@ def test_beat_alone_stops_within_10_s_and_logs_json(portal_env, started, tmp_pat
     beat.wait_for("beat: Starting")
     assert beat.stop() < STOP_WITHIN_S, beat.output()
     assert any(record["logger"] == "celery.beat" for record in beat.records()), beat.output()
+
+
+
+def test_a_validator_worker_in_the_middle_of_a_check_stops_within_10_s_and_hands_the_check_back(portal_env, started,
+                                                                                                  tmp_path):
+    env = {**portal_env, "PORTAL_VAR_DIR": str(tmp_path / "var")}  # a portal of its own: its run stays apart
+    subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True)
+    queued = subprocess.run([sys.executable, "manage.py", "shell", "-c",
+                             "from tests.runs.swarm.validation import long_check_queue; print(long_check_queue())"],
+                            cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    commitment = int(queued.stdout.split()[-1])
+    validator = started(validator_command(loglevel="INFO"), env)
+    validator.wait_for("spot_check_task[")  # received: the check replays a stream it will not finish
+    time.sleep(2)
+    assert validator.stop() < STOP_WITHIN_S, validator.output()
+    assert any("goes back to the coordinator" in record["message"] for record in validator.records()), validator.output()
+    left = subprocess.run([sys.executable, "manage.py", "shell", "-c",
+                           "from runs.models import StepCommitment; "
+                           f"print(StepCommitment.objects.values_list('outcome', 'queued_at').get(pk={commitment}))"],
+                          cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    assert left.stdout.splitlines()[-1] == "('pending', None)", "pending, and queued again by the coordinator's next cycle"
 
 
 @pytest.mark.swarm

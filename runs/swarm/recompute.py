@@ -16,12 +16,14 @@ import hashlib
 import io
 import logging
 import secrets
+import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from celery import shared_task
+from celery.signals import worker_shutting_down
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import transaction
@@ -53,12 +55,17 @@ STATES_KEPT = 8  # states a validator worker keeps loaded: a few epochs' worth, 
 _random = secrets.SystemRandom()
 
 
+class CheckHandedBack(Exception):  # noqa: N818 - it is an outcome, not a fault
+    """A validator worker was asked to stop in the middle of a check: the check goes back to the coordinator."""
+
+
 class Recomputer:
     """One run's recomputation: its model (built at the first check) and each session's data stream, read
     forwards from where its last check left it."""
 
-    def __init__(self, *, run_id: str, slug: str, tokenizer) -> None:
+    def __init__(self, *, run_id: str, slug: str, tokenizer, stopping: threading.Event | None = None) -> None:
         self.run_id, self.slug, self.tokenizer = run_id, slug, tokenizer
+        self.stopping = stopping  # once set, a check stops at its next micro-batch (CheckHandedBack)
         self._model = None
         self._replays: dict[int, BatchReplay] = {}  # session -> its stream, least recently used first
 
@@ -86,13 +93,15 @@ class Recomputer:
         drawn = [at_state[index] for index in steps_draw([steps[index][1] for index in at_state],
                                                           config.verification.checks_per_epoch)]
         # The stream is read forwards only (going back replays it from the start); each state is loaded once.
-        micro_batches = {index: replay.micro_batches(steps[index][0], max(1, steps[index][1] // commitment.micro_batch_size))
+        micro_batches = {index: replay.micro_batches(steps[index][0], max(1, steps[index][1] // commitment.micro_batch_size),
+                                                     before_each=self._stop_if_asked)
                          for index in sorted(drawn)}
         distances, loaded = {}, None
         for index in sorted(drawn, key=computed_at.__getitem__):
             # The nearest state first; a step that does not recompute there is tried at the others its
             # sketch cannot tell apart, and fails only if it recomputes at none.
             for state in computed_at[index]:
+                self._stop_if_asked()
                 if state != loaded:
                     loaded = state
                     self._state_load(config, states[state])
@@ -112,6 +121,10 @@ class Recomputer:
                     ", ".join(f"{cursor}: {distance:.4f}" for cursor, distance in sorted(distances.items())) +
                     (f"; {len(diverged)} micro-batches computed off the held states" if diverged else ""))
         return outcome
+
+    def _stop_if_asked(self) -> None:
+        if self.stopping is not None and self.stopping.is_set():
+            raise CheckHandedBack
 
     def _replay(self, run: Run, config: RunConfig, commitment: StepCommitment) -> BatchReplay:
         session_id = commitment.session_id
@@ -195,12 +208,22 @@ def states_prune(*, run_pk: int, before_epoch: int) -> int:
 # A validator worker's own: each run's recomputer, and the states it read last (name -> state).
 _recomputers: dict[tuple[int, str, str], Recomputer] = {}
 _states: dict[str, list] = {}
+_stopping = threading.Event()
+
+
+@worker_shutting_down.connect
+def _stop_asked(**kwargs) -> None:
+    """SIGTERM or Ctrl-C: a warm shutdown waits for the running task, and a check may replay a session's stream
+    for minutes. It hands its commitment back instead (:func:`spot_check_task`), so the worker stops within
+    seconds, as every portal process does (tests/test_process_stops.py)."""
+    _stopping.set()
 
 
 def _recomputer_for(run: Run) -> Recomputer:
     key = (run.pk, run.hivemind_run_id, run.tokenizer_file.name)
     recomputer = _recomputers.pop(key, None) or Recomputer(
-        run_id=run.hivemind_run_id, slug=run.slug, tokenizer=tokenizer_load(Path(run.tokenizer_file.path)))
+        run_id=run.hivemind_run_id, slug=run.slug, tokenizer=tokenizer_load(Path(run.tokenizer_file.path)),
+        stopping=_stopping)
     _recomputers[key] = recomputer  # the most recently used last
     while len(_recomputers) > RUNS_KEPT:
         del _recomputers[next(iter(_recomputers))]
@@ -251,8 +274,12 @@ def spot_check_task(commitment_pk: int, states: list[str], sketches: list[str] |
         # Pruned meanwhile: the coordinator decides again, holding its states or marking the commitment unchecked.
         logger.warning("run %s: the states of session %d's epoch %d are gone; the check goes back to the coordinator",
                        run.slug, commitment.session_id, commitment.epoch)
-        StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=None)
-        return None
+    except CheckHandedBack:
+        # Queued again at the coordinator's next cycle, for another worker or this one once it runs again.
+        logger.info("run %s: stopping; the check of session %d's epoch %d goes back to the coordinator",
+                    run.slug, commitment.session_id, commitment.epoch)
+    StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=None)
+    return None
 
 
 def steps_draw(samples: list[int], k: int) -> list[int]:

@@ -6,78 +6,22 @@ test's process (tests/conftest.py); the demo runs it on a worker of its own (tes
 from __future__ import annotations
 
 import datetime
-import zlib
-from pathlib import Path
 
 import pytest
 import torch
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
-from peer_agent.data import batches, dataset_stream
-from peer_agent.model import model_build
-from peer_agent.protocol import RunConfig
-from peer_agent.spotcheck import data_seed, parameters_fingerprint, step_fingerprint
-from peer_agent.tokenizer import tokenizer_load
 from runs.credit import verification
 from runs.models import StepCommitment
-from runs.setup import services
-from runs.setup.corpus import corpus_lines
 from runs.swarm import recompute
-from runs.swarm.spotcheck import Validator
-from tests.factories import RunFactory, UserFactory
-from tests.runs.epochs import session_for
-
-EPOCH = 7
-MICRO_BATCH = 4
-
-
-class Holder:
-    """The checkpointer's part a validator reads: the run's tokenizer, ready."""
-
-    ready = True
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
+from tests.runs.swarm.validation import EPOCH, committed, state_of, world_build
 
 
 @pytest.fixture
 def world(db, settings):
     settings.SPOT_CHECK_WORKERS = True
-    organizer = UserFactory()
-    run = RunFactory(status="draft", tokenizer_status="missing", organizers=[organizer])
-    services.data_file_add(run=run, actor=organizer, name="corpus.txt",
-                           content="\n".join(corpus_lines(n_lines=400)).encode())
-    services.tokenizer_train(run_id=run.pk)
-    run.refresh_from_db()
-    tokenizer = tokenizer_load(Path(run.tokenizer_file.path))
-    config = RunConfig.model_validate(run.config)
-    model = model_build(config, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                        init_seed=zlib.crc32(run.hivemind_run_id.encode()))
-    checks = Validator(run_pk=run.pk, run_id=run.hivemind_run_id, slug=run.slug, dht=None, checkpointer=Holder(tokenizer))
-    return run, config, tokenizer, model, checks
-
-
-def committed(world, name: str, *, faked: bool = False) -> StepCommitment:
-    """A commitment of one step of two micro-batches at the model's parameters, as the agent makes it: its
-    stream drawn from the session's public seed; a faked one fingerprints a later part of the stream."""
-    run, config, tokenizer, model, _ = world
-    session = session_for(run, name)
-    files = [data_file.file.path for data_file in run.data_files.all()]
-    seed = data_seed(run.hivemind_run_id, session.pk)
-    drawn = batches(tokenizer, config, dataset_stream(config, data_files=files, seed=seed), MICRO_BATCH, seed=seed)
-    step = [next(drawn), next(drawn)]
-    if faked:
-        step = [next(drawn), next(drawn)]
-    fingerprint = step_fingerprint(model, step, run.hivemind_run_id, EPOCH)
-    claimed = parameters_fingerprint(model, run.hivemind_run_id, EPOCH)
-    return StepCommitment.objects.create(session=session, epoch=EPOCH, micro_batch_size=MICRO_BATCH, shuffle_buffer=
-                                         config.data.shuffle_buffer, samples=2 * MICRO_BATCH,
-                                         steps=[[0, 2 * MICRO_BATCH, fingerprint, claimed]])
-
-
-def state_of(model) -> list[torch.Tensor]:
-    return [parameter.detach().clone() for parameter in model.parameters()]
+    return world_build()
 
 
 def test_a_check_queued_for_a_worker_recomputes_there_and_counts_once(world):
@@ -159,3 +103,25 @@ def test_a_stopping_validator_deletes_the_states_no_queued_check_needs(world):
     assert not default_storage.exists(name)
     checks._published(EPOCH, state)
     assert default_storage.exists(name), "written again for a check that needs it"
+
+
+def test_a_worker_asked_to_stop_hands_its_check_back_and_the_next_check_records_it(world):
+    run, _, _, model, _ = world
+    commitment = committed(world, "amina")
+    state = state_of(model)
+    name = recompute.state_name(run_pk=run.pk, epoch=EPOCH, state=state)
+    recompute.state_write(name, state)
+    StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=timezone.now())
+    sketches = [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]
+    recompute._stop_asked(sig="SIGTERM")  # what Celery's warm shutdown sends to the worker's receivers
+    try:
+        assert recompute.spot_check_task(commitment.pk, [name], sketches) is None
+    finally:
+        recompute._stopping.clear()
+    commitment.refresh_from_db()
+    assert commitment.outcome == "pending" and commitment.queued_at is None, "handed back, to be queued again"
+    assert [each.pk for each in verification.commitments_to_check(run=run, epochs={EPOCH})] == [commitment.pk]
+
+    assert recompute.spot_check_task(commitment.pk, [name], sketches) == "passed", "the replay picks up where it stopped"
+    commitment.refresh_from_db()
+    assert commitment.outcome == "passed"
