@@ -230,8 +230,8 @@ class Checkpointer:
         """Whether the model and state averager are built (on the first tick once the run's tokenizer is ready)."""
         return self._averager is not None and not self._closed
 
-    def state_download_from(self, peer: str, *, timeout: float, kept: tuple[int, str] | None = None
-                            ) -> tuple[int, list] | str | None:
+    def state_download_from(self, peer: str, *, timeout: float, silence: float | None = None,
+                            kept: tuple[int, str] | None = None) -> tuple[int, list] | str | None:
         """The collaboration's state as ``peer`` serves it now (or, with ``kept``, the parameters it kept for
         that epoch and parameters' sketch): its epoch and its parameters (in the model's order), for the
         validator (runs/swarm/spotcheck.py), which compares several peers' states. None once shut down,
@@ -241,7 +241,7 @@ class Checkpointer:
         averager = self._averager
         if averager is None or self._closed:
             return None
-        served = averager.state_download_from(peer, timeout=timeout, kept=kept)
+        served = averager.state_download_from(peer, timeout=timeout, silence=silence, kept=kept)
         if not isinstance(served, tuple):
             return served
         metadata, tensors = served
@@ -258,6 +258,11 @@ class Checkpointer:
     @property
     def tokenizer(self) -> PreTrainedTokenizerFast | None:
         return self._tokenizer
+
+    @property
+    def parameter_count(self) -> int:
+        """The model's parameters, 0 before it is built: the validator bounds a state's download by its size."""
+        return sum(parameter.numel() for parameter in self._model.parameters()) if self._model is not None else 0
 
     def _check(self) -> None:
         wait = self.check_period

@@ -61,15 +61,23 @@ logger = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 2.0  # how often the validator looks for new commitments
 HOLD_PERIOD_S = 0.5  # how often it looks for a new state, to hold each epoch's state as the swarm enters it
-# One download's bound: a peer that left, or one that answers slowly on purpose, costs the holder this much.
+# One download's bounds: a source silent this long is given up; a whole state may take as long as it needs at
+# HOLD_MIN_RATE_BYTES_S, and this much more (Validator._download_timeout). A bound of 10 s for the whole state let
+# nothing through at sahajBERT's size (the large preset: 18M parameters, 108 MB of fp16 parameters and LAMB
+# moments) from volunteers' 10-20 Mbit/s uplinks: no state was held, and no commitment was checked.
 HOLD_DOWNLOAD_TIMEOUT_S = 10.0
+HOLD_MIN_RATE_BYTES_S = 1e6  # 8 Mbit/s; a source that sent no state within the bound is asked last (DIAL_MEMORY_S)
+# Bytes a state's value takes on the wire, by the run's state compression (peer_agent.training.compression_build:
+# 8-bit quantization keeps small tensors in fp16; the bound counts every value at 2 bytes then).
+WIRE_BYTES = {"none": 4, "fp16": 2, "uniform8bit": 2}
 # Downloads in one look at most: the first peer's state tells whether the swarm moved on; the others
 # confirm a new epoch's state. Every download is served by a training peer.
 HOLD_SOURCES_PER_TRY = 3
 # Dials in one look at most, answered or not. Any peer of the swarm may declare state sources in the DHT
 # (hivemind's ``all_averagers`` entries are not signed): a liar's made-up peers (sybils) cannot be reached,
 # and picked among them the honest peers were asked too seldom for two to agree on an epoch. A look asks
-# the sources that answered in the last DIAL_MEMORY_S first and those found unreachable in it last, and
+# the sources that served a state in the last DIAL_MEMORY_S first, and those that could not be reached or sent
+# none in time last (a slow liar costs the holder one download bound per DIAL_MEMORY_S, not one per look), and
 # dials on until HOLD_SOURCES_PER_TRY peers answered.
 HOLD_DIALS_PER_TRY = 12
 DIAL_MEMORY_S = 60.0
@@ -141,6 +149,7 @@ class Validator:
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
         self._dialed: dict[str, tuple[float, bool]] = {}  # source -> when it was last dialed (monotonic), reached
         self._hold_spent = 0.0  # seconds the last try at holding a state took
+        self._state_compression = "fp16"  # the run's, read with its configuration (_spot_checks_on)
         self._recomputer: Recomputer | None = None  # built at the first check made here
         self._names: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its stored name
         self._threads: dict[str, threading.Thread] = {}
@@ -210,7 +219,14 @@ class Validator:
     def _spot_checks_on(self) -> tuple[Run, RunConfig] | None:
         run = Run.objects.get(pk=self.run_pk)
         config = run.configuration
+        self._state_compression = config.averaging.state_compression
         return (run, config) if config.verification.spot_checks else None
+
+    def _download_timeout(self, *, kept: bool) -> float:
+        """The bound on one source's state: a kept state is the parameters in fp32 (peer_agent.averaging.EpochStates);
+        the served state is the parameters and LAMB's two moments, compressed as the run says."""
+        per_parameter = 4 if kept else 3 * WIRE_BYTES[self._state_compression]
+        return HOLD_DOWNLOAD_TIMEOUT_S + self.checkpointer.parameter_count * per_parameter / HOLD_MIN_RATE_BYTES_S
 
     def _sources_read(self) -> None:
         """The peers that share the run's state: those declared under hivemind's ``{prefix}.all_averagers``
@@ -362,8 +378,9 @@ class Validator:
             if len(asked) == HOLD_DIALS_PER_TRY or sum(epoch != -1 for epoch in served_epochs.values()) == HOLD_SOURCES_PER_TRY:
                 break
             asked.append(peer)
-            served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S)
-            self._dialed[peer] = (time.monotonic(), served != UNREACHABLE)
+            served = self.checkpointer.state_download_from(peer, timeout=self._download_timeout(kept=False),
+                                                           silence=HOLD_DOWNLOAD_TIMEOUT_S)
+            self._dialed[peer] = (time.monotonic(), isinstance(served, tuple))
             if served == UNREACHABLE:
                 served_epochs[peer] = -1
                 continue
@@ -481,7 +498,8 @@ class Validator:
         """The state a peer kept for ``epoch`` and ``sketch``, from the first of a few peers picked at random
         that serves it (kept as that peer's, :meth:`_served_keep`), or None."""
         for peer in random.sample(self._sources, len(self._sources))[:HOLD_SOURCES_PER_TRY]:
-            served = self.checkpointer.state_download_from(peer, timeout=HOLD_DOWNLOAD_TIMEOUT_S, kept=(epoch, sketch))
+            served = self.checkpointer.state_download_from(peer, timeout=self._download_timeout(kept=True),
+                                                           silence=HOLD_DOWNLOAD_TIMEOUT_S, kept=(epoch, sketch))
             if served is None or self._closed:
                 continue
             apart = fingerprint_distance(sketch, self._sketch(epoch, served[1]))

@@ -61,22 +61,23 @@ class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingS
         bound, epochs = self._epoch_bound.value, declared_epochs(declared)
         return {peer: entry for peer, entry in declared.items() if epochs.get(peer, -math.inf) <= bound}
 
-    def state_download_from(self, peer: str, *, timeout: float, kept: tuple[int, str] | None = None
-                            ) -> tuple[dict, list] | str | None:
+    def state_download_from(self, peer: str, *, timeout: float, silence: float | None = None,
+                            kept: tuple[int, str] | None = None) -> tuple[dict, list] | str | None:
         """The state ``peer`` serves now, as hivemind sends it (its metadata and tensors: parameters first,
         in ``main_parameters`` order), without loading it: the validator (runs/swarm/spotcheck.py) compares
         the states of several peers it chose itself. With ``kept`` (an epoch and a parameters' sketch), the
         parameters the peer kept for that epoch and sketch instead (peer_agent.averaging.EpochStates). None
-        if the peer sent no state within ``timeout``; ``UNREACHABLE`` if it could not be reached at all
-        (runs/swarm/checkpoints.py)."""
+        if the peer sent no state within ``timeout``, or nothing for ``silence`` seconds (``timeout`` when None);
+        ``UNREACHABLE`` if it could not be reached at all (runs/swarm/checkpoints.py)."""
         future = MPFuture()
-        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, kept=kept, future=future)))
+        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, silence=silence or timeout,
+                                                                 kept=kept, future=future)))
         try:
             return future.result(timeout=timeout + 5)  # the averager's process answers within its own timeout
         except TimeoutError:  # it did not (CI, on a loaded host): the peer counts as silent, the next is asked
             return None
 
-    async def _state_download_from(self, peer: str, timeout: float, kept: tuple[int, str] | None,
+    async def _state_download_from(self, peer: str, timeout: float, silence: float, kept: tuple[int, str] | None,
                                    future: MPFuture) -> None:
         # Runs in the averager's process, like hivemind's _load_state_from_peers; one peer, asked by name.
         metadata = []
@@ -88,7 +89,7 @@ class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingS
             else:
                 asked = self.serializer.dumps(dict(epoch=kept[0], sketch=kept[1]))
                 stream = await stub.rpc_download_epoch_state(averaging_pb2.DownloadData(metadata=asked))
-            async for message in aiter_with_timeout(stream, timeout=timeout):
+            async for message in aiter_with_timeout(stream, timeout=silence):
                 if message.metadata:
                     metadata.append(self.serializer.loads(message.metadata))
                 yield [message.tensor_part]

@@ -5,7 +5,13 @@ behind a claimed divergence, its dark epochs' late commitments were vouched for 
 one commitment could stall the validator. The rule: no strategy earns more confirmed credit per example
 it really computes than an honest agent, and the honest agents keep their credit. The liar also serves
 a state of its own under a high priority (``capture``), which hivemind's download would have held as
-the swarm's."""
+the swarm's.
+
+The coordinator schedules its spot checks for validator workers (``SPOT_CHECK_WORKERS``, docs/deploy.md): the
+liar's commitments are judged on states the coordinator stored and the worker's task read back
+(runs/swarm/recompute.py), run here in the coordinator's check thread by the tests' inline Celery
+(tests/conftest.py). The coordinator's own recomputation is the same ``Recomputer``; it judges real agents in
+tests/e2e/test_spot_checks_with_agents.py."""
 
 import os
 import re
@@ -38,9 +44,10 @@ def confirmed(user) -> int:
 
 
 def test_a_liar_mixing_every_strategy_earns_no_more_than_it_computes_and_ranks_below_the_honest_agent(
-    asgi_server, coordinator, organizer, tmp_path, monkeypatch
+    asgi_server, coordinator, organizer, tmp_path, monkeypatch, settings
 ):
     assert liar_agent.DARK_DELAY_EPOCHS > COMMITMENT_WINDOW_EPOCHS + 1, "the dark epochs' commitments come late"
+    settings.SPOT_CHECK_WORKERS = True
     monkeypatch.setattr(monitor, "GRACE_S", 6.0)  # agents report every 2 s here
     run = small_run(organizer)
     serve_until(coordinator, lambda: Run.objects.get(pk=run.pk).initial_peers, 60, "the backbone peer")

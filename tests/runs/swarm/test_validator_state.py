@@ -6,9 +6,12 @@ honest check of the epoch (docs/trust.md)."""
 import pytest
 import torch
 
+from peer_agent.model import model_build
+from peer_agent.protocol import RunConfig
 from runs.swarm.spotcheck import (
     HELD_EPOCHS,
     HOLD_DIALS_PER_TRY,
+    HOLD_DOWNLOAD_TIMEOUT_S,
     READING_LAG_EPOCHS,
     STATE_AGREEMENT,
     STATE_SAME,
@@ -28,14 +31,17 @@ class Peers:
     validator on real downloads."""
 
     tokenizer = "the run's tokenizer"
+    parameter_count = 64 * 32 + 32  # model_parameters'
 
     def __init__(self, **states) -> None:
         self.states = {peer: served if isinstance(served, list) else [served] for peer, served in states.items()}
         self.asked: list[str] = []
         self.kept: dict[str, dict[tuple[int, str], list]] = {}  # peer -> (epoch, sketch) -> the state it kept
         self.asked_kept: list[tuple[str, int]] = []
+        self.silences: list[float] = []
 
-    def state_download_from(self, peer: str, *, timeout: float, kept: tuple[int, str] | None = None):
+    def state_download_from(self, peer: str, *, timeout: float, silence: float, kept: tuple[int, str] | None = None):
+        self.silences.append(silence)
         if kept is not None:
             self.asked_kept.append((peer, kept[0]))
             state = self.kept.get(peer, {}).get(kept)
@@ -171,6 +177,34 @@ def test_made_up_sources_do_not_keep_the_holder_from_two_honest_peers():
     assert sorted(checks.held) == [7, 8]
     assert sorted(checks.checkpointer.asked[:2]) == ["amina", "rahim"], "the peers that answered before are asked first"
     assert len(checks.checkpointer.asked) <= HOLD_DIALS_PER_TRY
+
+
+
+def test_a_source_that_sent_no_state_in_time_is_asked_last():
+    """A peer that answers slowly on purpose holds a download up for its whole bound, minutes at sahajBERT's size
+    (the next test): asked first in every look, a liar would keep the holder from the honest peers' states."""
+    checks = validator(slow=None, amina=(7, OLD), rahim=(7, OLD))
+    looks(checks, 1)  # nothing known yet: every source is asked
+    assert sorted(checks.checkpointer.asked) == ["amina", "rahim", "slow"] and list(checks.held) == [7]
+    checks.checkpointer.asked.clear()
+    looks(checks, 10)
+    assert checks.checkpointer.asked and "slow" not in checks.checkpointer.asked
+
+
+def test_a_state_of_sahajberts_size_from_a_home_uplink_fits_the_holders_bound_and_silence_does_not():
+    """The large preset's state from a volunteer at 10 Mbit/s (sahajBERT's volunteers trained from home and
+    from notebooks) arrives within the bound; a source silent for HOLD_DOWNLOAD_TIMEOUT_S is given up."""
+    config = RunConfig()
+    assert config.model.preset == "large"
+    checks = validator(amina=(7, OLD))
+    checks.checkpointer.parameter_count = sum(
+        parameter.numel() for parameter in model_build(config, 32000, pad_token_id=0).parameters())
+    assert 17e6 < checks.checkpointer.parameter_count < 19e6, "sahajBERT's ~18M"
+    state_bytes = checks.checkpointer.parameter_count * 3 * 2  # parameters and LAMB's two moments, fp16
+    assert checks._download_timeout(kept=False) > state_bytes / (10e6 / 8) + HOLD_DOWNLOAD_TIMEOUT_S
+    assert checks._download_timeout(kept=True) > checks.checkpointer.parameter_count * 4 / (10e6 / 8)
+    looks(checks, 1)
+    assert checks.checkpointer.silences == [HOLD_DOWNLOAD_TIMEOUT_S]
 
 
 @pytest.mark.parametrize("states", [
