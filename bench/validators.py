@@ -14,8 +14,10 @@ torch threads.
 Printed per configuration: checks due and recorded (and any not passed: every step is honest); checks/s from
 the first arrival to the last record, and its ratio to the baseline's, same run; epochs whose checks were all
 recorded before the next epoch arrived; lag from a commitment's arrival to its record (p50, p95, max);
-seconds from the last arrival to the last record. A worker's first check of a session replays the session's
-stream from its start (tokenizing a pass over the corpus), as a fresh worker in a run does.
+seconds from the last arrival to the last record; session streams replayed. A worker's first check of a session
+replays the session's stream from its start (tokenizing a pass over the corpus), as a fresh worker in a run does;
+the session's later checks go to that worker (runs/swarm/recompute.py, ``session_worker``), so each stream is
+replayed once however many workers there are.
 
 Run ``python -m bench.validators --help`` from the repository root.
 """
@@ -47,6 +49,7 @@ class Outcome:
     epochs_kept_up: int
     lag: list[float]  # seconds from arrival to record, one per recorded check
     drain: float  # seconds from the last arrival to the last record
+    streams: int = 0  # session streams replayed: one per session and worker that checked it
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -138,11 +141,12 @@ def main(argv: list[str] | None = None) -> None:
                                     checkpointer=_Holder(tokenizer))))
         finally:
             services_stop(processes)
+        outcomes[-1].streams = _streams(lab.logs, workers, sessions)
         _print(outcomes[-1], baseline=outcomes[0])
     summary = "; ".join(f"{outcome.workers} workers {outcome.checks_per_second:.2f} checks/s ratio "
                         f"{outcome.checks_per_second / outcomes[0].checks_per_second:.2f} p95 lag "
                         f"{_percentile(outcome.lag, 95):.1f} s recorded {outcome.recorded}/{outcome.due} "
-                        f"not passed {outcome.not_passed}" for outcome in outcomes)
+                        f"not passed {outcome.not_passed} streams {outcome.streams}" for outcome in outcomes)
     print(f"SUMMARY {summary}; uptime: {uptime()}", flush=True)
 
 
@@ -216,6 +220,15 @@ def _configuration(*, workers: int, args, run, config, sessions, states, steps, 
                    lag=[checked - received for _, received, checked, _ in recorded], drain=last - arrivals[-1])
 
 
+def _streams(logs: Path, workers: int, sessions: list) -> int:
+    """How many session streams were replayed: each worker that checked a session replays its stream (the
+    coordinator's thread replays each once)."""
+    if workers == 0:
+        return len(sessions)
+    texts = [(logs / f"validator-{workers}-{number}.log").read_text(errors="replace") for number in range(workers)]
+    return sum(f"spot check of session {session.pk}," in text for session in sessions for text in texts)
+
+
 def _percentile(values: list[float], percent: int) -> float:
     if len(values) < 2:
         return values[0] if values else float("nan")
@@ -228,7 +241,8 @@ def _print(outcome: Outcome, baseline: Outcome) -> None:
           f"{outcome.checks_per_second:.2f} checks/s (x{outcome.checks_per_second / baseline.checks_per_second:.2f}), "
           f"epochs kept up {outcome.epochs_kept_up}, lag p50 {_percentile(outcome.lag, 50):.1f} s "
           f"p95 {_percentile(outcome.lag, 95):.1f} s max {max(outcome.lag, default=float('nan')):.1f} s, "
-          f"drained {outcome.drain:.1f} s after the last arrival; {uptime()}", flush=True)
+          f"drained {outcome.drain:.1f} s after the last arrival, {outcome.streams} session streams replayed; "
+          f"{uptime()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,9 @@ CELERY_BEAT_SCHEDULE = {
 # (docs/deploy.md). A check queued this long ago and not recorded is queued again (its worker was lost).
 SPOT_CHECK_WORKERS = env_bool("SPOT_CHECK_WORKERS", False)
 SPOT_CHECK_REQUEUE_SECONDS = env_int("SPOT_CHECK_REQUEUE_SECONDS", 1800, minimum=60)
+# Each worker consumes a queue of its own too: a validator worker passes a check to the worker that keeps its
+# session's stream (runs/swarm/recompute.py, session_worker).
+CELERY_WORKER_DIRECT = True
 
 # --- auth --------------------------------------------------------------------------------------
 

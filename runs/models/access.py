@@ -37,6 +37,11 @@ class TrainingSession(models.Model):
     states_disagreed = models.PositiveIntegerField(default=0, help_text=(
         "Of those, states unlike any two peers agreed on for their epoch: its own parameters served as the "
         "swarm's, or an averaging round it missed."))
+    validator_worker = models.CharField(max_length=255, blank=True, help_text=(
+        "The validator worker that checks the session's commitments (runs/swarm/recompute.py): it keeps the "
+        "session's data stream where its last check left it."))
+    validator_worker_seen_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When that worker last took one of the session's checks."))
 
     class Meta:
         ordering = ["-started_at", "-id"]

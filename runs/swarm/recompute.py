@@ -12,6 +12,7 @@ or retry gets to it first (:func:`outcome_record`).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import io
 import logging
@@ -23,17 +24,20 @@ from pathlib import Path
 
 import torch
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_shutdown, worker_shutting_down
+from celery.utils.nodenames import worker_direct
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig
 from peer_agent.spotcheck import BatchReplay, Sketch, data_seed, fingerprint_distance, fingerprint_encode, step_fingerprint
 from peer_agent.tokenizer import tokenizer_load
 from runs.credit import verification
-from runs.models import Run, StepCommitment
+from runs.models import Run, StepCommitment, TrainingSession
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,11 @@ REPLAYS_KEPT = 256  # sessions whose streams stay where the last check left them
 STATES_FOLDER = "spot-check-states"
 RUNS_KEPT = 4  # runs a validator worker keeps a model and the sessions' streams of
 STATES_KEPT = 8  # states a validator worker keeps loaded: a few epochs' worth, for the checks queued together
+# How long a session's checks go to the validator worker that took its last one (TrainingSession.validator_worker):
+# that worker reads the session's stream on from where its last check left it, where another would replay it from
+# the start. Each worker replayed every session's stream, and two workers checked no faster than one
+# (docs/benchmarks.md section 27). A worker that stopped, or fell this far behind, gives its sessions up.
+SESSION_KEPT_S = 120.0
 _random = secrets.SystemRandom()
 
 
@@ -211,6 +220,12 @@ _states: dict[str, list] = {}
 _stopping = threading.Event()
 
 
+@worker_shutdown.connect
+def _sessions_give_up(sender, **kwargs) -> None:
+    """A stopped worker's sessions go to whichever worker takes their next check."""
+    TrainingSession.objects.filter(validator_worker=sender.hostname).update(validator_worker="")
+
+
 @worker_shutting_down.connect
 def _stop_asked(**kwargs) -> None:
     """SIGTERM or Ctrl-C: a warm shutdown waits for the running task, and a check may replay a session's stream
@@ -255,15 +270,22 @@ def _state_for(name: str) -> list:
     return state
 
 
-@shared_task(acks_late=True, ignore_result=True)
-def spot_check_task(commitment_pk: int, states: list[str], sketches: list[str] | None = None) -> str | None:
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def spot_check_task(self, commitment_pk: int, states: list[str], sketches: list[str] | None = None,
+                    forwarded: bool = False) -> str | None:
     """On a validator worker: check a commitment against the states the coordinator kept for it (their names
     in the media storage, and their sketches for the commitment's epoch, which the coordinator computed
-    already; a check queued by an older coordinator has none, and they are computed here). Returns the
-    outcome, None when there was nothing to record."""
+    already; a check queued by an older coordinator has none, and they are computed here), or pass it to the
+    worker that checks its session (:func:`session_worker`), on that worker's own queue. Returns the outcome,
+    None when there was nothing to record here."""
     commitment = StepCommitment.objects.select_related("session__run").filter(pk=commitment_pk).first()
     if commitment is None or commitment.outcome != StepCommitment.Outcome.PENDING or commitment.session.suspended_at:
         return None
+    if self.request.hostname and not self.request.is_eager:  # on a worker, not called in its caller's process
+        worker = session_worker(commitment.session_id, self.request.hostname, take=forwarded)
+        if worker != self.request.hostname:
+            spot_check_task.apply_async((commitment_pk, states, sketches, True), queue=worker_direct(worker))
+            return None
     run = commitment.session.run
     config = run.configuration
     if not config.verification.spot_checks:
@@ -280,6 +302,19 @@ def spot_check_task(commitment_pk: int, states: list[str], sketches: list[str] |
                     run.slug, commitment.session_id, commitment.epoch)
     StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=None)
     return None
+
+
+def session_worker(session_id: int, worker: str, *, take: bool = False) -> str:
+    """The validator worker that checks the session's commitments: ``worker``, now theirs, unless another took one
+    of them within SESSION_KEPT_S (or, with ``take``, whatever another did: a check passed on to ``worker`` once
+    is checked there, never passed on again)."""
+    now = timezone.now()
+    free = Q(validator_worker=worker) | Q(validator_worker="") | Q(validator_worker_seen_at=None) | Q(
+        validator_worker_seen_at__lt=now - datetime.timedelta(seconds=SESSION_KEPT_S))
+    sessions = TrainingSession.objects.filter(pk=session_id)
+    if (sessions if take else sessions.filter(free)).update(validator_worker=worker, validator_worker_seen_at=now):
+        return worker
+    return sessions.values_list("validator_worker", flat=True).first() or worker
 
 
 def steps_draw(samples: list[int], k: int) -> list[int]:

@@ -13,7 +13,7 @@ from django.core.files.storage import default_storage
 from django.utils import timezone
 
 from runs.credit import verification
-from runs.models import StepCommitment
+from runs.models import StepCommitment, TrainingSession
 from runs.swarm import recompute
 from tests.runs.swarm.validation import EPOCH, committed, state_of, world_build
 
@@ -125,3 +125,51 @@ def test_a_worker_asked_to_stop_hands_its_check_back_and_the_next_check_records_
     assert recompute.spot_check_task(commitment.pk, [name], sketches) == "passed", "the replay picks up where it stopped"
     commitment.refresh_from_db()
     assert commitment.outcome == "passed"
+
+
+def test_a_sessions_checks_go_to_the_worker_that_took_its_last_one_until_it_stops_or_falls_behind(world):
+    session = committed(world, "amina").session_id
+    assert recompute.session_worker(session, "validator1@host") == "validator1@host"
+    assert recompute.session_worker(session, "validator2@host") == "validator1@host", "it keeps the session's stream"
+    assert recompute.session_worker(session, "validator2@host", take=True) == "validator2@host", "passed on: checked there"
+    assert recompute.session_worker(session, "validator1@host") == "validator2@host"
+
+    long_ago = timezone.now() - datetime.timedelta(seconds=recompute.SESSION_KEPT_S + 1)
+    TrainingSession.objects.filter(pk=session).update(validator_worker_seen_at=long_ago)
+    assert recompute.session_worker(session, "validator1@host") == "validator1@host", "fallen behind: another takes it"
+
+    class Stopped:
+        hostname = "validator1@host"
+
+    recompute._sessions_give_up(Stopped())  # Celery's worker_shutdown, once the worker stopped
+    assert recompute.session_worker(session, "validator2@host") == "validator2@host"
+
+
+def test_a_worker_passes_a_check_of_another_workers_session_to_that_workers_queue_once(world, monkeypatch):
+    run, _, _, model, _ = world
+    commitment = committed(world, "amina")
+    state = state_of(model)
+    name = recompute.state_name(run_pk=run.pk, epoch=EPOCH, state=state)
+    recompute.state_write(name, state)
+    sketches = [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]
+    recompute.session_worker(commitment.session_id, "validator1@host")
+    passed_on = []
+    monkeypatch.setattr(recompute.spot_check_task, "apply_async",
+                        lambda args, queue: passed_on.append((args, queue.name)))
+
+    def on(worker: str, *args):
+        """The task as ``worker`` runs it from the broker (the tests' Celery runs tasks inline, as no worker)."""
+        recompute.spot_check_task.push_request(hostname=worker, is_eager=False)
+        try:
+            return recompute.spot_check_task(*args)
+        finally:
+            recompute.spot_check_task.pop_request()
+
+    assert on("validator2@host", commitment.pk, [name], sketches) is None
+    assert passed_on == [((commitment.pk, [name], sketches, True), "validator1@host.dq2")]
+    commitment.refresh_from_db()
+    assert commitment.outcome == "pending"
+    # Passed on once, it is checked where it lands, whoever took the session meanwhile.
+    recompute.session_worker(commitment.session_id, "validator3@host", take=True)
+    assert on("validator1@host", commitment.pk, [name], sketches, True) == "passed"
+    assert len(passed_on) == 1
