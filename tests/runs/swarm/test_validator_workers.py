@@ -15,7 +15,7 @@ from django.utils import timezone
 from runs.credit import verification
 from runs.models import StepCommitment, TrainingSession
 from runs.swarm import recompute
-from tests.runs.swarm.validation import EPOCH, committed, state_of, world_build
+from tests.runs.swarm.validation import EPOCH, committed, state_of, stored, world_build
 
 
 @pytest.fixture
@@ -106,23 +106,19 @@ def test_a_stopping_validator_deletes_the_states_no_queued_check_needs(world):
 
 
 def test_a_worker_asked_to_stop_hands_its_check_back_and_the_next_check_records_it(world):
-    run, _, _, model, _ = world
-    commitment = committed(world, "amina")
-    state = state_of(model)
-    name = recompute.state_name(run_pk=run.pk, epoch=EPOCH, state=state)
-    recompute.state_write(name, state)
+    run = world[0]
+    commitment, names, sketches = stored(world, "amina")
     StepCommitment.objects.filter(pk=commitment.pk).update(queued_at=timezone.now())
-    sketches = [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]
     recompute._stop_asked(sig="SIGTERM")  # what Celery's warm shutdown sends to the worker's receivers
     try:
-        assert recompute.spot_check_task(commitment.pk, [name], sketches) is None
+        assert recompute.spot_check_task(commitment.pk, names, sketches) is None
     finally:
         recompute._stopping.clear()
     commitment.refresh_from_db()
     assert commitment.outcome == "pending" and commitment.queued_at is None, "handed back, to be queued again"
     assert [each.pk for each in verification.commitments_to_check(run=run, epochs={EPOCH})] == [commitment.pk]
 
-    assert recompute.spot_check_task(commitment.pk, [name], sketches) == "passed", "the replay picks up where it stopped"
+    assert recompute.spot_check_task(commitment.pk, names, sketches) == "passed", "the replay picks up where it stopped"
     commitment.refresh_from_db()
     assert commitment.outcome == "passed"
 
@@ -146,12 +142,7 @@ def test_a_sessions_checks_go_to_the_worker_that_took_its_last_one_until_it_stop
 
 
 def test_a_worker_passes_a_check_of_another_workers_session_to_that_workers_queue_once(world, monkeypatch):
-    run, _, _, model, _ = world
-    commitment = committed(world, "amina")
-    state = state_of(model)
-    name = recompute.state_name(run_pk=run.pk, epoch=EPOCH, state=state)
-    recompute.state_write(name, state)
-    sketches = [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]
+    commitment, names, sketches = stored(world, "amina")
     recompute.session_worker(commitment.session_id, "validator1@host")
     passed_on = []
     monkeypatch.setattr(recompute.spot_check_task, "apply_async",
@@ -165,11 +156,11 @@ def test_a_worker_passes_a_check_of_another_workers_session_to_that_workers_queu
         finally:
             recompute.spot_check_task.pop_request()
 
-    assert on("validator2@host", commitment.pk, [name], sketches) is None
-    assert passed_on == [((commitment.pk, [name], sketches, True), "validator1@host.dq2")]
+    assert on("validator2@host", commitment.pk, names, sketches) is None
+    assert passed_on == [((commitment.pk, names, sketches, True), "validator1@host.dq2")]
     commitment.refresh_from_db()
     assert commitment.outcome == "pending"
     # Passed on once, it is checked where it lands, whoever took the session meanwhile.
     recompute.session_worker(commitment.session_id, "validator3@host", take=True)
-    assert on("validator1@host", commitment.pk, [name], sketches, True) == "passed"
+    assert on("validator1@host", commitment.pk, names, sketches, True) == "passed"
     assert len(passed_on) == 1

@@ -75,14 +75,20 @@ def state_of(model) -> list[torch.Tensor]:
 
 
 
-def long_check_queue() -> int:
-    """Queue, for a validator worker, a check that would replay a session's stream for hours: its step sits
-    ten million micro-batches in. Returns the commitment's key."""
-    world = world_build()
+def stored(world, volunteer: str, *, cursor: int = 0) -> tuple[StepCommitment, list[str], list[str]]:
+    """A commitment (:func:`committed`) and what a queued check of it carries: the name of the state it is
+    checked against, kept in the media storage as the coordinator keeps it, and that state's sketch."""
     run, _, _, model, _ = world
-    commitment = committed(world, "amina", cursor=10**7)
+    commitment = committed(world, volunteer, cursor=cursor)
     state = state_of(model)
     name = recompute.state_name(run_pk=run.pk, epoch=EPOCH, state=state)
     recompute.state_write(name, state)
-    recompute.spot_check_task.apply_async((commitment.pk, [name], [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]))
+    return commitment, [name], [recompute.state_sketch(run.hivemind_run_id, EPOCH, state)]
+
+
+def long_check_queue() -> int:
+    """Queue, for a validator worker, a check that would replay a session's stream for hours: its step sits
+    ten million micro-batches in. Returns the commitment's key."""
+    commitment, names, sketches = stored(world_build(), "amina", cursor=10**7)
+    recompute.spot_check_task.apply_async((commitment.pk, names, sketches))
     return commitment.pk
