@@ -14,7 +14,9 @@ torch threads.
 Printed per configuration: checks due and recorded (and any not passed: every step is honest); checks/s from
 the first arrival to the last record, and its ratio to the baseline's, same run; epochs whose checks were all
 recorded before the next epoch arrived; lag from a commitment's arrival to its record (p50, p95, max);
-seconds from the last arrival to the last record; session streams replayed. A worker's first check of a session
+seconds from the last arrival to the last record; session streams replayed; the recomputers' CPU seconds per
+recorded check (the check thread's, or the workers' after their start-up), which a busy machine does not inflate
+as it does wall time: the capacity of W workers on W free cores is W over it. A worker's first check of a session
 replays the session's stream from its start (tokenizing a pass over the corpus), as a fresh worker in a run does;
 the session's later checks go to that worker (runs/swarm/recompute.py, ``session_worker``), so each stream is
 replayed once however many workers there are.
@@ -34,6 +36,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from bench.demo_lab import demo_lab, process_start, services_stop, uptime
 
 READY_TIMEOUT_S = 300.0  # a validator worker imports torch, Django and the data pipeline before it consumes
@@ -50,6 +54,7 @@ class Outcome:
     lag: list[float]  # seconds from arrival to record, one per recorded check
     drain: float  # seconds from the last arrival to the last record
     streams: int = 0  # session streams replayed: one per session and worker that checked it
+    cpu_per_check: float = 0.0  # CPU seconds of the recomputers (the check thread, or the workers) per recorded check
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -135,10 +140,14 @@ def main(argv: list[str] | None = None) -> None:
         processes = [_worker_start(lab.logs / f"validator-{workers}-{number}.log", number, args.threads)
                      for number in range(workers)]
         try:
+            started_cpu = sum(_cpu(process) for process in processes)  # after start-up: the imports are not checks
             outcomes.append(_configuration(
                 workers=workers, args=args, run=run, config=config, sessions=sessions, states=states, steps=steps,
                 validator=Validator(run_pk=run.pk, run_id=run.hivemind_run_id, slug=run.slug, dht=None,
                                     checkpointer=_Holder(tokenizer))))
+            if workers:
+                outcomes[-1].cpu_per_check = (sum(_cpu(process) for process in processes) - started_cpu) / max(
+                    outcomes[-1].recorded, 1)
         finally:
             services_stop(processes)
         outcomes[-1].streams = _streams(lab.logs, workers, sessions)
@@ -146,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     summary = "; ".join(f"{outcome.workers} workers {outcome.checks_per_second:.2f} checks/s ratio "
                         f"{outcome.checks_per_second / outcomes[0].checks_per_second:.2f} p95 lag "
                         f"{_percentile(outcome.lag, 95):.1f} s recorded {outcome.recorded}/{outcome.due} "
-                        f"not passed {outcome.not_passed} streams {outcome.streams}" for outcome in outcomes)
+                        f"not passed {outcome.not_passed} streams {outcome.streams} cpu/check "
+                        f"{outcome.cpu_per_check:.3f}" for outcome in outcomes)
     print(f"SUMMARY {summary}; uptime: {uptime()}", flush=True)
 
 
@@ -157,6 +167,11 @@ class _Holder:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+
+
+def _cpu(process) -> float:
+    times = psutil.Process(process.pid).cpu_times()
+    return times.user + times.system
 
 
 def _worker_start(log: Path, number: int, threads: int):
@@ -199,8 +214,10 @@ def _configuration(*, workers: int, args, run, config, sessions, states, steps, 
 
     thread = threading.Thread(target=arrive, name="arrivals")
     thread.start()
+    checking_cpu = time.thread_time()  # this thread's: the recomputation itself with 0 workers
     while (commitment := arrived.get()) is not None:
         validator._check(run, config, commitment, [states[commitment.epoch]])
+    checking_cpu = time.thread_time() - checking_cpu
     thread.join()
     deadline = time.monotonic() + args.drain_timeout
     pending = StepCommitment.objects.filter(session__run=run, outcome=StepCommitment.Outcome.PENDING)
@@ -217,7 +234,8 @@ def _configuration(*, workers: int, args, run, config, sessions, states, steps, 
     return Outcome(workers=workers, due=len(rows), recorded=len(recorded),
                    not_passed=sum(outcome != StepCommitment.Outcome.PASSED for *_, outcome in recorded),
                    checks_per_second=len(recorded) / max(last - arrivals[0], 1e-9), epochs_kept_up=kept_up,
-                   lag=[checked - received for _, received, checked, _ in recorded], drain=last - arrivals[-1])
+                   lag=[checked - received for _, received, checked, _ in recorded], drain=last - arrivals[-1],
+                   cpu_per_check=checking_cpu / max(len(recorded), 1))
 
 
 def _streams(logs: Path, workers: int, sessions: list) -> int:
@@ -241,7 +259,8 @@ def _print(outcome: Outcome, baseline: Outcome) -> None:
           f"{outcome.checks_per_second:.2f} checks/s (x{outcome.checks_per_second / baseline.checks_per_second:.2f}), "
           f"epochs kept up {outcome.epochs_kept_up}, lag p50 {_percentile(outcome.lag, 50):.1f} s "
           f"p95 {_percentile(outcome.lag, 95):.1f} s max {max(outcome.lag, default=float('nan')):.1f} s, "
-          f"drained {outcome.drain:.1f} s after the last arrival, {outcome.streams} session streams replayed; "
+          f"drained {outcome.drain:.1f} s after the last arrival, {outcome.streams} session streams replayed, "
+          f"{outcome.cpu_per_check:.3f} CPU s per check; "
           f"{uptime()}", flush=True)
 
 
