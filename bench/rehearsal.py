@@ -390,8 +390,13 @@ def _train(rehearsal: Rehearsal) -> None:
         for each in rehearsal.started:
             if not each.stopped and each.process.poll() is not None and each.died is None:
                 each.died = each.process.returncode
+                # Its DHT, averagers and p2p daemon outlive it (an OOM kill takes the one process): they would go on
+                # holding memory, and declaring the run's state to the holder, as a dead peer's should not.
+                orphans = len(group_members(each.process.pid))
+                group_kill(each.process.pid, grace=0)
                 print(f"{_clock(rehearsal)} {each.name} exited with {each.process.returncode}"
-                      f"{' (SIGKILL: out of memory?)' if each.process.returncode == -signal.SIGKILL else ''}", flush=True)
+                      f"{' (SIGKILL: out of memory?)' if each.process.returncode == -signal.SIGKILL else ''}; "
+                      f"{orphans} processes of its group killed", flush=True)
         time.sleep(2)
     rehearsal.training_ended = time.time()
     rehearsal.phases.append((phase_start, float("inf"), args.validators[phase]))
