@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-# Measured on 2 cores beside CI's other line: about 6 minutes at load 15-22 (docs/benchmarks.md, section 28);
-# twice that and a margin for a machine twice as loaded.
+# 4 min 21 s on 2 cores at load up to 12, its own (docs/benchmarks.md, section 28); an earlier version took 3:43-5:43
+# beside CI's other line at load 15-22. Twice the slowest and a margin, for a machine twice as loaded.
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[2]
