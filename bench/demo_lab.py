@@ -9,9 +9,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,8 +32,10 @@ class DemoLab:
     services: list[tuple[str, list[str], Path]]  # (name, command, log) of the web server, worker and coordinator
 
 
-def demo_lab(*, var_dir: str | None, prefix: str, volunteers: int, port: int) -> DemoLab:
-    """Set up the demo's portal in ``var_dir`` (a new temporary one named ``prefix`` when None)."""
+def demo_lab(*, var_dir: str | None, prefix: str, volunteers: int, port: int,
+             run_ensure: Callable[..., Any] | None = None) -> DemoLab:
+    """Set up the demo's portal in ``var_dir`` (a new temporary one named ``prefix`` when None), with the demo's
+    run, or the run ``run_ensure(organizer=...)`` makes (bench/rehearsal.py's, of another preset and data)."""
     var = Path(var_dir or tempfile.mkdtemp(prefix=prefix))
     os.environ["PORTAL_VAR_DIR"] = str(var)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
@@ -48,7 +55,7 @@ def demo_lab(*, var_dir: str | None, prefix: str, volunteers: int, port: int) ->
 
     call_command("migrate", verbosity=0)
     organizer, people = demo_people_ensure(volunteers)
-    run = demo_run_ensure(organizer=organizer, preset="demo")
+    run = run_ensure(organizer=organizer) if run_ensure else demo_run_ensure(organizer=organizer, preset="demo")
     logs = var / "logs"
     logs.mkdir(exist_ok=True)
     services = [("web", web_command("127.0.0.1", port), logs / "web.log"),
@@ -66,26 +73,56 @@ def process_start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 
 def process_stop(process: subprocess.Popen, timeout: float = 120) -> None:
-    """SIGINT, as a volunteer's Ctrl-C (an agent finishes its step and flushes its reports), then SIGKILL."""
+    """SIGINT to the process's group, as a volunteer's Ctrl-C (an agent finishes its step and flushes its reports),
+    then SIGKILL to whatever of the group is left. The group is signalled even when its leader is gone: an agent
+    the kernel killed for memory leaves its DHT, averagers and p2p daemon running, out of its parent's reach."""
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
+        _group_signal(process.pid, signal.SIGINT)
     try:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        pass
+    group_kill(process.pid)
+    process.wait()
+
+
+def group_members(group: int) -> list[psutil.Process]:
+    """The live processes of process group ``group`` (zombies, which hold nothing, left out)."""
+    members = []
+    for candidate in psutil.process_iter():
+        with suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(candidate.pid) == group and candidate.status() != psutil.STATUS_ZOMBIE:
+                members.append(candidate)
+    return members
+
+
+def group_kill(group: int, grace: float = 10.0) -> None:
+    """Let the processes of ``group`` end on their own for up to ``grace`` seconds, then SIGKILL those left."""
+    deadline = time.monotonic() + grace
+    while group_members(group) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    _group_signal(group, signal.SIGKILL)
+    psutil.wait_procs(group_members(group), timeout=5)
+
+
+def _group_signal(group: int, signum: int) -> None:
+    with suppress(ProcessLookupError):  # the whole group is gone already
+        os.killpg(group, signum)
 
 
 def services_stop(services: list[subprocess.Popen]) -> None:
-    """SIGTERM to the web server, worker and coordinator together; SIGKILL to any still running a minute later."""
+    """SIGTERM to the web server, worker and coordinator together; SIGKILL to any still running a minute later,
+    and to what is left of their groups."""
     for process in services:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
+            _group_signal(process.pid, signal.SIGTERM)
     for process in services:
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            _group_signal(process.pid, signal.SIGKILL)
+            process.wait()
+        group_kill(process.pid)
 
 
 def uptime() -> str:

@@ -3,4 +3,5 @@
 
 - ``harness.processes``: reaping the processes real hivemind peers leave behind.
 - ``harness.netlab``: test hosts in network namespaces on a bridge, each at its own rate.
+- ``harness.hub_folder``: a dataset in a local folder laid out as the Hugging Face Hub lays one.
 """

@@ -84,6 +84,10 @@ EXERCISED = [
      "tests/deploy/test_prometheus_files.py::test_the_alerting_rules_pass_promtool_and_fire_on_the_trouble_they_name"),
     (r"\.venv/bin/python -m bench\.spotcheck( --presets tiny)?",
      "tests/bench/test_spotcheck_bench.py::test_the_smallest_run_prints_costs_and_distances_the_tolerance_separates"),
+    # The rehearsal's real size runs by hand (half an hour, the whole machine); its CI form runs the same code.
+    (r"(\S+=\S+ )*(sudo )?\.venv/bin/python -m bench\.rehearsal( --[a-z-]+( [\w.,]+)*)*",
+     "tests/bench/test_rehearsal_bench.py::"
+     "test_a_short_rehearsal_trains_checks_and_credits_in_the_lab_and_leaves_nothing_behind"),
     # Benchmarks are run by hand (minutes each); here their documented flags are checked.
     (r"(\S+=\S+ )*\.venv/bin/python -m bench\.\w+.*", "tests/test_docs_commands.py::test_documented_flags_exist"),
 ]

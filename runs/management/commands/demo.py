@@ -149,13 +149,14 @@ def coordinator_command() -> list[str]:
     return [sys.executable, "manage.py", "run_coordinator"]
 
 
-def agent_launch(volunteer: User, url: str, home) -> tuple[list[str], dict]:
-    """The `peer-agent join` command and environment of a local agent of ``volunteer`` (a fresh token)."""
+def agent_launch(volunteer: User, url: str, home, slug: str = RUN_SLUG) -> tuple[list[str], dict]:
+    """The `peer-agent join` command and environment of a local agent of ``volunteer`` (a fresh token) for the
+    run ``slug`` (the demo's unless a bench names its own)."""
     _, secret = token_create(user=volunteer, name=f"demo agent of {volunteer.username}", lifetime=datetime.timedelta(days=1))
     # Client mode off: loopback looks unreachable to "auto", but the local peers can reach each other.
     env = {"PEER_AGENT_TOKEN": secret, "PEER_AGENT_HOME": str(home), "PEER_AGENT_THREADS": "1",
            "PEER_AGENT_HOST": "/ip4/127.0.0.1/tcp/0", "PEER_AGENT_CLIENT_MODE": "off"}
-    return [sys.executable, "-m", "peer_agent", "join", "--portal", url, RUN_SLUG], env
+    return [sys.executable, "-m", "peer_agent", "join", "--portal", url, slug], env
 
 
 def backbone_wait(run: Run, since: datetime.datetime, timeout: float = 300) -> None:

@@ -12,23 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from django.urls import reverse
 
+from harness.hub_folder import hub_folder_write
 from peer_agent.data import dataset_stream
 from peer_agent.protocol import RunConfig
 from runs.models import Run
 from tests.factories import RunFactory
-
-README = """---
-configs:
-- config_name: 20231101.bn
-  data_files:
-  - split: train
-    path: 20231101.bn/train-*
-- config_name: 20231101.en
-  data_files:
-  - split: train
-    path: 20231101.en/train-*
----
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -44,14 +32,8 @@ def documents(tag: str, count: int) -> list[str]:
 @pytest.fixture
 def wikipedia(tmp_path):
     """Like wikimedia/wikipedia: a configuration per language, a train split and no other."""
-    folder = tmp_path / "wikipedia"
-    for config, tag in (("20231101.bn", "bn"), ("20231101.en", "en")):
-        (folder / config).mkdir(parents=True)
-        texts = documents(tag, 600)
-        table = pa.table({"id": [str(n) for n in range(len(texts))], "title": ["t"] * len(texts), "text": texts})
-        pq.write_table(table, folder / config / "train-00000-of-00001.parquet")
-    (folder / "README.md").write_text(README)
-    return folder
+    return hub_folder_write(tmp_path / "wikipedia", {config: {"train": documents(tag, 600)}
+                                                      for config, tag in (("20231101.bn", "bn"), ("20231101.en", "en"))})
 
 
 @pytest.fixture
