@@ -63,13 +63,10 @@ CHECK_PERIOD_S = 2.0  # how often the validator looks for new commitments
 HOLD_PERIOD_S = 0.5  # how often it looks for a new state, to hold each epoch's state as the swarm enters it
 # One download's bounds: a source silent this long is given up; a whole state may take as long as it needs at
 # HOLD_MIN_RATE_BYTES_S, and this much more (Validator._download_timeout). A bound of 10 s for the whole state let
-# nothing through at sahajBERT's size (the large preset: 18M parameters, 108 MB of fp16 parameters and LAMB
-# moments) from volunteers' 10-20 Mbit/s uplinks: no state was held, and no commitment was checked.
+# nothing through at sahajBERT's size from volunteers' 10-20 Mbit/s uplinks: no state was held, and no commitment
+# was checked (docs/benchmarks.md section 28).
 HOLD_DOWNLOAD_TIMEOUT_S = 10.0
 HOLD_MIN_RATE_BYTES_S = 1e6  # 8 Mbit/s; a source that sent no state within the bound is asked last (DIAL_MEMORY_S)
-# Bytes a state's value takes on the wire, by the run's state compression (peer_agent.training.compression_build:
-# 8-bit quantization keeps small tensors in fp16; the bound counts every value at 2 bytes then).
-WIRE_BYTES = {"none": 4, "fp16": 2, "uniform8bit": 2}
 # Downloads in one look at most: the first peer's state tells whether the swarm moved on; the others
 # confirm a new epoch's state. Every download is served by a training peer.
 HOLD_SOURCES_PER_TRY = 3
@@ -149,7 +146,6 @@ class Validator:
         self._sources: list[str] = []  # the peers that share the run's state, read from the DHT on each tick
         self._dialed: dict[str, tuple[float, bool]] = {}  # source -> when it was last dialed (monotonic), reached
         self._hold_spent = 0.0  # seconds the last try at holding a state took
-        self._state_compression = "fp16"  # the run's, read with its configuration (_spot_checks_on)
         self._recomputer: Recomputer | None = None  # built at the first check made here
         self._names: dict[tuple[int, int], tuple[list, str]] = {}  # (epoch, id of a state) -> it, its stored name
         self._threads: dict[str, threading.Thread] = {}
@@ -219,13 +215,14 @@ class Validator:
     def _spot_checks_on(self) -> tuple[Run, RunConfig] | None:
         run = Run.objects.get(pk=self.run_pk)
         config = run.configuration
-        self._state_compression = config.averaging.state_compression
         return (run, config) if config.verification.spot_checks else None
 
     def _download_timeout(self, *, kept: bool) -> float:
-        """The bound on one source's state: a kept state is the parameters in fp32 (peer_agent.averaging.EpochStates);
-        the served state is the parameters and LAMB's two moments, compressed as the run says."""
-        per_parameter = 4 if kept else 3 * WIRE_BYTES[self._state_compression]
+        """The bound on one source's state: a kept state is the parameters (peer_agent.averaging.EpochStates); the
+        served state the parameters and LAMB's two moments. Both in fp32: the run's state compression is the
+        averaging rounds' (peer_agent/training.py); hivemind sends a downloaded state as it is (217 MB at
+        sahajBERT's size, docs/benchmarks.md section 28)."""
+        per_parameter = 4 if kept else 3 * 4
         return HOLD_DOWNLOAD_TIMEOUT_S + self.checkpointer.parameter_count * per_parameter / HOLD_MIN_RATE_BYTES_S
 
     def _sources_read(self) -> None:
@@ -500,7 +497,7 @@ class Validator:
         for peer in random.sample(self._sources, len(self._sources))[:HOLD_SOURCES_PER_TRY]:
             served = self.checkpointer.state_download_from(peer, timeout=self._download_timeout(kept=True),
                                                            silence=HOLD_DOWNLOAD_TIMEOUT_S, kept=(epoch, sketch))
-            if served is None or self._closed:
+            if not isinstance(served, tuple) or self._closed:  # none kept, or the peer is gone (UNREACHABLE)
                 continue
             apart = fingerprint_distance(sketch, self._sketch(epoch, served[1]))
             self._state_judged(peer, disagrees=apart > STATE_EXACT)

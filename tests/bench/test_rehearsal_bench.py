@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 # 4 min 21 s on 2 cores at load up to 12, its own (docs/benchmarks.md, section 28); an earlier version took 3:43-5:43
-# beside CI's other line at load 15-22. Twice the slowest and a margin, for a machine twice as loaded.
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(1500)]
+# beside CI's other line at load 15-22. Twice the slowest and a margin, for a machine twice as loaded. Not marked
+# swarm: its portal and peers are its own processes, whatever the suite runs on, and CI's swarm line is its longest
+# (.ci/run runs it in the other line, on the embedded defaults' pass).
+pytestmark = pytest.mark.timeout(1500)
 
 ROOT = Path(__file__).resolve().parents[2]
 
