@@ -187,6 +187,12 @@ def session_link_target(*, url_token: str, kind: str) -> DataFile | Checkpoint:
 
 def sessions_close_silent(*, silent_for: datetime.timedelta) -> int:
     """End the sessions whose agent has not been heard from for ``silent_for`` (a crash, a lost
-    network): they end when they were last seen. Returns how many were closed."""
-    cutoff = timezone.now() - silent_for
-    return TrainingSession.objects.filter(ended_at=None, last_seen_at__lt=cutoff).update(ended_at=F("last_seen_at"))
+    network): they end when they were last seen. Returns how many were closed.
+
+    An aggregator sends no reports: its only word is the refresh of its access, which hivemind asks for as
+    the access nears its end (HIVEMIND_ACCESS_MINUTES), so an aggregator is silent for longer than
+    ``silent_for`` between two; closed, it was refused its next refresh and stopped (docs/benchmarks.md section
+    28: at 1,221 s). It is alive while its access lasts, and silent once that ran out unrefreshed."""
+    now = timezone.now()
+    return TrainingSession.objects.filter(ended_at=None, last_seen_at__lt=now - silent_for).exclude(
+        role=TrainingSession.Role.AGGREGATOR, access_expires_at__gt=now).update(ended_at=F("last_seen_at"))

@@ -204,3 +204,18 @@ def test_silent_sessions_are_closed_when_last_seen(db, settings):
     silent.refresh_from_db(), talking.refresh_from_db()
     assert silent.ended_at == long_ago and talking.ended_at is None
 
+
+def test_an_aggregator_that_reports_nothing_stays_open_while_its_access_lasts(db, settings):
+    """An aggregator's refreshes are its only word, further apart than the silence that closes a trainer."""
+    run, olga = RunFactory(), UserFactory()
+    aggregator = session_for(run, olga)
+    long_ago = timezone.now() - datetime.timedelta(seconds=settings.SESSION_SILENT_CLOSE_SECONDS + 60)
+    TrainingSession.objects.filter(pk=aggregator.pk).update(
+        role=TrainingSession.Role.AGGREGATOR, last_seen_at=long_ago,
+        access_expires_at=timezone.now() + datetime.timedelta(minutes=10))
+    assert tasks.sessions_close_silent_task() == 0
+    TrainingSession.objects.filter(pk=aggregator.pk).update(access_expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    assert tasks.sessions_close_silent_task() == 1, "its access ran out unrefreshed: it is gone"
+    aggregator.refresh_from_db()
+    assert aggregator.ended_at == long_ago
+
