@@ -48,6 +48,12 @@ logger = logging.getLogger(__name__)
 CHECK_PERIOD_S = 15.0  # how often the checkpointer reads the swarm's epoch
 RETRY_PERIOD_S = 60.0  # after a failed or fruitless attempt (no peer online to download from)
 STATE_DOWNLOAD_TIMEOUT_S = 600.0
+# A source silent this long between two parts of its state is given up. hivemind's default (its request
+# timeout, 3 s) gave up at every stall of a volunteer's busy uplink: at sahajBERT's size four of five
+# checkpoints failed after 3 to 172 s of a 217 MB download, each started again a minute later on the same
+# uplink (docs/benchmarks.md section 28). The validator's holder allows 10 s (runs/swarm/spotcheck.py); a
+# checkpoint, due every half hour, may wait longer.
+STATE_CHUNK_TIMEOUT_S = 30.0
 
 # hivemind fast-forwards the schedule to the downloaded epoch without an optimizer step; torch
 # mistakes that for calling the scheduler and the optimizer in the wrong order.
@@ -334,5 +340,6 @@ class Checkpointer:
             dht=self.dht, prefix=f"{self.run_id}_state_averager",  # the prefix hivemind.Optimizer gives it
             params=parameter_groups(self._model, training.weight_decay),
             optimizer=lamb_factory(training), scheduler=schedule_factory(training),
-            offload_optimizer=True, custom_gradients=True, client_mode=True, start=True,
+            offload_optimizer=True, custom_gradients=True, client_mode=True, next_chunk_timeout=STATE_CHUNK_TIMEOUT_S,
+            start=True,
         )

@@ -29,6 +29,7 @@ from runs.models import Checkpoint
 from runs.setup import services
 from runs.setup.corpus import corpus_lines
 from runs.setup.forms import preset_config
+from runs.swarm.checkpoints import STATE_CHUNK_TIMEOUT_S
 from runs.swarm.coordinator import Coordinator
 from tests.factories import RunFactory
 
@@ -118,6 +119,8 @@ def test_a_checkpoint_of_the_swarm_loads_in_transformers_and_restarts_an_empty_s
     train_until(first, coordinator, lambda: run.checkpoints.exists(), "the coordinator's first checkpoint")
     checkpoint = run.checkpoints.get()
     assert checkpoint.epoch >= 2, "checkpoints every 2 epochs, never of the untrained epoch 0"
+    # A busy volunteer's uplink stalls for seconds: the download waits STATE_CHUNK_TIMEOUT_S, not hivemind's 3 s.
+    assert coordinator.peers[run.pk].validator.checkpointer._averager.next_chunk_timeout == STATE_CHUNK_TIMEOUT_S
     assert checkpoint.epoch <= first.optimizer.local_epoch
     first.shutdown()  # every peer leaves: nobody online holds the collaboration's state now
 
