@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,3 +128,16 @@ def services_stop(services: list[subprocess.Popen]) -> None:
 
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def percentile(values: list[float], percent: int) -> float | None:
+    """The ``percent``-th percentile of ``values``, None when there are none (a bench's lags, its round times)."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
+
+
+def seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:.1f}"

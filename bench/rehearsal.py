@@ -41,15 +41,23 @@ from pathlib import Path
 import psutil
 from tokenizers import Tokenizer
 
-from bench.demo_lab import demo_lab, group_kill, group_members, process_start, process_stop, services_stop, uptime
+from bench.demo_lab import (
+    demo_lab,
+    group_kill,
+    group_members,
+    percentile,
+    process_start,
+    process_stop,
+    seconds,
+    services_stop,
+    uptime,
+)
 from bench.rehearsal_figures import (
     agent_log,
     checkpoint_saves,
     commitments_by_phase,
     credit_by_agent,
     holder_counts,
-    percentile,
-    seconds,
 )
 from harness.hub_folder import hub_folder_write
 from harness.netlab import PUBLIC_SUBNET, NetLab

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,16 +126,6 @@ def holder_counts(paths: list[Path]) -> Counter:
     return counts
 
 
-def percentile(values: list[float], percent: int) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
-
-
-def seconds(value: float | None) -> str:
-    return "none" if value is None else f"{value:.1f}"
 
 
 def commitments_by_phase(run, phases: list[tuple[float, float, int]]) -> list[dict]:

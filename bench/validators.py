@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import queue
 import shutil
-import statistics
 import threading
 import time
 import zlib
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.demo_lab import demo_lab, process_start, services_stop, uptime
+from bench.demo_lab import demo_lab, percentile, process_start, seconds, services_stop, uptime
 
 READY_TIMEOUT_S = 300.0  # a validator worker imports torch, Django and the data pipeline before it consumes
 
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         _print(outcomes[-1], baseline=outcomes[0])
     summary = "; ".join(f"{outcome.workers} workers {outcome.checks_per_second:.2f} checks/s ratio "
                         f"{outcome.checks_per_second / outcomes[0].checks_per_second:.2f} p95 lag "
-                        f"{_percentile(outcome.lag, 95):.1f} s recorded {outcome.recorded}/{outcome.due} "
+                        f"{seconds(percentile(outcome.lag, 95))} s recorded {outcome.recorded}/{outcome.due} "
                         f"not passed {outcome.not_passed} streams {outcome.streams} cpu/check "
                         f"{outcome.cpu_per_check:.3f}" for outcome in outcomes)
     print(f"SUMMARY {summary}; uptime: {uptime()}", flush=True)
@@ -247,18 +246,12 @@ def _streams(logs: Path, workers: int, sessions: list) -> int:
     return sum(f"spot check of session {session.pk}," in text for session in sessions for text in texts)
 
 
-def _percentile(values: list[float], percent: int) -> float:
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
-
-
 def _print(outcome: Outcome, baseline: Outcome) -> None:
     name = "the coordinator's thread" if outcome.workers == 0 else f"{outcome.workers} validator worker(s)"
     print(f"{name:>26}: {outcome.recorded}/{outcome.due} checks recorded ({outcome.not_passed} not passed), "
           f"{outcome.checks_per_second:.2f} checks/s (x{outcome.checks_per_second / baseline.checks_per_second:.2f}), "
-          f"epochs kept up {outcome.epochs_kept_up}, lag p50 {_percentile(outcome.lag, 50):.1f} s "
-          f"p95 {_percentile(outcome.lag, 95):.1f} s max {max(outcome.lag, default=float('nan')):.1f} s, "
+          f"epochs kept up {outcome.epochs_kept_up}, lag p50 {seconds(percentile(outcome.lag, 50))} s "
+          f"p95 {seconds(percentile(outcome.lag, 95))} s max {seconds(max(outcome.lag, default=None))} s, "
           f"drained {outcome.drain:.1f} s after the last arrival, {outcome.streams} session streams replayed, "
           f"{outcome.cpu_per_check:.3f} CPU s per check; "
           f"{uptime()}", flush=True)

@@ -236,7 +236,7 @@ class Checkpointer:
         """Whether the model and state averager are built (on the first tick once the run's tokenizer is ready)."""
         return self._averager is not None and not self._closed
 
-    def state_download_from(self, peer: str, *, timeout: float, silence: float | None = None,
+    def state_download_from(self, peer: str, *, timeout: float, silence: float,
                             kept: tuple[int, str] | None = None) -> tuple[int, list] | str | None:
         """The collaboration's state as ``peer`` serves it now (or, with ``kept``, the parameters it kept for
         that epoch and parameters' sketch): its epoch and its parameters (in the model's order), for the

@@ -61,16 +61,16 @@ class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingS
         bound, epochs = self._epoch_bound.value, declared_epochs(declared)
         return {peer: entry for peer, entry in declared.items() if epochs.get(peer, -math.inf) <= bound}
 
-    def state_download_from(self, peer: str, *, timeout: float, silence: float | None = None,
+    def state_download_from(self, peer: str, *, timeout: float, silence: float,
                             kept: tuple[int, str] | None = None) -> tuple[dict, list] | str | None:
         """The state ``peer`` serves now, as hivemind sends it (its metadata and tensors: parameters first,
         in ``main_parameters`` order), without loading it: the validator (runs/swarm/spotcheck.py) compares
         the states of several peers it chose itself. With ``kept`` (an epoch and a parameters' sketch), the
         parameters the peer kept for that epoch and sketch instead (peer_agent.averaging.EpochStates). None
-        if the peer sent no state within ``timeout``, or nothing for ``silence`` seconds (``timeout`` when None);
+        if the peer sent no state within ``timeout``, or nothing for ``silence`` seconds;
         ``UNREACHABLE`` if it could not be reached at all (runs/swarm/checkpoints.py)."""
         future = MPFuture()
-        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, silence=silence or timeout,
+        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, silence=silence,
                                                                  kept=kept, future=future)))
         try:
             return future.result(timeout=timeout + 5)  # the averager's process answers within its own timeout

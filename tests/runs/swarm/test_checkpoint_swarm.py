@@ -203,7 +203,7 @@ def test_a_peer_serves_the_state_its_past_steps_were_computed_at_when_asked_by_t
     peer = str(trainer.optimizer.state_averager.peer_id)
     first = committed[0]
     epoch, sketch = first.epoch, first.steps[0].parameters
-    served = checkpointer.state_download_from(peer, timeout=30, kept=(epoch, sketch))
+    served = checkpointer.state_download_from(peer, timeout=30, silence=30, kept=(epoch, sketch))
     assert served is not None, "the kept state of the first closed epoch"
     assert served[0] == epoch
     kept = served[1]
@@ -211,8 +211,9 @@ def test_a_peer_serves_the_state_its_past_steps_were_computed_at_when_asked_by_t
     now = [parameter.detach().float() for parameter in trainer.model.parameters()]
     assert parameters_apart(kept, now) > 1e-3, "a past state, not the one the peer serves now"
     other = committed[-1].steps[0].parameters
-    assert checkpointer.state_download_from(peer, timeout=30, kept=(epoch, other)) is None, "the sketch of another epoch"
-    assert checkpointer.state_download_from(peer, timeout=30, kept=(epoch + 1000, sketch)) is None
+    assert checkpointer.state_download_from(peer, timeout=30, silence=30, kept=(epoch, other)) is None, \
+        "the sketch of another epoch"
+    assert checkpointer.state_download_from(peer, timeout=30, silence=30, kept=(epoch + 1000, sketch)) is None
 
 
 def test_a_peer_whose_process_is_gone_is_unreachable_not_silent(run, coordinator, make_trainer):
@@ -226,9 +227,9 @@ def test_a_peer_whose_process_is_gone_is_unreachable_not_silent(run, coordinator
     train_until(trainer, coordinator, lambda: checkpointer.ready and trainer.optimizer.local_epoch >= 1,
                 "the checkpointer's averager and a first epoch")
     peer = str(trainer.optimizer.state_averager.peer_id)
-    served = checkpointer.state_download_from(peer, timeout=30)
+    served = checkpointer.state_download_from(peer, timeout=30, silence=30)
     assert isinstance(served, tuple) and served[0] >= 1, "a live peer serves its state"
     trainer.shutdown()  # its daemon stops with it, as a killed agent's does with its process group
     started = time.monotonic()
-    assert checkpointer.state_download_from(peer, timeout=30) == UNREACHABLE
+    assert checkpointer.state_download_from(peer, timeout=30, silence=30) == UNREACHABLE
     print(f"unreachable after {time.monotonic() - started:.2f} s")
