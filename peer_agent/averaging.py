@@ -43,7 +43,7 @@ from hivemind.averaging.allreduce import AllreduceException, AveragingMode
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.averaging.control import StepControl
 from hivemind.averaging.load_balancing import hagenbach_bishoff
-from hivemind.compression import serialize_torch_tensor
+from hivemind.compression import TensorRole, serialize_torch_tensor
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.optimizer import Optimizer
 from hivemind.optim.progress_tracker import ProgressTracker
@@ -358,11 +358,30 @@ class EpochStateServing:
         tensors = self.epoch_states.find(epoch, sketch)
         if tensors is None:
             return
-        metadata = self.serializer.dumps(dict(epoch=epoch))
-        for tensor in tensors:
-            for part in split_for_streaming(serialize_torch_tensor(tensor)):
-                yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
-                metadata = b""
+        async for message in _parameters_stream(self.serializer.dumps(dict(epoch=epoch)), tensors):
+            yield message
+
+    async def rpc_download_parameters(self, _request: averaging_pb2.DownloadRequest, _context: P2PContext
+                                      ) -> AsyncIterator[averaging_pb2.DownloadData]:
+        """The parameters of the state this peer serves now, in fp32, with its metadata: hivemind's
+        ``rpc_download_state`` without LAMB's two moments, a third of its bytes. The validator holds only
+        parameters (runs/swarm/spotcheck.py); asked for the whole state, the holder took 217 MB at sahajBERT's
+        size from a volunteer's uplink for each look, more than most uplinks sent within its bound
+        (docs/benchmarks.md, section 28)."""
+        if not self.allow_state_sharing:
+            return
+        metadata, tensors, infos = await self._get_current_state_from_host_process()
+        parameters = [tensor for tensor, info in zip(tensors, infos, strict=True) if info.role == TensorRole.PARAMETER]
+        async for message in _parameters_stream(metadata, parameters):
+            yield message
+
+
+async def _parameters_stream(metadata: bytes, tensors: Sequence[torch.Tensor]) -> AsyncIterator[averaging_pb2.DownloadData]:
+    """``tensors`` as a state download streams them, uncompressed, ``metadata`` on the first part."""
+    for tensor in tensors:
+        for part in split_for_streaming(serialize_torch_tensor(tensor)):
+            yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
+            metadata = b""
 
 
 def _ahead_in_round(gathered: dict, epoch: int) -> int | None:

@@ -238,7 +238,7 @@ class Checkpointer:
 
     def state_download_from(self, peer: str, *, timeout: float, silence: float,
                             kept: tuple[int, str] | None = None) -> tuple[int, list] | str | None:
-        """The collaboration's state as ``peer`` serves it now (or, with ``kept``, the parameters it kept for
+        """The parameters of the state ``peer`` serves now (or, with ``kept``, the parameters it kept for
         that epoch and parameters' sketch): its epoch and its parameters (in the model's order), for the
         validator (runs/swarm/spotcheck.py), which compares several peers' states. None once shut down,
         or when the peer sent none or one of another shape; ``UNREACHABLE`` when no

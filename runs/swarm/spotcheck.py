@@ -217,13 +217,10 @@ class Validator:
         config = run.configuration
         return (run, config) if config.verification.spot_checks else None
 
-    def _download_timeout(self, *, kept: bool) -> float:
-        """The bound on one source's state: a kept state is the parameters (peer_agent.averaging.EpochStates); the
-        served state the parameters and LAMB's two moments. Both in fp32: the run's state compression is the
-        averaging rounds' (peer_agent/training.py); hivemind sends a downloaded state as it is (217 MB at
-        sahajBERT's size, docs/benchmarks.md section 28)."""
-        per_parameter = 4 if kept else 3 * 4
-        return HOLD_DOWNLOAD_TIMEOUT_S + self.checkpointer.parameter_count * per_parameter / HOLD_MIN_RATE_BYTES_S
+    def _download_timeout(self) -> float:
+        """The bound on one source's parameters (fp32, as peer_agent.averaging.EpochStateServing sends the current
+        and the kept ones): 72 MB at sahajBERT's size."""
+        return HOLD_DOWNLOAD_TIMEOUT_S + self.checkpointer.parameter_count * 4 / HOLD_MIN_RATE_BYTES_S
 
     def _sources_read(self) -> None:
         """The peers that share the run's state: those declared under hivemind's ``{prefix}.all_averagers``
@@ -375,7 +372,7 @@ class Validator:
             if len(asked) == HOLD_DIALS_PER_TRY or sum(epoch != -1 for epoch in served_epochs.values()) == HOLD_SOURCES_PER_TRY:
                 break
             asked.append(peer)
-            served = self.checkpointer.state_download_from(peer, timeout=self._download_timeout(kept=False),
+            served = self.checkpointer.state_download_from(peer, timeout=self._download_timeout(),
                                                            silence=HOLD_DOWNLOAD_TIMEOUT_S)
             self._dialed[peer] = (time.monotonic(), isinstance(served, tuple))
             if served == UNREACHABLE:
@@ -495,7 +492,7 @@ class Validator:
         """The state a peer kept for ``epoch`` and ``sketch``, from the first of a few peers picked at random
         that serves it (kept as that peer's, :meth:`_served_keep`), or None."""
         for peer in random.sample(self._sources, len(self._sources))[:HOLD_SOURCES_PER_TRY]:
-            served = self.checkpointer.state_download_from(peer, timeout=self._download_timeout(kept=True),
+            served = self.checkpointer.state_download_from(peer, timeout=self._download_timeout(),
                                                            silence=HOLD_DOWNLOAD_TIMEOUT_S, kept=(epoch, sketch))
             if not isinstance(served, tuple) or self._closed:  # none kept, or the peer is gone (UNREACHABLE)
                 continue

@@ -63,12 +63,12 @@ class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingS
 
     def state_download_from(self, peer: str, *, timeout: float, silence: float,
                             kept: tuple[int, str] | None = None) -> tuple[dict, list] | str | None:
-        """The state ``peer`` serves now, as hivemind sends it (its metadata and tensors: parameters first,
-        in ``main_parameters`` order), without loading it: the validator (runs/swarm/spotcheck.py) compares
-        the states of several peers it chose itself. With ``kept`` (an epoch and a parameters' sketch), the
-        parameters the peer kept for that epoch and sketch instead (peer_agent.averaging.EpochStates). None
-        if the peer sent no state within ``timeout``, or nothing for ``silence`` seconds;
-        ``UNREACHABLE`` if it could not be reached at all (runs/swarm/checkpoints.py)."""
+        """The parameters of the state ``peer`` serves now (in ``main_parameters`` order, fp32) and the state's
+        metadata, without loading them (peer_agent.averaging.EpochStateServing): the validator
+        (runs/swarm/spotcheck.py) compares the states of several peers it chose itself. With ``kept`` (an epoch
+        and a parameters' sketch), the parameters the peer kept for that epoch and sketch instead
+        (peer_agent.averaging.EpochStates). None if the peer sent no state within ``timeout``, or nothing for
+        ``silence`` seconds; ``UNREACHABLE`` if it could not be reached at all (runs/swarm/checkpoints.py)."""
         future = MPFuture()
         self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, silence=silence,
                                                                  kept=kept, future=future)))
@@ -85,7 +85,7 @@ class BoundedSourceStateAverager(EpochStateServing, StateSourceChoice, TrainingS
         async def tensor_parts():
             stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
             if kept is None:
-                stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+                stream = await stub.rpc_download_parameters(averaging_pb2.DownloadRequest())
             else:
                 asked = self.serializer.dumps(dict(epoch=kept[0], sketch=kept[1]))
                 stream = await stub.rpc_download_epoch_state(averaging_pb2.DownloadData(metadata=asked))

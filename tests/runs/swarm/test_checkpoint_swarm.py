@@ -229,6 +229,12 @@ def test_a_peer_whose_process_is_gone_is_unreachable_not_silent(run, coordinator
     peer = str(trainer.optimizer.state_averager.peer_id)
     served = checkpointer.state_download_from(peer, timeout=30, silence=30)
     assert isinstance(served, tuple) and served[0] >= 1, "a live peer serves its state"
+    # The holder asks for the parameters only (peer_agent.averaging.EpochStateServing), not LAMB's two moments:
+    # a third of the bytes of hivemind's whole state, 217 MB at sahajBERT's size (docs/benchmarks.md, section 28).
+    metadata, tensors = checkpointer._averager.state_download_from(peer, timeout=30, silence=30)
+    shapes = [parameter.shape for parameter in trainer.model.parameters()]
+    assert metadata["epoch"] >= 1 and sorted(tensor.shape for tensor in tensors) == sorted(shapes)
+    assert all(tensor.dtype == torch.float32 for tensor in tensors)
     trainer.shutdown()  # its daemon stops with it, as a killed agent's does with its process group
     started = time.monotonic()
     assert checkpointer.state_download_from(peer, timeout=30, silence=30) == UNREACHABLE
