@@ -25,6 +25,7 @@ holds matchmaking's lock while suspended, and with the wrapper agents' rounds so
 group for a whole averaging timeout (docs/deploy.md).
 """
 
+import asyncio
 import base64
 import logging
 import math
@@ -43,14 +44,17 @@ from hivemind.averaging.allreduce import AllreduceException, AveragingMode
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.averaging.control import StepControl
 from hivemind.averaging.load_balancing import hagenbach_bishoff
-from hivemind.compression import TensorRole, serialize_torch_tensor
+from hivemind.compression import TensorRole, deserialize_tensor_stream, serialize_torch_tensor
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.optimizer import Optimizer
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import P2PContext, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.proto import averaging_pb2
 from hivemind.proto.auth_pb2 import AccessToken
+from hivemind.utils import MPFuture
+from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.streaming import split_for_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
@@ -231,6 +235,14 @@ class FlooredGradientAverager(GradientAverager, MembersOnlyAverager, Aggregating
             kwargs["peer_fractions"] = shares_with_floor(parts, can_aggregate)
         return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
 
+    def __init__(self, *args, **kwargs):
+        # hivemind 1.1.12's Optimizer downloads a gradient averager's state (a peer's gradient buffers, 72 MB at
+        # sahajBERT's size) after each state download, and drops it (hivemind/optim/optimizer.py,
+        # ``load_state_from_peers``): a joining peer's link and its source's uplink carried it for nothing.
+        # Declaring none, a peer is asked for none, and a joiner's ask finds no source at once.
+        kwargs.setdefault("allow_state_sharing", False)
+        super().__init__(*args, **kwargs)
+
 
 class StateSourceChoice:
     """A mixin for a state averager: chooses the peers its state download may ask, from their
@@ -272,6 +284,11 @@ PROGRESS_EVERY_S = 1.0  # how often a state download's progress is passed on
 # stepped to before downloading the swarm's state anyway (MembersOnlyOptimizer._resync): they step at once.
 RESYNC_WAIT_S = 5.0
 RESYNC_POLL_S = 0.2
+
+# A state download's catch-up (MembersOnlyOptimizer.catch_up): a minute beside the parameters' time at 1 Mbit/s,
+# and as many loads as an epoch that passes during each allows.
+CATCH_UP_BASE_S = 60.0
+CATCH_UP_TRIES = 3
 
 # Epochs in a row a peer whose gradient rounds fail skips its optimizer step (MembersOnlyOptimizer); then it
 # steps alone, as hivemind does, so that a peer whose rounds keep failing still trains.
@@ -339,10 +356,19 @@ class EpochStates:
                                                         self.shapes, strict=True)]
 
 
+# What ``EpochStateServing.state_download_from`` answers for a peer
+# no stream could be opened to: the local daemon could not dial it (a killed peer's process and daemon
+# are gone, and its address refuses), unlike a peer that was reached and sent nothing in time. A killed
+# peer stays declared as a state source for hivemind's declare period (30 s): the validator
+# (runs/swarm/spotcheck.py) tells the two apart.
+UNREACHABLE = "unreachable"
+
+
 class EpochStateServing:
-    """A mixin for a state averager: serves the states its :class:`EpochStates` keeps, to whoever asks
-    by epoch and sketch (the same parameters the peer serves anyway, at an earlier moment). A peer
-    without kept states (the portal's own averager) serves none."""
+    """A mixin for a state averager: serves the parameters of its current state, and the states its
+    :class:`EpochStates` keeps, to whoever asks by epoch and sketch (the same parameters the peer served,
+    at an earlier moment); and downloads either from one peer named. A peer without kept states (the
+    portal's own averager) serves none."""
 
     epoch_states: EpochStates | None = None
 
@@ -374,6 +400,49 @@ class EpochStateServing:
         parameters = [tensor for tensor, info in zip(tensors, infos, strict=True) if info.role == TensorRole.PARAMETER]
         async for message in _parameters_stream(metadata, parameters):
             yield message
+
+    def state_download_from(self, peer: str, *, timeout: float, silence: float,
+                            kept: tuple[int, str] | None = None) -> tuple[dict, list] | str | None:
+        """The parameters of the state ``peer`` serves now (in ``main_parameters`` order, fp32) and the state's
+        metadata, without loading them: the validator (runs/swarm/spotcheck.py) compares the states of several
+        peers it chose itself, and a peer that joined catches up with the swarm (``MembersOnlyOptimizer``). With
+        ``kept`` (an epoch and a parameters' sketch), the parameters the peer kept for that epoch and sketch
+        instead (:class:`EpochStates`). None if the peer sent no state within ``timeout``, or nothing for
+        ``silence`` seconds; ``UNREACHABLE`` if it could not be reached at all."""
+        future = MPFuture()
+        self._outer_pipe.send(("_state_download_from", [], dict(peer=peer, timeout=timeout, silence=silence,
+                                                                 kept=kept, future=future)))
+        try:
+            return future.result(timeout=timeout + 5)  # the averager's process answers within its own timeout
+        except TimeoutError:  # it did not (CI, on a loaded host): the peer counts as silent, the next is asked
+            return None
+
+    async def _state_download_from(self, peer: str, timeout: float, silence: float, kept: tuple[int, str] | None,
+                                   future: MPFuture) -> None:
+        # Runs in the averager's process, like hivemind's _load_state_from_peers; one peer, asked by name.
+        metadata = []
+
+        async def tensor_parts():
+            stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
+            if kept is None:
+                stream = await stub.rpc_download_parameters(averaging_pb2.DownloadRequest())
+            else:
+                asked = self.serializer.dumps(dict(epoch=kept[0], sketch=kept[1]))
+                stream = await stub.rpc_download_epoch_state(averaging_pb2.DownloadData(metadata=asked))
+            async for message in aiter_with_timeout(stream, timeout=silence):
+                if message.metadata:
+                    metadata.append(self.serializer.loads(message.metadata))
+                yield [message.tensor_part]
+
+        try:
+            tensors = await asyncio.wait_for(deserialize_tensor_stream(tensor_parts()), timeout)
+            future.set_result((metadata[0], tensors) if metadata and isinstance(metadata[0], dict) else None)
+        except ControlFailure as e:  # the daemon opened no stream: the peer is gone
+            future.set_result(UNREACHABLE)
+            logger.debug("peer %s unreachable: %r", peer, e)
+        except Exception as e:  # a peer slow or hostile: the caller asks another
+            future.set_result(None)
+            logger.debug("no state from peer %s: %r", peer, e)
 
 
 async def _parameters_stream(metadata: bytes, tensors: Sequence[torch.Tensor]) -> AsyncIterator[averaging_pb2.DownloadData]:
@@ -541,6 +610,25 @@ class MembersOnlyStateAverager(EpochStateServing, StateSourceChoice, TrainingSta
     def state_sources_choose(self, declared: dict) -> dict:
         return state_sources(self.peer_id.to_bytes(), declared, swarm_epoch=self.swarm_epoch.value)
 
+    def parameters_load(self, epoch: int, parameters: Sequence[torch.Tensor]) -> bool:
+        """Load a peer's parameters of ``epoch`` (in the order :meth:`rpc_download_parameters` sends them) and
+        move to that epoch, keeping this peer's optimizer statistics: hivemind 1.1.12's
+        ``TrainingStateAverager.load_state_from_peers`` without them. False, loading nothing, if their shapes
+        are not the model's."""
+        optimized = [parameter for group in self.optimizer.param_groups for parameter in group["params"]]
+        if [parameter.shape for parameter in optimized] != [loaded.shape for loaded in parameters]:
+            return False
+        with torch.no_grad(), self.lock_averaged_tensors:
+            for local, loaded in zip(optimized, parameters, strict=True):
+                local.copy_(loaded)
+        if self.offload_optimizer:
+            self._apply_optimizer_parameters_()
+        if not self.reuse_tensors:
+            self._load_local_tensors_into_averager_()
+        self.local_epoch = epoch
+        self._update_scheduler()
+        return True
+
     async def _load_state_from_peers(self, future, timeout=None):
         # Runs in the averager's process: hivemind 1.1.12 asks each source through a stub of get_stub's
         # (hivemind/averaging/averager.py); this one counts what its download stream brings.
@@ -652,6 +740,7 @@ class MembersOnlyOptimizer(Optimizer):
             logger.info("Out of step with the swarm (epoch %d here, %d there): downloading its state",
                         self.local_epoch, self.tracker.global_epoch)
         self._state_download(**kwargs)
+        self.catch_up()
 
     def _state_download(self, **kwargs) -> None:
         self.state_averager.swarm_epoch.value = self.tracker.global_epoch
@@ -678,6 +767,45 @@ class MembersOnlyOptimizer(Optimizer):
             watcher.join()
         if received.value and shown != [received.value, received.value]:  # the last line says 100%, once
             progress(received.value, received.value)
+
+    def catch_up(self) -> None:
+        """Load the parameters of the epoch the swarm entered while this peer downloaded its state.
+
+        hivemind's download is the parameters and LAMB's two moments (217 MB at sahajBERT's size): from a
+        volunteer's link it can take longer than an epoch, the state then arrives an epoch old, hivemind finds
+        the peer out of step at its first step and downloads it all again, and again (docs/benchmarks.md, section
+        28: a late joiner at 10 Mbit/s never trained). The parameters alone, a third of it, are asked of a source
+        at a later epoch, chosen as the download's are (:func:`state_sources`). The moments stay the downloaded
+        ones, an epoch older than the swarm's: each epoch's parameter averaging averages the first
+        (peer_agent.training, ``AVERAGED_OPTIMIZER_STATISTICS``), and the second move by a thousandth an epoch."""
+        count = sum(parameter.numel() for parameter in self.state_averager.main_parameters)
+        # As long as the whole state may take (peer_agent.training.state_download_timeout), for a third of it.
+        timeout = min(self.load_state_timeout, CATCH_UP_BASE_S + 32 * count / 1e6)
+        silence = self.state_averager.next_chunk_timeout or self.state_averager.request_timeout
+        own = self.state_averager.peer_id.to_bytes()
+        for _ in range(CATCH_UP_TRIES):
+            found = self.dht.get(f"{self.state_averager.prefix}.all_averagers", latest=True)
+            declared = found.value if found is not None and isinstance(found.value, dict) else {}
+            sources = declared_epochs(state_sources(own, declared, swarm_epoch=self.tracker.global_epoch))
+            ahead = sorted(((epoch, peer) for peer, epoch in sources.items() if epoch > self.local_epoch), reverse=True)
+            if not ahead:
+                return
+            for _, peer in ahead:
+                served = self.state_averager.state_download_from(PeerID(peer).to_base58(), timeout=timeout,
+                                                                 silence=silence)
+                served_epoch = served[0].get("epoch") if isinstance(served, tuple) else None
+                if (isinstance(served_epoch, int) and served_epoch > self.local_epoch
+                        and self.state_averager.parameters_load(served_epoch, served[1])):
+                    logger.info("The swarm moved to epoch %d while this peer downloaded its state: loaded that "
+                                "epoch's parameters", served_epoch)
+                    break
+            else:
+                return  # no source served a later epoch: hivemind's next step finds out, as before
+            self.tracker.report_local_progress(local_epoch=self.local_epoch, samples_accumulated=0)
+            if not self.client_mode:
+                self.state_averager.state_sharing_priority = self.local_epoch
+                if self.grad_averager is not None:
+                    self.grad_averager.state_sharing_priority = self.local_epoch
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         began = super()._begin_averaging_gradients(grad_scaler)

@@ -35,6 +35,7 @@ from django.utils import timezone
 from hivemind.p2p import PeerID
 from hivemind.utils.timed_storage import ValueWithExpiration
 
+from peer_agent.averaging import UNREACHABLE
 from peer_agent.metrics import dht_result
 from peer_agent.protocol import RunConfig
 from peer_agent.spotcheck import fingerprint_distance
@@ -52,7 +53,6 @@ from runs.swarm.recompute import (
     state_write,
     states_prune,
 )
-from runs.swarm.state import UNREACHABLE
 
 if TYPE_CHECKING:
     from hivemind.dht import DHT

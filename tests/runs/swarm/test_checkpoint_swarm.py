@@ -220,7 +220,7 @@ def test_a_peer_whose_process_is_gone_is_unreachable_not_silent(run, coordinator
     """A killed peer stays declared as a state source for hivemind's declare period (30 s); the validator
     holds its survivor's state meanwhile because no stream to the killed peer opens (runs/swarm/spotcheck.py,
     ``Validator._hold``), unlike a live peer's."""
-    from runs.swarm.state import UNREACHABLE
+    from peer_agent.averaging import UNREACHABLE
 
     trainer = make_trainer()
     checkpointer = next(iter(coordinator.peers.values())).checkpointer
@@ -239,3 +239,32 @@ def test_a_peer_whose_process_is_gone_is_unreachable_not_silent(run, coordinator
     started = time.monotonic()
     assert checkpointer.state_download_from(peer, timeout=30, silence=30) == UNREACHABLE
     print(f"unreachable after {time.monotonic() - started:.2f} s")
+
+
+def test_a_peer_whose_state_arrived_an_epoch_late_loads_the_swarms_parameters_and_trains_on(
+        run, coordinator, make_trainer):
+    """A state that took longer than an epoch to download arrives an epoch old, and hivemind would send the peer
+    back for all of it at its first step, and again (docs/benchmarks.md, section 28: a late joiner at 10 Mbit/s
+    never trained). The peer catches up with the parameters alone (``MembersOnlyOptimizer.catch_up``): it then
+    holds exactly what the swarm serves for its epoch, and trains on without another download. Nor does a peer
+    serve its gradient buffers, which hivemind downloads after each state and drops."""
+    first = make_trainer()
+    train_until(first, coordinator, lambda: first.optimizer.local_epoch >= 2, "two epochs")
+    joiner = make_trainer()
+    loaded = joiner.optimizer.local_epoch
+    assert loaded == first.optimizer.local_epoch and joiner.optimizer.state_loads == 1
+    train_until(first, coordinator, lambda: first.optimizer.local_epoch >= loaded + 2,
+                "the swarm two epochs on, as during a slow download")
+    joiner.optimizer.catch_up()
+    assert joiner.optimizer.local_epoch == first.optimizer.local_epoch
+    ours, swarms = parameters(joiner.model), parameters(first.model)
+    assert all(torch.equal(ours[name], swarms[name]) for name in swarms), "the swarm's parameters, exactly"
+    steps = 0
+
+    def trained() -> bool:
+        nonlocal steps
+        steps += 1
+        return steps > 6
+    train_until(joiner, coordinator, trained, "the caught-up peer's steps")
+    assert joiner.optimizer.state_loads == 1, "no download of the swarm's state again"
+    assert not first.optimizer.grad_averager.allow_state_sharing

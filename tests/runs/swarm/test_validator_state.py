@@ -6,6 +6,7 @@ honest check of the epoch (docs/trust.md)."""
 import pytest
 import torch
 
+from peer_agent.averaging import UNREACHABLE
 from peer_agent.model import model_build
 from peer_agent.protocol import RunConfig
 from runs.swarm.spotcheck import (
@@ -20,7 +21,6 @@ from runs.swarm.spotcheck import (
     parameters_apart,
     state_among,
 )
-from runs.swarm.state import UNREACHABLE
 
 
 class Peers:
