@@ -494,9 +494,11 @@ def _report(rehearsal: Rehearsal, left: int) -> None:
         downloads = ", ".join(f"{duration:.1f} s ({size / 1e6:.0f} MB)" for duration, size in log.state_downloads)
         print(f"  {name:<18} epochs {min(log.epochs_entered, default='-')}-{max(log.epochs_entered, default='-')}, "
               f"groups {dict(sorted(log.averaged.items()))}, failed rounds {log.failed_rounds}, alone {log.alone}, "
-              f"state downloads: {downloads or 'none'}")
+              f"state downloads: {downloads or 'none'}; caught up {[round(each, 1) for each in log.catch_ups]} s after")
     print(f"late joiner (agent {args.late}): state {seconds(late_state[0]) if late_state else 'none'} s"
-          f"{f' for {late_state[1] / 1e6:.0f} MB' if late_state else ''}")
+          f"{f' for {late_state[1] / 1e6:.0f} MB' if late_state else ''}, then {len(late.catch_ups) if late else 0} "
+          f"catch-ups to the swarm's epoch, {len(late.state_downloads) - 1 if late and late.state_downloads else 0} more "
+          "downloads")
     print(f"checkpoints: {[(epoch, round(size / 1e6, 1)) for epoch, size in checkpoints]} (epoch, MB); due to saved "
           f"{[round(save, 1) for save in saves]} s")
     print(f"evaluations: {[(epoch, round(wall, 1), round(cpu, 1), error[:60]) for epoch, wall, cpu, error in evaluations]}"
@@ -519,6 +521,7 @@ def _report(rehearsal: Rehearsal, left: int) -> None:
         epochs=len(entered), epochs_averaged=len(epochs_averaged), rounds=averaged,
         s_per_epoch=seconds(percentile(gaps, 50)), s_per_round=seconds(percentile(rounds, 50)),
         late_state_s=seconds(late_state[0]) if late_state else "none",
+        late_downloads=len(late.state_downloads) if late else 0, late_catch_ups=len(late.catch_ups) if late else 0,
         checkpoints=len(checkpoints), checkpoint_mb=f"{max((size for _, size in checkpoints), default=0) / 1e6:.1f}",
         checkpoint_save_s=seconds(max(saves, default=None)),
         evaluation_s=seconds(max((wall for _, wall, _, error in evaluations if not error), default=None)),

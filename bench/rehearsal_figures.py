@@ -38,6 +38,8 @@ class AgentLog:
     averaged: Counter = field(default_factory=Counter)  # group size -> gradient rounds averaged in one
     failed_rounds: int = 0
     state_downloads: list[tuple[float, int]] = field(default_factory=list)  # (seconds, bytes) of each download
+    # seconds from the end of a download to the parameters of the epoch the swarm moved to meanwhile (catch_up)
+    catch_ups: list[float] = field(default_factory=list)
     joined_at: float | None = None  # when it began loading the collaboration's state
 
 
@@ -59,7 +61,7 @@ def records(path: Path):
 
 
 def agent_log(path: Path) -> AgentLog:
-    log, began, group, download_started = AgentLog(), {}, 0, None
+    log, began, group, download_started, downloaded = AgentLog(), {}, 0, None, None
     for record in records(path):
         message, at = str(record.get("message", "")), record["at"]
         if (match := re.match(r"Beginning optimizer step #(\d+)", message)):
@@ -80,11 +82,13 @@ def agent_log(path: Path) -> AgentLog:
         elif message.startswith("Loading the collaboration's state from peers") or message.startswith("Out of step"):
             download_started = at
             log.joined_at = log.joined_at or at
+        elif message.startswith("The swarm moved to epoch") and downloaded is not None:
+            log.catch_ups.append(at - downloaded)
         download = record.get("download")
         if isinstance(download, dict) and download_started is not None and download.get("total") \
                 and download.get("done") == download.get("total"):
             log.state_downloads.append((at - download_started, int(download["done"])))
-            download_started = None
+            download_started, downloaded = None, at
     return log
 
 
