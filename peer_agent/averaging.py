@@ -783,18 +783,19 @@ class MembersOnlyOptimizer(Optimizer):
         timeout = min(self.load_state_timeout, CATCH_UP_BASE_S + 32 * count / 1e6)
         silence = self.state_averager.next_chunk_timeout or self.state_averager.request_timeout
         own = self.state_averager.peer_id.to_bytes()
-        for _ in range(CATCH_UP_TRIES):
+        for _try in range(CATCH_UP_TRIES):
             found = self.dht.get(f"{self.state_averager.prefix}.all_averagers", latest=True)
             declared = found.value if found is not None and isinstance(found.value, dict) else {}
             sources = declared_epochs(state_sources(own, declared, swarm_epoch=self.tracker.global_epoch))
             ahead = sorted(((epoch, peer) for peer, epoch in sources.items() if epoch > self.local_epoch), reverse=True)
             if not ahead:
                 return
-            for _, peer in ahead:
+            for declared_epoch, peer in ahead:
                 served = self.state_averager.state_download_from(PeerID(peer).to_base58(), timeout=timeout,
                                                                  silence=silence)
                 served_epoch = served[0].get("epoch") if isinstance(served, tuple) else None
-                if (isinstance(served_epoch, int) and served_epoch > self.local_epoch
+                # Not past what the source declared and the choice allowed, but for a step it may have taken since.
+                if (isinstance(served_epoch, int) and self.local_epoch < served_epoch <= declared_epoch + 1
                         and self.state_averager.parameters_load(served_epoch, served[1])):
                     logger.info("The swarm moved to epoch %d while this peer downloaded its state: loaded that "
                                 "epoch's parameters", served_epoch)

@@ -246,17 +246,31 @@ def test_a_peer_whose_state_arrived_an_epoch_late_loads_the_swarms_parameters_an
     """A state that took longer than an epoch to download arrives an epoch old, and hivemind would send the peer
     back for all of it at its first step, and again (docs/benchmarks.md, section 28: a late joiner at 10 Mbit/s
     never trained). The peer catches up with the parameters alone (``MembersOnlyOptimizer.catch_up``): it then
-    holds exactly what the swarm serves for its epoch, and trains on without another download. Nor does a peer
-    serve its gradient buffers, which hivemind downloads after each state and drops."""
+    holds exactly what the swarm serves for its epoch, and trains on without another download. A source that
+    serves an epoch past what it declared is passed over (a liar would move the peer far past the swarm). Nor
+    does a peer serve its gradient buffers, which hivemind downloads after each state and drops."""
     first = make_trainer()
     train_until(first, coordinator, lambda: first.optimizer.local_epoch >= 2, "two epochs")
-    joiner = make_trainer()
+    joiner, liar = make_trainer(), make_trainer()
     loaded = joiner.optimizer.local_epoch
-    assert loaded == first.optimizer.local_epoch and joiner.optimizer.state_loads == 1
+    assert loaded == liar.optimizer.local_epoch == first.optimizer.local_epoch and joiner.optimizer.state_loads == 1
     train_until(first, coordinator, lambda: first.optimizer.local_epoch >= loaded + 2,
                 "the swarm two epochs on, as during a slow download")
+    swarm_epoch = first.optimizer.local_epoch
+    # The liar declares one epoch past the swarm (the highest the choice of sources allows, so it is asked first)
+    # and serves its old parameters as a far epoch's.
+    liar.optimizer.state_averager.local_epoch = swarm_epoch + 100
+    liar.optimizer.state_averager.state_sharing_priority = swarm_epoch + 1
+    liar_id = liar.optimizer.state_averager.peer_id.to_bytes()
+    prefix = f"{joiner.optimizer.state_averager.prefix}.all_averagers"
+
+    def liar_declared() -> bool:
+        found = joiner.dht.get(prefix, latest=True)
+        entry = found.value.get(liar_id) if found is not None and isinstance(found.value, dict) else None
+        return entry is not None and entry.value == swarm_epoch + 1
+    train_until(None, coordinator, liar_declared, "the liar's declaration")
     joiner.optimizer.catch_up()
-    assert joiner.optimizer.local_epoch == first.optimizer.local_epoch
+    assert joiner.optimizer.local_epoch == swarm_epoch
     ours, swarms = parameters(joiner.model), parameters(first.model)
     assert all(torch.equal(ours[name], swarms[name]) for name in swarms), "the swarm's parameters, exactly"
     steps = 0
