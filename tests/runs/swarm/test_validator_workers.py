@@ -134,10 +134,7 @@ def test_a_sessions_checks_go_to_the_worker_that_took_its_last_one_until_it_stop
     TrainingSession.objects.filter(pk=session).update(validator_worker_seen_at=long_ago)
     assert recompute.session_worker(session, "validator1@host") == "validator1@host", "fallen behind: another takes it"
 
-    class Stopped:
-        hostname = "validator1@host"
-
-    recompute._sessions_give_up(Stopped())  # Celery's worker_shutdown, once the worker stopped
+    recompute.sessions_give_up("validator1@host")  # on Celery's worker_shutdown, once the worker stopped
     assert recompute.session_worker(session, "validator2@host") == "validator2@host"
 
 
