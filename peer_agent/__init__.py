@@ -2,5 +2,5 @@
 
 from peer_agent.protocol import SWARM_COMPATIBLE_SINCE
 
-__version__ = "0.15.3"
+__version__ = "0.16.0"
 __all__ = ["SWARM_COMPATIBLE_SINCE", "__version__"]

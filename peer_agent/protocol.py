@@ -80,7 +80,10 @@ MAX_COMMITTED_STEPS = 1024
 # (DataConfig.holds_out); an older agent cannot parse such a config, and would train on held-out text.
 # They also start from a run's checkpoint of epoch 0 (its start: another run's weights or a Hugging Face
 # model, runs/setup/start.py), where an older one would train from random weights beside them.
-SWARM_COMPATIBLE_SINCE = "0.12.0"
+# From 0.16.0 on they serve the parameters of their current state alone (rpc_download_parameters), which the
+# validator holds each epoch's state from (runs/swarm/spotcheck.py): an older agent's states could not be held,
+# and the epochs it alone served would earn nothing for anyone.
+SWARM_COMPATIBLE_SINCE = "0.16.0"
 
 # A run's special tokens: the portal trains tokenizers with them (runs/setup/tokenization.py) and the
 # agent declares them to transformers (peer_agent/tokenizer.py).

@@ -216,6 +216,7 @@ def test_the_access_token_lives_as_long_as_the_setting_says(client, run, secret,
 
 
 @pytest.mark.parametrize("version, status, code", [
+    ("0.15.3", 409, "agent_outdated"),  # serves no parameters alone: the validator could hold none of its states
     ("0.2.0", 409, "agent_outdated"),  # its membership proofs replace the gathered data: groups would refuse it
     ("0.1.0", 409, "agent_outdated"),  # before the share floor: it would split a group's vector otherwise
 ])
