@@ -784,9 +784,7 @@ class MembersOnlyOptimizer(Optimizer):
         silence = self.state_averager.next_chunk_timeout or self.state_averager.request_timeout
         own = self.state_averager.peer_id.to_bytes()
         for _try in range(CATCH_UP_TRIES):
-            found = self.dht.get(f"{self.state_averager.prefix}.all_averagers", latest=True)
-            declared = found.value if found is not None and isinstance(found.value, dict) else {}
-            sources = declared_epochs(state_sources(own, declared, swarm_epoch=self.tracker.global_epoch))
+            sources = declared_epochs(state_sources(own, self._declared(), swarm_epoch=self.tracker.global_epoch))
             ahead = sorted(((epoch, peer) for peer, epoch in sources.items() if epoch > self.local_epoch), reverse=True)
             if not ahead:
                 return
@@ -855,9 +853,12 @@ class MembersOnlyOptimizer(Optimizer):
         """Whether another peer declares itself a state source at ``epoch`` or later (hivemind declares a peer's
         epoch again once it has stepped)."""
         own = self.state_averager.peer_id.to_bytes()
+        return any(peer != own and served >= epoch for peer, served in declared_epochs(self._declared()).items())
+
+    def _declared(self) -> dict:
+        """The state sources' declarations under hivemind's ``{prefix}.all_averagers``, by peer (empty if none)."""
         found = self.dht.get(f"{self.state_averager.prefix}.all_averagers", latest=True)
-        declared = found.value if found is not None and isinstance(found.value, dict) else {}
-        return any(peer != own and served >= epoch for peer, served in declared_epochs(declared).items())
+        return found.value if found is not None and isinstance(found.value, dict) else {}
 
     def _lone_step_skip(self, why: str) -> None:
         skipped = getattr(self, "_lone_steps_skipped", 0)
